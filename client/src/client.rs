@@ -1,0 +1,746 @@
+//! The client API: `put`, `get_into`, `match_prefix`, `exists`, `remove`,
+//! `pin`, in batch form. Every call runs under the configured deadline.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use mooncake_proto::frame::MAX_BATCH;
+use mooncake_proto::message::{
+    Body, ClusterStats, CommitItem, DaemonAddr, Empty, KeyRequest, KeysRequest, ListRequest,
+    ListResponse, Location, Locations, PinRequest, PutCommitRequest, PutHead, PutStartRequest,
+    PutStartResponse, Slot, Statuses, GET_HEAD_LEN,
+};
+use mooncake_proto::{checksum, BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
+use parking_lot::RwLock;
+
+use crate::error::{ClientError, ErrorSource};
+use crate::pool::ConnPool;
+
+/// How a client reaches the cluster and how long it waits.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The meta service's address, e.g. `127.0.0.1:7070`.
+    pub meta_addr: String,
+    /// Deadline of every call, end to end. Default 5s.
+    pub timeout: Duration,
+    /// Deadline of opening one connection. Default 1s.
+    pub connect_timeout: Duration,
+    /// Idle connections kept per peer. Default 64.
+    pub max_idle_per_peer: usize,
+}
+
+impl ClientConfig {
+    pub fn new(meta_addr: impl Into<String>) -> Self {
+        ClientConfig {
+            meta_addr: meta_addr.into(),
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
+            max_idle_per_peer: 64,
+        }
+    }
+
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// What became of one block of a put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    Stored,
+    /// Another writer stored (or is storing) the same key: nothing to do.
+    AlreadyExists,
+    Failed(ErrorCode),
+}
+
+/// What became of one block of a get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetOutcome {
+    /// The block's bytes fill the first `n` bytes of the buffer.
+    Hit(usize),
+    /// Not stored, evicted, or found corrupt: recompute it.
+    Miss,
+    /// The block exists but could not be read (`TooLarge`: the buffer is
+    /// smaller than the block; `Unavailable`: its daemon is unreachable).
+    Failed(ErrorCode),
+}
+
+/// The answer to `match_prefix`: how many leading keys are stored, and where.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PrefixMatch {
+    pub matched: usize,
+    pub locations: Vec<Location>,
+    pub daemons: Vec<DaemonAddr>,
+}
+
+/// A handle to a Mooncake Store cluster; cheap to share behind an `Arc`.
+pub struct Client {
+    cfg: ClientConfig,
+    meta: ConnPool,
+    daemons: RwLock<HashMap<u32, Arc<ConnPool>>>,
+    corrupt_reads: AtomicU64,
+}
+
+struct GetItem<'b> {
+    index: usize,
+    hash: BlockHash,
+    location: Location,
+    buf: &'b mut [u8],
+}
+
+struct PutItem<'v> {
+    index: usize,
+    hash: BlockHash,
+    value: &'v [u8],
+    checksum: u64,
+}
+
+impl Client {
+    /// A client that connects lazily; see [`Client::connect`].
+    pub fn new(cfg: ClientConfig) -> Self {
+        let meta = ConnPool::new(
+            cfg.meta_addr.clone(),
+            ErrorSource::Meta,
+            cfg.connect_timeout,
+            cfg.max_idle_per_peer,
+        );
+        Client {
+            cfg,
+            meta,
+            daemons: RwLock::new(HashMap::new()),
+            corrupt_reads: AtomicU64::new(0),
+        }
+    }
+
+    /// A client whose meta service answered a ping.
+    pub async fn connect(cfg: ClientConfig) -> Result<Self, ClientError> {
+        let client = Client::new(cfg);
+        client.ping().await?;
+        Ok(client)
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.cfg
+    }
+
+    /// Blocks whose bytes failed their checksum on read (each was a miss).
+    pub fn corrupt_reads(&self) -> u64 {
+        self.corrupt_reads.load(Ordering::Relaxed)
+    }
+
+    pub async fn ping(&self) -> Result<(), ClientError> {
+        self.meta_call::<Empty>(Opcode::Ping, &Empty, "ping").await?;
+        Ok(())
+    }
+
+    /// Stores blocks; each becomes visible to every client once this
+    /// returns `Stored` for it.
+    pub async fn put(
+        &self,
+        namespace: &Namespace,
+        blocks: &[(BlockHash, &[u8])],
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        let mut out = Vec::with_capacity(blocks.len());
+        for chunk in blocks.chunks(MAX_BATCH) {
+            out.extend(self.deadline("put", self.put_chunk(namespace, chunk)).await?);
+        }
+        Ok(out)
+    }
+
+    /// Stores one block.
+    pub async fn put_one(&self, key: &BlockKey, value: &[u8]) -> Result<PutOutcome, ClientError> {
+        let out = self.put(&key.namespace, &[(key.hash, value)]).await?;
+        Ok(out[0])
+    }
+
+    async fn put_chunk(
+        &self,
+        namespace: &Namespace,
+        blocks: &[(BlockHash, &[u8])],
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        let mut items = Vec::with_capacity(blocks.len());
+        for (hash, value) in blocks {
+            let size = u32::try_from(value.len())
+                .map_err(|_| ClientError::Invalid(format!("block {hash} is over 4 GiB")))?;
+            items.push((*hash, size));
+        }
+        let start: PutStartResponse = self
+            .meta_call(
+                Opcode::PutStart,
+                &PutStartRequest {
+                    namespace: namespace.clone(),
+                    items,
+                },
+                "put_start",
+            )
+            .await?;
+        if start.slots.len() != blocks.len() {
+            return Err(self.meta_protocol("put_start answered a different number of slots"));
+        }
+        self.learn_daemons(&start.daemons);
+
+        let mut outcomes = vec![PutOutcome::Failed(ErrorCode::Internal); blocks.len()];
+        let mut by_daemon: HashMap<u32, Vec<PutItem<'_>>> = HashMap::new();
+        for (index, (slot, (hash, value))) in start.slots.iter().zip(blocks).enumerate() {
+            match slot {
+                Slot::Place(daemon) => by_daemon.entry(*daemon).or_default().push(PutItem {
+                    index,
+                    hash: *hash,
+                    value,
+                    checksum: checksum(value),
+                }),
+                Slot::Skip(ErrorCode::AlreadyExists) => outcomes[index] = PutOutcome::AlreadyExists,
+                Slot::Skip(code) => outcomes[index] = PutOutcome::Failed(*code),
+            }
+        }
+
+        let writes = by_daemon.into_iter().map(|(daemon, items)| async move {
+            let result = self.put_on_daemon(daemon, namespace, &items).await;
+            (daemon, items, result)
+        });
+        let mut commits = Vec::new();
+        for (daemon, items, result) in join_all(writes).await {
+            let codes = match result {
+                Ok(codes) => codes,
+                Err(err) => {
+                    tracing::debug!(daemon, %err, "put to daemon failed");
+                    vec![err.code().unwrap_or(ErrorCode::Unavailable); items.len()]
+                }
+            };
+            for (item, code) in items.iter().zip(codes) {
+                // A daemon that already holds the key has complete, verified
+                // bytes for it: committing makes them visible.
+                let stored = matches!(code, ErrorCode::Ok | ErrorCode::AlreadyExists);
+                outcomes[item.index] = if stored {
+                    PutOutcome::Stored
+                } else {
+                    PutOutcome::Failed(code)
+                };
+                commits.push(CommitItem {
+                    hash: item.hash,
+                    daemon,
+                    size: item.value.len() as u32,
+                    checksum: item.checksum,
+                    stored,
+                });
+            }
+        }
+        if commits.is_empty() {
+            return Ok(outcomes);
+        }
+        let hashes: Vec<(BlockHash, bool)> = commits.iter().map(|c| (c.hash, c.stored)).collect();
+        let statuses: Statuses = self
+            .meta_call(
+                Opcode::PutCommit,
+                &PutCommitRequest {
+                    namespace: namespace.clone(),
+                    items: commits,
+                },
+                "put_commit",
+            )
+            .await?;
+        for ((hash, stored), code) in hashes.iter().zip(statuses.codes) {
+            if *stored && code != ErrorCode::Ok {
+                let index = blocks.iter().position(|(h, _)| h == hash).expect("hash of this batch");
+                outcomes[index] = PutOutcome::Failed(code);
+            }
+        }
+        Ok(outcomes)
+    }
+
+    async fn put_on_daemon(
+        &self,
+        daemon: u32,
+        namespace: &Namespace,
+        items: &[PutItem<'_>],
+    ) -> Result<Vec<ErrorCode>, ClientError> {
+        let pool = self.daemon_pool(daemon)?;
+        let heads: Vec<Vec<u8>> = items
+            .iter()
+            .map(|it| {
+                PutHead {
+                    key: BlockKey::new(namespace.clone(), it.hash),
+                    checksum: it.checksum,
+                }
+                .to_bytes()
+            })
+            .collect();
+        for attempt in 0..2 {
+            let (mut conn, reused) = pool.get().await?;
+            let (writer, reader) = conn.split();
+            let write = async {
+                for (item, head) in items.iter().zip(&heads) {
+                    writer.send(Opcode::Put, head, item.value).await?;
+                }
+                writer.flush().await
+            };
+            let read = async {
+                let mut codes = Vec::with_capacity(items.len());
+                for _ in items {
+                    let header = reader.next_header(Opcode::Put).await?;
+                    reader.discard(header.body_len as usize).await?;
+                    codes.push(ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal));
+                }
+                Ok::<_, ClientError>(codes)
+            };
+            let (written, read) = tokio::join!(write, read);
+            match (written, read) {
+                (Ok(()), Ok(codes)) => {
+                    pool.put_back(conn);
+                    return Ok(codes);
+                }
+                (Err(err), _) if reused && attempt == 0 => {
+                    tracing::trace!(%err, "stale pooled connection, retrying");
+                }
+                (_, Err(ClientError::Io { .. })) if reused && attempt == 0 => {}
+                (Err(err), _) => {
+                    return Err(ClientError::Io {
+                        side: ErrorSource::Daemon,
+                        addr: pool.addr().to_string(),
+                        err,
+                    })
+                }
+                (_, Err(err)) => return Err(err),
+            }
+        }
+        Err(ClientError::Server {
+            side: ErrorSource::Daemon,
+            addr: pool.addr().to_string(),
+            op: "put",
+            code: ErrorCode::Unavailable,
+        })
+    }
+
+    /// Reads blocks straight into the caller's buffers, one per hash. Every
+    /// hit has been verified against the writer's checksum.
+    pub async fn get_into(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+        bufs: &mut [&mut [u8]],
+    ) -> Result<Vec<GetOutcome>, ClientError> {
+        if hashes.len() != bufs.len() {
+            return Err(ClientError::Invalid(format!(
+                "{} hashes but {} buffers",
+                hashes.len(),
+                bufs.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(hashes.len());
+        for (hs, bs) in hashes.chunks(MAX_BATCH).zip(bufs.chunks_mut(MAX_BATCH)) {
+            out.extend(self.deadline("get", self.get_chunk(namespace, hs, bs)).await?);
+        }
+        Ok(out)
+    }
+
+    /// Reads one block into a new buffer; `None` on a miss.
+    pub async fn get(&self, key: &BlockKey) -> Result<Option<Vec<u8>>, ClientError> {
+        let loc = self.lookup(&key.namespace, &[key.hash]).await?;
+        let Some(Some(location)) = loc.items.first() else {
+            return Ok(None);
+        };
+        let mut buf = vec![0u8; location.size as usize];
+        match self.get_into(&key.namespace, &[key.hash], &mut [&mut buf[..]]).await?[0] {
+            GetOutcome::Hit(n) => {
+                buf.truncate(n);
+                Ok(Some(buf))
+            }
+            GetOutcome::Miss => Ok(None),
+            GetOutcome::Failed(code) => Err(ClientError::Server {
+                side: ErrorSource::Daemon,
+                addr: String::new(),
+                op: "get",
+                code,
+            }),
+        }
+    }
+
+    async fn get_chunk(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+        bufs: &mut [&mut [u8]],
+    ) -> Result<Vec<GetOutcome>, ClientError> {
+        let locations = self.lookup_raw(namespace, hashes).await?;
+        if locations.items.len() != hashes.len() {
+            return Err(self.meta_protocol("lookup answered a different number of items"));
+        }
+        self.learn_daemons(&locations.daemons);
+        let mut outcomes = vec![GetOutcome::Miss; hashes.len()];
+        let mut by_daemon: HashMap<u32, Vec<GetItem<'_>>> = HashMap::new();
+        for (index, ((hash, loc), buf)) in hashes
+            .iter()
+            .zip(&locations.items)
+            .zip(bufs.iter_mut())
+            .enumerate()
+        {
+            let Some(location) = loc else { continue };
+            if (location.size as usize) > buf.len() {
+                outcomes[index] = GetOutcome::Failed(ErrorCode::TooLarge);
+                continue;
+            }
+            by_daemon.entry(location.daemon).or_default().push(GetItem {
+                index,
+                hash: *hash,
+                location: *location,
+                buf,
+            });
+        }
+        let reads = by_daemon.into_iter().map(|(daemon, mut items)| async move {
+            let result = self.get_on_daemon(daemon, namespace, &mut items).await;
+            let indexes: Vec<usize> = items.iter().map(|it| it.index).collect();
+            (indexes, result)
+        });
+        for (indexes, result) in join_all(reads).await {
+            match result {
+                Ok(got) => {
+                    for (index, outcome) in indexes.into_iter().zip(got) {
+                        outcomes[index] = outcome;
+                    }
+                }
+                Err(err) => {
+                    tracing::debug!(%err, "get from daemon failed");
+                    let code = err.code().unwrap_or(ErrorCode::Unavailable);
+                    for index in indexes {
+                        outcomes[index] = GetOutcome::Failed(code);
+                    }
+                }
+            }
+        }
+        Ok(outcomes)
+    }
+
+    async fn get_on_daemon(
+        &self,
+        daemon: u32,
+        namespace: &Namespace,
+        items: &mut [GetItem<'_>],
+    ) -> Result<Vec<GetOutcome>, ClientError> {
+        let pool = self.daemon_pool(daemon)?;
+        let requests: Vec<Vec<u8>> = items
+            .iter()
+            .map(|it| {
+                KeyRequest {
+                    key: BlockKey::new(namespace.clone(), it.hash),
+                }
+                .to_bytes()
+            })
+            .collect();
+        for attempt in 0..2 {
+            let (mut conn, reused) = pool.get().await?;
+            let (writer, reader) = conn.split();
+            let write = async {
+                for req in &requests {
+                    writer.send(Opcode::Get, req, &[]).await?;
+                }
+                writer.flush().await
+            };
+            let read = async {
+                let mut got = Vec::with_capacity(items.len());
+                for item in items.iter_mut() {
+                    got.push(read_one_get(reader, item, &self.corrupt_reads).await?);
+                }
+                Ok::<_, ClientError>(got)
+            };
+            let (written, read) = tokio::join!(write, read);
+            match (written, read) {
+                (Ok(()), Ok(got)) => {
+                    pool.put_back(conn);
+                    return Ok(got);
+                }
+                (Err(_), _) | (_, Err(ClientError::Io { .. })) if reused && attempt == 0 => {}
+                (Err(err), _) => {
+                    return Err(ClientError::Io {
+                        side: ErrorSource::Daemon,
+                        addr: pool.addr().to_string(),
+                        err,
+                    })
+                }
+                (_, Err(err)) => return Err(err),
+            }
+        }
+        Err(ClientError::Server {
+            side: ErrorSource::Daemon,
+            addr: pool.addr().to_string(),
+            op: "get",
+            code: ErrorCode::Unavailable,
+        })
+    }
+
+    /// How many leading keys of a chain are stored, in one round trip.
+    pub async fn match_prefix(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+    ) -> Result<PrefixMatch, ClientError> {
+        let mut out = PrefixMatch::default();
+        for chunk in hashes.chunks(MAX_BATCH) {
+            let locs: Locations = self
+                .meta_call(
+                    Opcode::MatchPrefix,
+                    &KeysRequest {
+                        namespace: namespace.clone(),
+                        hashes: chunk.to_vec(),
+                    },
+                    "match_prefix",
+                )
+                .await?;
+            let matched = locs.items.iter().take_while(|l| l.is_some()).count();
+            out.matched += matched;
+            out.locations.extend(locs.items.into_iter().flatten().take(matched));
+            out.daemons.extend(locs.daemons);
+            if matched < chunk.len() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether each key is stored and visible.
+    pub async fn exists(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+    ) -> Result<Vec<bool>, ClientError> {
+        let locs = self.lookup(namespace, hashes).await?;
+        Ok(locs.items.iter().map(Option::is_some).collect())
+    }
+
+    /// Locations of each key (`None`: not stored).
+    pub async fn lookup(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+    ) -> Result<Locations, ClientError> {
+        let mut out = Locations::default();
+        for chunk in hashes.chunks(MAX_BATCH) {
+            let locs = self.lookup_raw(namespace, chunk).await?;
+            out.items.extend(locs.items);
+            out.daemons.extend(locs.daemons);
+        }
+        Ok(out)
+    }
+
+    async fn lookup_raw(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+    ) -> Result<Locations, ClientError> {
+        self.meta_call(
+            Opcode::Lookup,
+            &KeysRequest {
+                namespace: namespace.clone(),
+                hashes: hashes.to_vec(),
+            },
+            "lookup",
+        )
+        .await
+    }
+
+    /// Removes keys everywhere; `true` for each key that was stored.
+    pub async fn remove(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+    ) -> Result<Vec<bool>, ClientError> {
+        let mut out = Vec::with_capacity(hashes.len());
+        for chunk in hashes.chunks(MAX_BATCH) {
+            let st: Statuses = self
+                .meta_call(
+                    Opcode::MetaRemove,
+                    &KeysRequest {
+                        namespace: namespace.clone(),
+                        hashes: chunk.to_vec(),
+                    },
+                    "remove",
+                )
+                .await?;
+            out.extend(st.codes.iter().map(|c| *c == ErrorCode::Ok));
+        }
+        Ok(out)
+    }
+
+    /// Pins keys against eviction (or unpins them); a status per key.
+    pub async fn pin(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+        pin: bool,
+    ) -> Result<Vec<ErrorCode>, ClientError> {
+        let mut out = Vec::with_capacity(hashes.len());
+        for chunk in hashes.chunks(MAX_BATCH) {
+            let st: Statuses = self
+                .meta_call(
+                    Opcode::MetaPin,
+                    &PinRequest {
+                        keys: KeysRequest {
+                            namespace: namespace.clone(),
+                            hashes: chunk.to_vec(),
+                        },
+                        pin,
+                    },
+                    "pin",
+                )
+                .await?;
+            out.extend(st.codes);
+        }
+        Ok(out)
+    }
+
+    /// The cluster at a glance: daemons, capacity, use, block count.
+    pub async fn cluster_stats(&self) -> Result<ClusterStats, ClientError> {
+        self.meta_call(Opcode::ClusterStat, &Empty, "stat").await
+    }
+
+    /// One page of the index.
+    pub async fn list(&self, req: &ListRequest) -> Result<ListResponse, ClientError> {
+        self.meta_call(Opcode::List, req, "list").await
+    }
+
+    async fn meta_call<Resp: Body>(
+        &self,
+        op: Opcode,
+        req: &impl Body,
+        name: &'static str,
+    ) -> Result<Resp, ClientError> {
+        self.deadline(name, async {
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let (mut conn, reused) = self.meta.get().await?;
+                match conn.call(op, req, name).await {
+                    Ok(resp) => {
+                        self.meta.put_back(conn);
+                        return Ok(resp);
+                    }
+                    Err(err @ ClientError::Server { .. }) => {
+                        self.meta.put_back(conn);
+                        return Err(err);
+                    }
+                    Err(ClientError::Io { .. }) if reused && attempt == 1 => continue,
+                    Err(err) => return Err(err),
+                }
+            }
+        })
+        .await
+    }
+
+    async fn deadline<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, ClientError> {
+        match tokio::time::timeout(self.cfg.timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(ClientError::Timeout {
+                side: ErrorSource::Meta,
+                addr: self.cfg.meta_addr.clone(),
+                op,
+                timeout_ms: self.cfg.timeout.as_millis() as u64,
+            }),
+        }
+    }
+
+    fn learn_daemons(&self, daemons: &[DaemonAddr]) {
+        if daemons.is_empty() {
+            return;
+        }
+        {
+            let known = self.daemons.read();
+            if daemons
+                .iter()
+                .all(|d| known.get(&d.id).is_some_and(|p| p.addr() == d.addr))
+            {
+                return;
+            }
+        }
+        let mut known = self.daemons.write();
+        for d in daemons {
+            if known.get(&d.id).is_none_or(|p| p.addr() != d.addr) {
+                known.insert(
+                    d.id,
+                    Arc::new(ConnPool::new(
+                        d.addr.clone(),
+                        ErrorSource::Daemon,
+                        self.cfg.connect_timeout,
+                        self.cfg.max_idle_per_peer,
+                    )),
+                );
+            }
+        }
+    }
+
+    fn daemon_pool(&self, daemon: u32) -> Result<Arc<ConnPool>, ClientError> {
+        self.daemons
+            .read()
+            .get(&daemon)
+            .cloned()
+            .ok_or_else(|| self.meta_protocol("a location named a daemon it did not list"))
+    }
+
+    fn meta_protocol(&self, why: &str) -> ClientError {
+        ClientError::Protocol {
+            side: ErrorSource::Meta,
+            addr: self.cfg.meta_addr.clone(),
+            err: mooncake_proto::ProtoError::Invalid {
+                field: "response",
+                why: why.to_string(),
+            },
+        }
+    }
+}
+
+/// Reads one `Get` response into the item's buffer and verifies it against
+/// both the checksum the daemon sent and the one the writer committed.
+async fn read_one_get(
+    reader: &mut crate::conn::FrameReader,
+    item: &mut GetItem<'_>,
+    corrupt_reads: &AtomicU64,
+) -> Result<GetOutcome, ClientError> {
+    let header = reader.next_header(Opcode::Get).await?;
+    let len = header.body_len as usize;
+    match ErrorCode::from_u16(header.status) {
+        Some(ErrorCode::Ok) => {}
+        Some(ErrorCode::NotFound) => {
+            reader.discard(len).await?;
+            return Ok(GetOutcome::Miss);
+        }
+        Some(ErrorCode::Corrupt) => {
+            reader.discard(len).await?;
+            corrupt_reads.fetch_add(1, Ordering::Relaxed);
+            return Ok(GetOutcome::Miss);
+        }
+        other => {
+            reader.discard(len).await?;
+            return Ok(GetOutcome::Failed(other.unwrap_or(ErrorCode::Internal)));
+        }
+    }
+    if len < GET_HEAD_LEN {
+        return Err(reader.protocol("get response shorter than its head"));
+    }
+    let mut head = [0u8; GET_HEAD_LEN];
+    reader.read_into(&mut head).await?;
+    let sent_checksum = u64::from_le_bytes(head);
+    let value_len = len - GET_HEAD_LEN;
+    if value_len > item.buf.len() {
+        reader.discard(value_len).await?;
+        return Ok(GetOutcome::Failed(ErrorCode::TooLarge));
+    }
+    let dst = &mut item.buf[..value_len];
+    reader.read_into(dst).await?;
+    let actual = checksum(dst);
+    if actual != sent_checksum
+        || actual != item.location.checksum
+        || value_len != item.location.size as usize
+    {
+        corrupt_reads.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(hash = %item.hash, "block failed its checksum on read; treated as a miss");
+        return Ok(GetOutcome::Miss);
+    }
+    Ok(GetOutcome::Hit(value_len))
+}

@@ -1,0 +1,239 @@
+//! One framed connection to a daemon or the meta service. Requests are
+//! written in order and answered in order, so a batch is pipelined: write
+//! every request, read every response, on one socket, in one round trip.
+
+use std::io;
+use std::time::Duration;
+
+use mooncake_proto::message::Body;
+use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+use crate::error::{ClientError, ErrorSource};
+
+const IO_BUFFER: usize = 64 << 10;
+
+/// A connection that sends requests and reads their responses.
+pub struct Connection {
+    addr: String,
+    side: ErrorSource,
+    reader: FrameReader,
+    writer: FrameWriter,
+}
+
+/// The sending half: frames are buffered until `flush`.
+pub struct FrameWriter {
+    wr: BufWriter<OwnedWriteHalf>,
+    next_id: u64,
+}
+
+/// The receiving half: checks that responses answer the requests in order
+/// (request ids are sequential on a connection, from 1).
+pub struct FrameReader {
+    rd: BufReader<OwnedReadHalf>,
+    next_id: u64,
+    ctx: (String, ErrorSource),
+}
+
+impl Connection {
+    /// Connects within `timeout`, with Nagle off (small control frames and
+    /// pipelined requests must not wait for each other).
+    pub async fn connect(
+        addr: &str,
+        side: ErrorSource,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(err)) => {
+                return Err(ClientError::Io {
+                    side: side,
+                    addr: addr.to_string(),
+                    err,
+                })
+            }
+            Err(_) => {
+                return Err(ClientError::Timeout {
+                    side: side,
+                    addr: addr.to_string(),
+                    op: "connect",
+                    timeout_ms: timeout.as_millis() as u64,
+                })
+            }
+        };
+        stream.set_nodelay(true).map_err(|err| ClientError::Io {
+            side: side,
+            addr: addr.to_string(),
+            err,
+        })?;
+        let (rd, wr) = stream.into_split();
+        Ok(Connection {
+            addr: addr.to_string(),
+            side,
+            reader: FrameReader {
+                rd: BufReader::with_capacity(IO_BUFFER, rd),
+                next_id: 1,
+                ctx: (addr.to_string(), side),
+            },
+            writer: FrameWriter {
+                wr: BufWriter::with_capacity(IO_BUFFER, wr),
+                next_id: 1,
+            },
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Both halves at once, to write a batch while reading its answers
+    /// (so that neither side's socket buffer can fill and stall the other).
+    pub fn split(&mut self) -> (&mut FrameWriter, &mut FrameReader) {
+        (&mut self.writer, &mut self.reader)
+    }
+
+    /// Whether every request sent has been answered: only such a
+    /// connection may go back to a pool.
+    pub fn is_idle(&self) -> bool {
+        self.writer.next_id == self.reader.next_id
+    }
+
+    /// One request, one response, for control messages.
+    pub async fn call<Resp: Body>(
+        &mut self,
+        op: Opcode,
+        req: &impl Body,
+        name: &'static str,
+    ) -> Result<Resp, ClientError> {
+        let body = req.to_bytes();
+        self.writer
+            .send(op, &body, &[])
+            .await
+            .map_err(|e| self.io(e))?;
+        self.writer.flush().await.map_err(|e| self.io(e))?;
+        let header = self.reader.next_header(op).await?;
+        let bytes = self.reader.body(header.body_len as usize).await?;
+        if header.status != ErrorCode::Ok as u16 {
+            return Err(self.reader.status_error(header.status, name));
+        }
+        Resp::from_bytes(&bytes).map_err(|err| ClientError::Protocol {
+            side: self.side,
+            addr: self.addr.clone(),
+            err,
+        })
+    }
+
+    fn io(&self, err: io::Error) -> ClientError {
+        ClientError::Io {
+            side: self.side,
+            addr: self.addr.clone(),
+            err,
+        }
+    }
+}
+
+impl FrameWriter {
+    /// Buffers one request whose body is `body` followed by `value` (a
+    /// large value bypasses the buffer and goes straight to the socket).
+    pub async fn send(&mut self, op: Opcode, body: &[u8], value: &[u8]) -> io::Result<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let len = u32::try_from(body.len() + value.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame over 4 GiB"))?;
+        self.wr
+            .write_all(&Header::request(op, id, len).encode())
+            .await?;
+        self.wr.write_all(body).await?;
+        if !value.is_empty() {
+            self.wr.write_all(value).await?;
+        }
+        Ok(id)
+    }
+
+    pub async fn flush(&mut self) -> io::Result<()> {
+        self.wr.flush().await
+    }
+}
+
+impl FrameReader {
+    /// Reads the next response header and checks it answers the oldest
+    /// request in flight.
+    pub async fn next_header(&mut self, op: Opcode) -> Result<Header, ClientError> {
+        let id = self.next_id;
+        let mut raw = [0u8; HEADER_LEN];
+        self.rd.read_exact(&mut raw).await.map_err(|e| self.io(e))?;
+        let header = Header::parse(&raw)
+            .map_err(|err| ClientError::Protocol {
+                side: self.ctx.1,
+                addr: self.ctx.0.clone(),
+                err,
+            })?
+            .expect("a full header was read");
+        if !header.response || header.request_id != id || header.opcode != op {
+            return Err(self.protocol(&format!(
+                "expected the response to {} #{id}, got {:?}",
+                op.name(),
+                header
+            )));
+        }
+        self.next_id += 1;
+        Ok(header)
+    }
+
+    /// Reads a whole control body (bounded by the header's checked limit).
+    pub async fn body(&mut self, len: usize) -> Result<Vec<u8>, ClientError> {
+        let mut buf = vec![0u8; len];
+        self.rd.read_exact(&mut buf).await.map_err(|e| self.io(e))?;
+        Ok(buf)
+    }
+
+    /// Reads exactly `buf.len()` bytes into the caller's buffer.
+    pub async fn read_into(&mut self, buf: &mut [u8]) -> Result<(), ClientError> {
+        self.rd.read_exact(buf).await.map_err(|e| self.io(e))?;
+        Ok(())
+    }
+
+    /// Reads and drops `len` bytes (a response the caller cannot take).
+    pub async fn discard(&mut self, mut len: usize) -> Result<(), ClientError> {
+        let mut scratch = [0u8; 8192];
+        while len > 0 {
+            let n = len.min(scratch.len());
+            self.rd
+                .read_exact(&mut scratch[..n])
+                .await
+                .map_err(|e| self.io(e))?;
+            len -= n;
+        }
+        Ok(())
+    }
+
+    pub fn status_error(&self, status: u16, op: &'static str) -> ClientError {
+        ClientError::Server {
+            side: self.ctx.1,
+            addr: self.ctx.0.clone(),
+            op,
+            code: ErrorCode::from_u16(status).unwrap_or(ErrorCode::Internal),
+        }
+    }
+
+    pub fn protocol(&self, why: &str) -> ClientError {
+        ClientError::Protocol {
+            side: self.ctx.1,
+            addr: self.ctx.0.clone(),
+            err: ProtoError::Invalid {
+                field: "response",
+                why: why.to_string(),
+            },
+        }
+    }
+
+    fn io(&self, err: io::Error) -> ClientError {
+        ClientError::Io {
+            side: self.ctx.1,
+            addr: self.ctx.0.clone(),
+            err,
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Client errors, each saying where it came from and whether a retry may
+//! help, so that a worker decides "retry" or "recompute" without matching
+//! on every variant.
+
+use std::io;
+
+use mooncake_proto::{ErrorCode, ProtoError};
+
+/// Which side of the call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorSource {
+    /// The meta service (control plane).
+    Meta,
+    /// A storage daemon (data plane).
+    Daemon,
+    /// This process: bad arguments or a buffer too small.
+    Caller,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{side:?} at {addr} answered {code} to {op}")]
+    Server {
+        side: ErrorSource,
+        addr: String,
+        op: &'static str,
+        code: ErrorCode,
+    },
+    #[error("{side:?} at {addr}: {op} did not finish within {timeout_ms} ms")]
+    Timeout {
+        side: ErrorSource,
+        addr: String,
+        op: &'static str,
+        timeout_ms: u64,
+    },
+    #[error("{side:?} at {addr}: {err}")]
+    Io {
+        side: ErrorSource,
+        addr: String,
+        #[source]
+        err: io::Error,
+    },
+    #[error("{side:?} at {addr} broke the protocol: {err}")]
+    Protocol {
+        side: ErrorSource,
+        addr: String,
+        #[source]
+        err: ProtoError,
+    },
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+impl ClientError {
+    /// Whether the same call may succeed later or against another replica.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Server { code, .. } => code.is_retryable(),
+            ClientError::Timeout { .. } | ClientError::Io { .. } => true,
+            ClientError::Protocol { .. } | ClientError::Invalid(_) => false,
+        }
+    }
+
+    /// Where the error came from.
+    pub fn source_side(&self) -> ErrorSource {
+        match self {
+            ClientError::Server { side, .. }
+            | ClientError::Timeout { side, .. }
+            | ClientError::Io { side, .. }
+            | ClientError::Protocol { side, .. } => *side,
+            ClientError::Invalid(_) => ErrorSource::Caller,
+        }
+    }
+
+    /// The server's error code, when a server answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Server { code, .. } => Some(*code),
+            ClientError::Timeout { .. } => Some(ErrorCode::Timeout),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! The client SDK that GPU workers link: control calls to the meta service,
+//! block data straight to and from storage daemons (never through meta),
+//! with pooled connections, pipelined batches and a deadline on every call.
+//!
+//! Depends on `mooncake-proto` only; never on a server crate. The daemon and
+//! the meta service reuse its [`Connection`] to talk to each other.
+
+mod client;
+mod conn;
+mod error;
+mod pool;
+
+pub use client::{Client, ClientConfig, GetOutcome, PrefixMatch, PutOutcome};
+pub use conn::Connection;
+pub use error::{ClientError, ErrorSource};
+pub use mooncake_proto as proto;
+pub use pool::ConnPool;

@@ -1,0 +1,59 @@
+//! A pool of idle connections to one address. A connection goes back only
+//! when its last call finished cleanly; one dropped mid-call (a deadline, an
+//! error) is closed, so a pooled connection never holds a stale response.
+
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::conn::Connection;
+use crate::error::{ClientError, ErrorSource};
+
+pub struct ConnPool {
+    addr: String,
+    side: ErrorSource,
+    connect_timeout: Duration,
+    max_idle: usize,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl ConnPool {
+    pub fn new(addr: String, side: ErrorSource, connect_timeout: Duration, max_idle: usize) -> Self {
+        ConnPool {
+            addr,
+            side,
+            connect_timeout,
+            max_idle,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// An idle connection (`true`: reused, it may have gone stale) or a new one.
+    pub async fn get(&self) -> Result<(Connection, bool), ClientError> {
+        if let Some(conn) = self.idle.lock().pop() {
+            return Ok((conn, true));
+        }
+        let conn = Connection::connect(&self.addr, self.side, self.connect_timeout).await?;
+        Ok((conn, false))
+    }
+
+    /// Returns a connection after a clean call.
+    pub fn put_back(&self, conn: Connection) {
+        if !conn.is_idle() {
+            return;
+        }
+        let mut idle = self.idle.lock();
+        if idle.len() < self.max_idle {
+            idle.push(conn);
+        }
+    }
+
+    /// Drops every idle connection (after the peer was found dead).
+    pub fn clear(&self) {
+        self.idle.lock().clear();
+    }
+}

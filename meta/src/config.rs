@@ -1,0 +1,69 @@
+//! The meta service's configuration: one TOML table, every field defaulted.
+
+use std::time::Duration;
+
+use mooncake_proto::units::HumanDuration;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetaConfig {
+    /// Control port. Default `127.0.0.1:7070`.
+    pub listen: String,
+    /// A daemon silent this long is dead and its blocks leave the index.
+    /// Default 5s.
+    pub daemon_ttl: HumanDuration,
+    /// A put reserved but not committed this long is abandoned: the key
+    /// becomes free again and the daemon is told to drop any bytes it got.
+    /// Default 30s.
+    pub put_timeout: HumanDuration,
+    /// Most concurrent connections; more are refused. Default 4096.
+    pub max_connections: usize,
+    /// Longest time one request may take once its header arrived. Default 10s.
+    pub request_timeout: HumanDuration,
+}
+
+impl Default for MetaConfig {
+    fn default() -> Self {
+        MetaConfig {
+            listen: "127.0.0.1:7070".into(),
+            daemon_ttl: HumanDuration(Duration::from_secs(5)),
+            put_timeout: HumanDuration(Duration::from_secs(30)),
+            max_connections: 4096,
+            request_timeout: HumanDuration(Duration::from_secs(10)),
+        }
+    }
+}
+
+impl MetaConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.daemon_ttl.0 < Duration::from_millis(100) {
+            return Err(format!("daemon_ttl = {} is below 100ms", self.daemon_ttl));
+        }
+        if self.put_timeout.0 < Duration::from_millis(100) {
+            return Err(format!("put_timeout = {} is below 100ms", self.put_timeout));
+        }
+        if self.max_connections == 0 {
+            return Err("max_connections must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_toml_overrides_apply() {
+        MetaConfig::default().validate().unwrap();
+        let cfg: MetaConfig = toml::from_str("daemon_ttl = \"2s\"\nput_timeout = \"500ms\"").unwrap();
+        assert_eq!(cfg.daemon_ttl.0, Duration::from_secs(2));
+        assert_eq!(cfg.put_timeout.0, Duration::from_millis(500));
+        let bad = MetaConfig {
+            daemon_ttl: HumanDuration(Duration::from_millis(1)),
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

@@ -1,0 +1,172 @@
+//! Daemon membership as the meta service sees it: who is alive, where they
+//! listen, how full they are, and where a new block should go.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use mooncake_proto::message::{DaemonAddr, DaemonInfo, PoolStats};
+use parking_lot::RwLock;
+
+struct Member {
+    node: String,
+    addr: String,
+    stats: PoolStats,
+    /// Bytes placed on it since its last heartbeat (not in `stats` yet).
+    placed: u64,
+    last_seen: Instant,
+    alive: bool,
+}
+
+#[derive(Default)]
+pub struct Daemons {
+    members: RwLock<HashMap<u32, Member>>,
+}
+
+impl Daemons {
+    /// Registers a daemon; one that comes back at the same address keeps
+    /// its id.
+    pub fn register(&self, node: String, addr: String, capacity: u64, now: Instant) -> u32 {
+        let mut members = self.members.write();
+        let id = members
+            .iter()
+            .find(|(_, m)| m.addr == addr)
+            .map(|(id, _)| *id)
+            .unwrap_or_else(|| members.keys().max().map_or(1, |m| m + 1));
+        members.insert(
+            id,
+            Member {
+                node,
+                addr,
+                stats: PoolStats {
+                    capacity,
+                    ..PoolStats::default()
+                },
+                placed: 0,
+                last_seen: now,
+                alive: true,
+            },
+        );
+        id
+    }
+
+    /// Records a heartbeat; `false` if the daemon is unknown or was declared
+    /// dead (it must register again).
+    pub fn heartbeat(&self, id: u32, stats: PoolStats, now: Instant) -> bool {
+        let mut members = self.members.write();
+        match members.get_mut(&id) {
+            Some(m) if m.alive => {
+                m.stats = stats;
+                m.placed = 0;
+                m.last_seen = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks daemons silent for longer than `ttl` dead; returns them.
+    pub fn expire(&self, ttl: Duration, now: Instant) -> Vec<u32> {
+        let mut members = self.members.write();
+        members
+            .iter_mut()
+            .filter(|(_, m)| m.alive && now.duration_since(m.last_seen) > ttl)
+            .map(|(id, m)| {
+                m.alive = false;
+                *id
+            })
+            .collect()
+    }
+
+    /// The live daemon with the most free room for `size` bytes (a daemon
+    /// evicts to make room, so a full one is still a valid last choice).
+    pub fn place(&self, size: u64) -> Option<u32> {
+        let mut members = self.members.write();
+        let (id, member) = members
+            .iter_mut()
+            .filter(|(_, m)| m.alive && m.stats.capacity >= size)
+            .max_by_key(|(id, m)| {
+                let free = m.stats.capacity.saturating_sub(m.stats.used + m.placed);
+                (free, std::cmp::Reverse(**id))
+            })?;
+        member.placed += size;
+        Some(*id)
+    }
+
+    /// Largest pool among live daemons: no block larger can be placed.
+    pub fn largest_capacity(&self) -> u64 {
+        self.members
+            .read()
+            .values()
+            .filter(|m| m.alive)
+            .map(|m| m.stats.capacity)
+            .max()
+            .unwrap_or(0)
+    }
+
+    pub fn addrs(&self, ids: impl IntoIterator<Item = u32>) -> Vec<DaemonAddr> {
+        let members = self.members.read();
+        let mut ids: Vec<u32> = ids.into_iter().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .filter_map(|id| {
+                members.get(&id).map(|m| DaemonAddr {
+                    id,
+                    addr: m.addr.clone(),
+                })
+            })
+            .collect()
+    }
+
+    pub fn addr(&self, id: u32) -> Option<String> {
+        self.members.read().get(&id).map(|m| m.addr.clone())
+    }
+
+    pub fn infos(&self) -> Vec<DaemonInfo> {
+        let members = self.members.read();
+        let mut out: Vec<DaemonInfo> = members
+            .iter()
+            .map(|(id, m)| DaemonInfo {
+                id: *id,
+                node: m.node.clone(),
+                addr: m.addr.clone(),
+                alive: m.alive,
+                capacity: m.stats.capacity,
+                used: m.stats.used,
+                blocks: m.stats.blocks,
+            })
+            .collect();
+        out.sort_by_key(|d| d.id);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placement_prefers_free_space_and_skips_the_dead() {
+        let d = Daemons::default();
+        let t = Instant::now();
+        let a = d.register("n1".into(), "a:1".into(), 100, t);
+        let b = d.register("n2".into(), "b:1".into(), 100, t);
+        d.heartbeat(a, PoolStats { capacity: 100, used: 90, ..Default::default() }, t);
+        assert_eq!(d.place(5), Some(b));
+        assert!(d.expire(Duration::from_secs(1), t + Duration::from_secs(2)).contains(&b));
+        assert_eq!(d.place(5), None, "a lacks no room but was also silent");
+        assert!(!d.heartbeat(b, PoolStats::default(), t), "dead daemons must re-register");
+        assert_eq!(d.register("n2".into(), "b:1".into(), 100, t), b, "same address, same id");
+        assert_eq!(d.place(500), None, "too large for every pool");
+    }
+
+    #[test]
+    fn placements_spread_between_heartbeats() {
+        let d = Daemons::default();
+        let t = Instant::now();
+        let a = d.register("n1".into(), "a:1".into(), 100, t);
+        let b = d.register("n2".into(), "b:1".into(), 100, t);
+        let picks: Vec<u32> = (0..4).map(|_| d.place(30).unwrap()).collect();
+        assert!(picks.contains(&a) && picks.contains(&b), "{picks:?}");
+    }
+}

@@ -1,0 +1,435 @@
+//! The global block index, sharded by key hash so that lookups from many
+//! connections do not contend (and so that it can later be split across
+//! leaders, one shard range each).
+//!
+//! An entry is `Pending` from a put's first phase until its commit, and
+//! only `Visible` entries are ever returned: visible means complete.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::time::Instant;
+
+use mooncake_proto::message::{CommitItem, ListEntry, Location};
+use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
+use parking_lot::RwLock;
+
+const SHARDS: usize = 64;
+
+/// A namespace interned to a small number, so that entries stay small and
+/// lookups hash no strings.
+type NsId = u32;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct IdxKey {
+    ns: NsId,
+    hash: BlockHash,
+}
+
+impl Hash for IdxKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The block hash is already uniform: its first bytes are the hash.
+        state.write_u64(self.hash.prefix_u64() ^ u64::from(self.ns).rotate_left(32));
+    }
+}
+
+/// Passes a precomputed u64 through.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+#[derive(Clone, Copy)]
+enum State {
+    Pending { since: Instant },
+    Visible,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    daemon: u32,
+    size: u32,
+    checksum: u64,
+    state: State,
+}
+
+type Shard = HashMap<IdxKey, Entry, BuildHasherDefault<PassThrough>>;
+
+/// Counts for `stat`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixStats {
+    pub visible: u64,
+    pub bytes: u64,
+    pub pending: u64,
+}
+
+pub struct Index {
+    shards: Vec<RwLock<Shard>>,
+    namespaces: RwLock<Namespaces>,
+}
+
+#[derive(Default)]
+struct Namespaces {
+    ids: HashMap<Namespace, NsId>,
+    names: Vec<Namespace>,
+}
+
+/// What phase one decided for one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reservation {
+    Reserved,
+    Exists,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Index {
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            namespaces: RwLock::new(Namespaces::default()),
+        }
+    }
+}
+
+impl Index {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn shard(&self, key: &IdxKey) -> &RwLock<Shard> {
+        // High bits pick the shard; the map inside uses the low bits.
+        &self.shards[(key.hash.prefix_u64() >> 58) as usize % SHARDS]
+    }
+
+    fn ns_id(&self, ns: &Namespace) -> Option<NsId> {
+        self.namespaces.read().ids.get(ns).copied()
+    }
+
+    fn intern(&self, ns: &Namespace) -> NsId {
+        if let Some(id) = self.ns_id(ns) {
+            return id;
+        }
+        let mut names = self.namespaces.write();
+        if let Some(id) = names.ids.get(ns) {
+            return *id;
+        }
+        let id = names.names.len() as NsId;
+        names.names.push(ns.clone());
+        names.ids.insert(ns.clone(), id);
+        id
+    }
+
+    /// Phase one: reserves a key on a daemon unless it is already stored or
+    /// being stored.
+    pub fn reserve(&self, ns: &Namespace, hash: BlockHash, size: u32, daemon: u32, now: Instant) -> Reservation {
+        let key = IdxKey {
+            ns: self.intern(ns),
+            hash,
+        };
+        let mut shard = self.shard(&key).write();
+        if shard.contains_key(&key) {
+            return Reservation::Exists;
+        }
+        shard.insert(
+            key,
+            Entry {
+                daemon,
+                size,
+                checksum: 0,
+                state: State::Pending { since: now },
+            },
+        );
+        Reservation::Reserved
+    }
+
+    /// Phase two: makes a stored block visible, or drops the reservation
+    /// of one that was not stored.
+    pub fn commit(&self, ns: &Namespace, item: &CommitItem) -> ErrorCode {
+        let Some(ns) = self.ns_id(ns) else {
+            return ErrorCode::NoReservation;
+        };
+        let key = IdxKey { ns, hash: item.hash };
+        let mut shard = self.shard(&key).write();
+        match shard.get_mut(&key) {
+            Some(e) if matches!(e.state, State::Pending { .. }) && e.daemon == item.daemon => {
+                if item.stored {
+                    e.state = State::Visible;
+                    e.size = item.size;
+                    e.checksum = item.checksum;
+                } else {
+                    shard.remove(&key);
+                }
+                ErrorCode::Ok
+            }
+            _ if !item.stored => ErrorCode::Ok,
+            _ => ErrorCode::NoReservation,
+        }
+    }
+
+    fn visible(&self, ns: NsId, hash: BlockHash) -> Option<Location> {
+        let key = IdxKey { ns, hash };
+        let shard = self.shard(&key).read();
+        match shard.get(&key) {
+            Some(e) if matches!(e.state, State::Visible) => Some(Location {
+                daemon: e.daemon,
+                size: e.size,
+                checksum: e.checksum,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Locations of visible keys, `None` for the rest.
+    pub fn lookup(&self, ns: &Namespace, hashes: &[BlockHash]) -> Vec<Option<Location>> {
+        let Some(ns) = self.ns_id(ns) else {
+            return vec![None; hashes.len()];
+        };
+        hashes.iter().map(|h| self.visible(ns, *h)).collect()
+    }
+
+    /// Locations of the longest visible prefix of a chain.
+    pub fn match_prefix(&self, ns: &Namespace, hashes: &[BlockHash]) -> Vec<Location> {
+        let Some(ns) = self.ns_id(ns) else {
+            return Vec::new();
+        };
+        hashes
+            .iter()
+            .map_while(|h| self.visible(ns, *h))
+            .collect()
+    }
+
+    /// Removes visible keys; returns where each was (`None`: not stored).
+    pub fn remove(&self, ns: &Namespace, hashes: &[BlockHash]) -> Vec<Option<u32>> {
+        let Some(ns) = self.ns_id(ns) else {
+            return vec![None; hashes.len()];
+        };
+        hashes
+            .iter()
+            .map(|hash| {
+                let key = IdxKey { ns, hash: *hash };
+                let mut shard = self.shard(&key).write();
+                match shard.get(&key) {
+                    Some(e) if matches!(e.state, State::Visible) => {
+                        let daemon = e.daemon;
+                        shard.remove(&key);
+                        Some(daemon)
+                    }
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Drops a key if (and only if) it lives on `daemon`: a daemon's report
+    /// that it evicted a block must not remove a newer copy elsewhere.
+    pub fn remove_at(&self, key: &BlockKey, daemon: u32) -> bool {
+        let Some(ns) = self.ns_id(&key.namespace) else {
+            return false;
+        };
+        let key = IdxKey { ns, hash: key.hash };
+        let mut shard = self.shard(&key).write();
+        if shard.get(&key).is_some_and(|e| e.daemon == daemon) {
+            shard.remove(&key);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Drops every entry of a dead daemon; returns how many.
+    pub fn remove_daemon(&self, daemon: u32) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut shard = s.write();
+                let before = shard.len();
+                shard.retain(|_, e| e.daemon != daemon);
+                before - shard.len()
+            })
+            .sum()
+    }
+
+    /// Drops reservations older than `deadline`; returns them, so that their
+    /// daemons can free whatever bytes arrived.
+    pub fn expire_pending(&self, deadline: Instant) -> Vec<(BlockKey, u32)> {
+        let mut expired = Vec::new();
+        for s in &self.shards {
+            let mut shard = s.write();
+            shard.retain(|k, e| match e.state {
+                State::Pending { since } if since < deadline => {
+                    expired.push((*k, e.daemon));
+                    false
+                }
+                _ => true,
+            });
+        }
+        let names = self.namespaces.read();
+        expired
+            .into_iter()
+            .map(|(k, d)| (BlockKey::new(names.names[k.ns as usize].clone(), k.hash), d))
+            .collect()
+    }
+
+    /// A page of visible entries after `after`, ordered by (namespace, hash).
+    pub fn list(&self, ns: Option<&Namespace>, after: Option<&BlockKey>, limit: usize) -> (Vec<ListEntry>, bool) {
+        let names = self.namespaces.read();
+        let wanted = match ns {
+            Some(ns) => match names.ids.get(ns) {
+                Some(id) => Some(*id),
+                None => return (Vec::new(), false),
+            },
+            None => None,
+        };
+        let mut all: Vec<ListEntry> = Vec::new();
+        for s in &self.shards {
+            let shard = s.read();
+            for (k, e) in shard.iter() {
+                if !matches!(e.state, State::Visible) || wanted.is_some_and(|w| w != k.ns) {
+                    continue;
+                }
+                let key = BlockKey::new(names.names[k.ns as usize].clone(), k.hash);
+                if after.is_some_and(|a| &key <= a) {
+                    continue;
+                }
+                all.push(ListEntry {
+                    key,
+                    location: Location {
+                        daemon: e.daemon,
+                        size: e.size,
+                        checksum: e.checksum,
+                    },
+                });
+            }
+        }
+        all.sort_by(|a, b| a.key.cmp(&b.key));
+        let more = all.len() > limit;
+        all.truncate(limit);
+        (all, more)
+    }
+
+    pub fn stats(&self) -> PrefixStats {
+        let mut st = PrefixStats::default();
+        for s in &self.shards {
+            for e in s.read().values() {
+                match e.state {
+                    State::Visible => {
+                        st.visible += 1;
+                        st.bytes += e.size as u64;
+                    }
+                    State::Pending { .. } => st.pending += 1,
+                }
+            }
+        }
+        st
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ns() -> Namespace {
+        Namespace::new("t").unwrap()
+    }
+
+    fn h(i: u8) -> BlockHash {
+        BlockHash([i; 32])
+    }
+
+    fn commit(idx: &Index, i: u8, daemon: u32) -> ErrorCode {
+        idx.commit(
+            &ns(),
+            &CommitItem {
+                hash: h(i),
+                daemon,
+                size: 10,
+                checksum: 99,
+                stored: true,
+            },
+        )
+    }
+
+    #[test]
+    fn pending_is_invisible_until_committed() {
+        let idx = Index::new();
+        let now = Instant::now();
+        assert_eq!(idx.reserve(&ns(), h(1), 10, 7, now), Reservation::Reserved);
+        assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
+        assert_eq!(idx.reserve(&ns(), h(1), 10, 7, now), Reservation::Exists);
+        assert_eq!(commit(&idx, 1, 7), ErrorCode::Ok);
+        let loc = idx.lookup(&ns(), &[h(1)])[0].unwrap();
+        assert_eq!((loc.daemon, loc.size, loc.checksum), (7, 10, 99));
+    }
+
+    #[test]
+    fn commit_without_reservation_or_from_another_daemon_is_refused() {
+        let idx = Index::new();
+        idx.reserve(&ns(), h(2), 10, 1, Instant::now());
+        assert_eq!(commit(&idx, 1, 1), ErrorCode::NoReservation);
+        assert_eq!(commit(&idx, 2, 9), ErrorCode::NoReservation);
+    }
+
+    #[test]
+    fn match_prefix_stops_at_the_first_gap() {
+        let idx = Index::new();
+        for i in [1, 2, 4] {
+            idx.reserve(&ns(), h(i), 10, 1, Instant::now());
+            commit(&idx, i, 1);
+        }
+        assert_eq!(idx.match_prefix(&ns(), &[h(1), h(2), h(3), h(4)]).len(), 2);
+        assert_eq!(idx.match_prefix(&ns(), &[h(3), h(1)]).len(), 0);
+        let other = Namespace::new("other").unwrap();
+        assert_eq!(idx.match_prefix(&other, &[h(1)]).len(), 0, "namespaces never mix");
+    }
+
+    #[test]
+    fn expired_reservations_free_the_key() {
+        let idx = Index::new();
+        let t0 = Instant::now();
+        idx.reserve(&ns(), h(1), 10, 3, t0);
+        let expired = idx.expire_pending(t0 + Duration::from_secs(1));
+        assert_eq!(expired, vec![(BlockKey::new(ns(), h(1)), 3)]);
+        assert_eq!(idx.reserve(&ns(), h(1), 10, 3, t0), Reservation::Reserved);
+        assert_eq!(idx.stats().pending, 1);
+    }
+
+    #[test]
+    fn dead_daemon_and_evictions_remove_only_their_blocks() {
+        let idx = Index::new();
+        for (i, d) in [(1, 1), (2, 1), (3, 2)] {
+            idx.reserve(&ns(), h(i), 10, d, Instant::now());
+            commit(&idx, i, d);
+        }
+        assert!(!idx.remove_at(&BlockKey::new(ns(), h(3)), 1), "wrong daemon");
+        assert!(idx.remove_at(&BlockKey::new(ns(), h(3)), 2));
+        assert_eq!(idx.remove_daemon(1), 2);
+        assert_eq!(idx.stats(), PrefixStats::default());
+    }
+
+    #[test]
+    fn list_pages_in_key_order() {
+        let idx = Index::new();
+        for i in 0..10 {
+            idx.reserve(&ns(), h(i), 10, 1, Instant::now());
+            commit(&idx, i, 1);
+        }
+        let (page, more) = idx.list(None, None, 4);
+        assert!(more);
+        assert_eq!(page.len(), 4);
+        let (rest, more) = idx.list(Some(&ns()), Some(&page[3].key), 100);
+        assert!(!more);
+        assert_eq!(rest.len(), 6);
+        assert!(rest[0].key > page[3].key);
+    }
+}

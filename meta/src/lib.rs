@@ -1,0 +1,90 @@
+//! The meta service: the cluster's index of blocks (key -> size, checksum,
+//! daemon, state), placement of new blocks, two-phase puts, prefix matching
+//! and daemon membership. Block data never passes through it.
+//!
+//! Its index is soft state, rebuilt from daemons; leadership comes from a
+//! [`Coordinator`] (embedded in-process here, etcd for a cluster). Depends
+//! on `mooncake-proto` and the client SDK's connection (to reach daemons);
+//! never on the daemon's crate.
+
+pub mod config;
+pub mod coordinator;
+mod daemons;
+mod index;
+mod server;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::MetaConfig;
+pub use coordinator::{Coordinator, CoordinatorError, EmbeddedCoordinator, Leadership};
+pub use index::{Index, PrefixStats};
+
+/// Why a meta service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("invalid config: {0}")]
+    Config(String),
+    #[error("cannot read the listener's address: {0}")]
+    Listener(std::io::Error),
+    #[error("coordinator: {0}")]
+    Coordinator(#[from] CoordinatorError),
+}
+
+/// A running meta service.
+pub struct MetaHandle {
+    pub addr: SocketAddr,
+    pub leadership: Leadership,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl MetaHandle {
+    /// Waits until the service stopped (after `shutdown` was cancelled or
+    /// its leadership was lost).
+    pub async fn join(self) {
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Starts a meta service on `listener`: it campaigns for leadership through
+/// `coordinator`, then serves until `shutdown` is cancelled or the lead is
+/// lost (a stale leader must not answer).
+pub async fn start(
+    config: MetaConfig,
+    listener: TcpListener,
+    coordinator: Arc<dyn Coordinator>,
+    shutdown: CancellationToken,
+) -> Result<MetaHandle, MetaError> {
+    config.validate().map_err(MetaError::Config)?;
+    let addr = listener.local_addr().map_err(MetaError::Listener)?;
+    let leadership = coordinator.campaign(addr.to_string()).await?;
+    tracing::info!(%addr, revision = leadership.revision, "meta service leading");
+    let stop = shutdown.child_token();
+    let lost = leadership.lost.clone();
+    let stop_on_loss = stop.clone();
+    let state = Arc::new(server::State::new(&config));
+    let tasks = vec![
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = lost.cancelled() => {
+                    tracing::error!("leadership lost: the meta service stops answering");
+                    stop_on_loss.cancel();
+                }
+                _ = stop_on_loss.cancelled() => {}
+            }
+        }),
+        tokio::spawn(server::reaper(state.clone(), stop.clone())),
+        tokio::spawn(server::run(listener, state, config, stop)),
+    ];
+    Ok(MetaHandle {
+        addr,
+        leadership,
+        tasks,
+    })
+}

@@ -1,0 +1,371 @@
+//! The meta service's TCP control server and its housekeeping: daemons
+//! that fall silent leave the index, and abandoned puts are reclaimed.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mooncake_client::{ConnPool, ErrorSource};
+use mooncake_proto::frame::MAX_BATCH;
+use mooncake_proto::message::{
+    Body, ClusterStats, Empty, EventsRequest, HeartbeatRequest, KeyRequest, KeysRequest,
+    ListRequest, ListResponse, Locations, PinRequest, PutCommitRequest, PutStartRequest,
+    PutStartResponse, RegisterRequest, RegisterResponse, Slot, Statuses,
+};
+use mooncake_proto::{BlockKey, ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::MetaConfig;
+use crate::daemons::Daemons;
+use crate::index::{Index, Reservation};
+
+const IO_BUFFER: usize = 64 << 10;
+/// Deadline of a call from the meta service to a daemon.
+const DAEMON_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+const REAPER_PERIOD: Duration = Duration::from_millis(200);
+
+pub struct State {
+    pub index: Index,
+    pub daemons: Daemons,
+    daemon_ttl: Duration,
+    put_timeout: Duration,
+    links: Mutex<HashMap<u32, Arc<ConnPool>>>,
+}
+
+impl State {
+    pub fn new(cfg: &MetaConfig) -> Self {
+        State {
+            index: Index::new(),
+            daemons: Daemons::default(),
+            daemon_ttl: cfg.daemon_ttl.0,
+            put_timeout: cfg.put_timeout.0,
+            links: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Sends a one-key command (remove, pin, unpin) to a daemon.
+    async fn tell_daemon(&self, daemon: u32, op: Opcode, key: BlockKey) -> ErrorCode {
+        let Some(addr) = self.daemons.addr(daemon) else {
+            return ErrorCode::Unavailable;
+        };
+        let pool = {
+            let mut links = self.links.lock();
+            let stale = links.get(&daemon).is_some_and(|p| p.addr() != addr);
+            if stale {
+                links.remove(&daemon);
+            }
+            links
+                .entry(daemon)
+                .or_insert_with(|| Arc::new(ConnPool::new(addr, ErrorSource::Daemon, DAEMON_CALL_TIMEOUT, 4)))
+                .clone()
+        };
+        let call = async {
+            let (mut conn, _) = pool.get().await?;
+            let result = conn.call::<Empty>(op, &KeyRequest { key }, op.name()).await;
+            if matches!(result, Ok(_) | Err(mooncake_client::ClientError::Server { .. })) {
+                pool.put_back(conn);
+            }
+            result
+        };
+        match tokio::time::timeout(DAEMON_CALL_TIMEOUT, call).await {
+            Ok(Ok(_)) => ErrorCode::Ok,
+            Ok(Err(err)) => err.code().unwrap_or(ErrorCode::Unavailable),
+            Err(_) => ErrorCode::Timeout,
+        }
+    }
+}
+
+/// Drops dead daemons' blocks from the index and reclaims abandoned puts.
+pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(REAPER_PERIOD);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let now = Instant::now();
+        for daemon in state.daemons.expire(state.daemon_ttl, now) {
+            let dropped = state.index.remove_daemon(daemon);
+            tracing::warn!(daemon, dropped, "daemon silent past its ttl: declared dead");
+        }
+        let Some(deadline) = now.checked_sub(state.put_timeout) else {
+            continue;
+        };
+        let expired = state.index.expire_pending(deadline);
+        if !expired.is_empty() {
+            tracing::info!(count = expired.len(), "abandoned puts reclaimed");
+            let state = state.clone();
+            tokio::spawn(async move {
+                for (key, daemon) in expired {
+                    // The bytes may never have arrived: NotFound is fine.
+                    state.tell_daemon(daemon, Opcode::Remove, key).await;
+                }
+            });
+        }
+    }
+}
+
+pub async fn run(listener: TcpListener, state: Arc<State>, cfg: MetaConfig, stop: CancellationToken) {
+    let permits = Arc::new(Semaphore::new(cfg.max_connections));
+    let request_timeout = cfg.request_timeout.0;
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(err) => {
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => break,
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "connection refused: max_connections reached");
+            continue;
+        };
+        let (state, stop) = (state.clone(), stop.clone());
+        tokio::spawn(async move {
+            if let Err(err) = serve(stream, &state, request_timeout, &stop).await {
+                tracing::debug!(%peer, %err, "connection closed");
+            }
+            drop(permit);
+        });
+    }
+    tracing::info!("meta service stopped accepting");
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error("protocol violation: {0}")]
+    Protocol(#[from] ProtoError),
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error("request not finished within {0:?}")]
+    Timeout(Duration),
+}
+
+async fn serve(
+    stream: TcpStream,
+    state: &State,
+    request_timeout: Duration,
+    stop: &CancellationToken,
+) -> Result<(), ConnError> {
+    stream.set_nodelay(true)?;
+    let (rd, wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
+    let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
+    loop {
+        if rd.buffer().len() < HEADER_LEN {
+            wr.flush().await?;
+        }
+        let mut raw = [0u8; HEADER_LEN];
+        tokio::select! {
+            read = rd.read_exact(&mut raw) => match read {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e.into()),
+            },
+            _ = stop.cancelled() => return Ok(()),
+        }
+        let parsed = match Header::parse(&raw) {
+            Ok(Some(h)) if !h.response && !is_data_plane(h.opcode) => Ok(h),
+            Ok(Some(h)) if h.response => Err(ProtoError::Invalid {
+                field: "flags",
+                why: "a response sent to a server".into(),
+            }),
+            Ok(Some(h)) => Err(ProtoError::UnknownOpcode(h.opcode as u8)),
+            Ok(None) => unreachable!("a whole header was read"),
+            Err(err) => Err(err),
+        };
+        let header = match parsed {
+            Ok(h) => h,
+            Err(err) => {
+                wr.write_all(&Header::error_reply(&raw, err.code() as u16)).await?;
+                wr.flush().await?;
+                return Err(err.into());
+            }
+        };
+        let answer = async {
+            let mut body = vec![0u8; header.body_len as usize];
+            rd.read_exact(&mut body).await?;
+            Ok::<_, ConnError>(dispatch(state, header.opcode, &body).await)
+        };
+        let (code, reply) = match tokio::time::timeout(request_timeout, answer).await {
+            Ok(Ok(Ok(reply))) => (ErrorCode::Ok, reply),
+            Ok(Ok(Err(Failure::Code(code)))) => (code, Vec::new()),
+            Ok(Ok(Err(Failure::Protocol(err)))) => {
+                wr.write_all(&Header::error_reply(&raw, err.code() as u16)).await?;
+                wr.flush().await?;
+                return Err(err.into());
+            }
+            Ok(Err(err)) => return Err(err),
+            Err(_) => return Err(ConnError::Timeout(request_timeout)),
+        };
+        let h = Header::response(header.opcode, header.request_id, code as u16, reply.len() as u32);
+        wr.write_all(&h.encode()).await?;
+        wr.write_all(&reply).await?;
+    }
+}
+
+fn is_data_plane(op: Opcode) -> bool {
+    (op as u8) < 0x20 && op != Opcode::Ping
+}
+
+enum Failure {
+    /// Answer with this status and an empty body; the connection stays.
+    Code(ErrorCode),
+    /// The body broke the protocol: answer, then close.
+    Protocol(ProtoError),
+}
+
+impl From<ProtoError> for Failure {
+    fn from(err: ProtoError) -> Self {
+        Failure::Protocol(err)
+    }
+}
+
+async fn dispatch(state: &State, op: Opcode, body: &[u8]) -> Result<Vec<u8>, Failure> {
+    let now = Instant::now();
+    Ok(match op {
+        Opcode::Ping => {
+            Empty::from_bytes(body)?;
+            Vec::new()
+        }
+        Opcode::PutStart => put_start(state, PutStartRequest::from_bytes(body)?, now).to_bytes(),
+        Opcode::PutCommit => {
+            let req = PutCommitRequest::from_bytes(body)?;
+            let codes = req.items.iter().map(|it| state.index.commit(&req.namespace, it)).collect();
+            Statuses { codes }.to_bytes()
+        }
+        Opcode::Lookup => {
+            let req = KeysRequest::from_bytes(body)?;
+            let items = state.index.lookup(&req.namespace, &req.hashes);
+            with_daemons(state, items).to_bytes()
+        }
+        Opcode::MatchPrefix => {
+            let req = KeysRequest::from_bytes(body)?;
+            let items = state.index.match_prefix(&req.namespace, &req.hashes);
+            with_daemons(state, items.into_iter().map(Some).collect()).to_bytes()
+        }
+        Opcode::MetaRemove => {
+            let req = KeysRequest::from_bytes(body)?;
+            let removed = state.index.remove(&req.namespace, &req.hashes);
+            let mut codes = Vec::with_capacity(removed.len());
+            for (hash, daemon) in req.hashes.iter().zip(removed) {
+                match daemon {
+                    Some(d) => {
+                        // Invisible already; the daemon frees the bytes.
+                        let key = BlockKey::new(req.namespace.clone(), *hash);
+                        let code = state.tell_daemon(d, Opcode::Remove, key).await;
+                        if !matches!(code, ErrorCode::Ok | ErrorCode::NotFound) {
+                            tracing::warn!(daemon = d, %code, "daemon did not confirm a removal");
+                        }
+                        codes.push(ErrorCode::Ok);
+                    }
+                    None => codes.push(ErrorCode::NotFound),
+                }
+            }
+            Statuses { codes }.to_bytes()
+        }
+        Opcode::MetaPin => {
+            let req = PinRequest::from_bytes(body)?;
+            let ns = &req.keys.namespace;
+            let locations = state.index.lookup(ns, &req.keys.hashes);
+            let op = if req.pin { Opcode::Pin } else { Opcode::Unpin };
+            let mut codes = Vec::with_capacity(locations.len());
+            for (hash, loc) in req.keys.hashes.iter().zip(locations) {
+                codes.push(match loc {
+                    Some(loc) => state.tell_daemon(loc.daemon, op, BlockKey::new(ns.clone(), *hash)).await,
+                    None => ErrorCode::NotFound,
+                });
+            }
+            Statuses { codes }.to_bytes()
+        }
+        Opcode::ClusterStat => {
+            Empty::from_bytes(body)?;
+            let st = state.index.stats();
+            ClusterStats {
+                blocks: st.visible,
+                bytes: st.bytes,
+                pending: st.pending,
+                daemons: state.daemons.infos(),
+            }
+            .to_bytes()
+        }
+        Opcode::List => {
+            let req = ListRequest::from_bytes(body)?;
+            let limit = (req.limit as usize).clamp(1, MAX_BATCH);
+            let (entries, more) = state.index.list(req.namespace.as_ref(), req.after.as_ref(), limit);
+            ListResponse { entries, more }.to_bytes()
+        }
+        Opcode::Register => {
+            let req = RegisterRequest::from_bytes(body)?;
+            let daemon = state.daemons.register(req.node, req.addr.clone(), req.capacity, now);
+            tracing::info!(daemon, addr = %req.addr, capacity = req.capacity, "daemon registered");
+            RegisterResponse { daemon }.to_bytes()
+        }
+        Opcode::Heartbeat => {
+            let req = HeartbeatRequest::from_bytes(body)?;
+            if !state.daemons.heartbeat(req.daemon, req.stats, now) {
+                return Err(Failure::Code(ErrorCode::NotFound));
+            }
+            Vec::new()
+        }
+        Opcode::Events => {
+            let req = EventsRequest::from_bytes(body)?;
+            for key in &req.removed {
+                state.index.remove_at(key, req.daemon);
+            }
+            Vec::new()
+        }
+        Opcode::Put | Opcode::Get | Opcode::Remove | Opcode::Pin | Opcode::Unpin | Opcode::DaemonStats => {
+            return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8)))
+        }
+    })
+}
+
+fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartResponse {
+    let largest = state.daemons.largest_capacity();
+    let mut placed = Vec::new();
+    let slots = req
+        .items
+        .iter()
+        .map(|(hash, size)| {
+            let size = u64::from(*size);
+            if largest == 0 {
+                return Slot::Skip(ErrorCode::Unavailable);
+            }
+            if size > largest {
+                return Slot::Skip(ErrorCode::TooLarge);
+            }
+            if state.index.lookup(&req.namespace, &[*hash])[0].is_some() {
+                return Slot::Skip(ErrorCode::AlreadyExists);
+            }
+            let Some(daemon) = state.daemons.place(size) else {
+                return Slot::Skip(ErrorCode::Unavailable);
+            };
+            match state.index.reserve(&req.namespace, *hash, size as u32, daemon, now) {
+                Reservation::Reserved => {
+                    placed.push(daemon);
+                    Slot::Place(daemon)
+                }
+                Reservation::Exists => Slot::Skip(ErrorCode::AlreadyExists),
+            }
+        })
+        .collect();
+    PutStartResponse {
+        slots,
+        daemons: state.daemons.addrs(placed),
+    }
+}
+
+fn with_daemons(state: &State, items: Vec<Option<mooncake_proto::message::Location>>) -> Locations {
+    let daemons = state.daemons.addrs(items.iter().flatten().map(|l| l.daemon));
+    Locations { items, daemons }
+}

@@ -1,0 +1,793 @@
+//! Request and response bodies. Each type encodes itself with `Writer` and
+//! is validated once on receive by `decode`, into fields that are valid by
+//! construction (namespaces checked, batch sizes bounded).
+
+use crate::codec::{Reader, Writer};
+use crate::error::{ErrorCode, ProtoError};
+use crate::key::{BlockHash, BlockKey, Namespace, MAX_NAMESPACE_LEN};
+
+/// A message body: encoded into a frame, decoded from exactly its bytes.
+pub trait Body: Sized {
+    fn encode(&self, w: &mut Writer);
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError>;
+
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        self.encode(&mut w);
+        w.buf
+    }
+
+    /// Decodes a whole body; leftover bytes are an error.
+    fn from_bytes(bytes: &[u8]) -> Result<Self, ProtoError> {
+        let mut r = Reader::new(bytes);
+        let v = Self::decode(&mut r)?;
+        r.finish()?;
+        Ok(v)
+    }
+}
+
+/// The empty body of acknowledgements and argument-less requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Empty;
+
+impl Body for Empty {
+    fn encode(&self, _: &mut Writer) {}
+    fn decode(_: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(Empty)
+    }
+}
+
+fn encode_key(w: &mut Writer, key: &BlockKey) {
+    w.namespace(&key.namespace);
+    w.hash(&key.hash);
+}
+
+fn decode_key(r: &mut Reader<'_>) -> Result<BlockKey, ProtoError> {
+    let namespace = r.namespace()?;
+    let hash = r.hash()?;
+    Ok(BlockKey { namespace, hash })
+}
+
+/// One key: the body of daemon `Get`, `Remove`, `Pin` and `Unpin`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRequest {
+    pub key: BlockKey,
+}
+
+impl Body for KeyRequest {
+    fn encode(&self, w: &mut Writer) {
+        encode_key(w, &self.key);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(KeyRequest { key: decode_key(r)? })
+    }
+}
+
+/// The head of a daemon `Put` body; the value bytes follow it to the end of
+/// the frame, so that a server can read them straight into their place.
+///
+/// Layout: `u16 namespace length, namespace, 32-byte hash, u64 checksum`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutHead {
+    pub key: BlockKey,
+    pub checksum: u64,
+}
+
+impl PutHead {
+    /// Bytes of the head after its leading u16, given that u16's value;
+    /// refused if the namespace would be too long.
+    pub fn rest_len(ns_len: u16) -> Result<usize, ProtoError> {
+        if ns_len as usize > MAX_NAMESPACE_LEN {
+            return Err(ProtoError::Invalid {
+                field: "namespace",
+                why: format!("{ns_len} bytes, at most {MAX_NAMESPACE_LEN}"),
+            });
+        }
+        Ok(ns_len as usize + BlockHash::LEN + 8)
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        2 + self.key.namespace.as_str().len() + BlockHash::LEN + 8
+    }
+}
+
+impl Body for PutHead {
+    fn encode(&self, w: &mut Writer) {
+        encode_key(w, &self.key);
+        w.u64(self.checksum);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(PutHead {
+            key: decode_key(r)?,
+            checksum: r.u64()?,
+        })
+    }
+}
+
+/// Length of the head of a `Get` response: the block's checksum (u64);
+/// the value follows to the end of the frame.
+pub const GET_HEAD_LEN: usize = 8;
+
+/// One daemon's pool, as reported by `DaemonStats`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolStats {
+    pub capacity: u64,
+    pub used: u64,
+    pub blocks: u64,
+    pub pinned: u64,
+    pub evictions: u64,
+}
+
+impl Body for PoolStats {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.capacity);
+        w.u64(self.used);
+        w.u64(self.blocks);
+        w.u64(self.pinned);
+        w.u64(self.evictions);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(PoolStats {
+            capacity: r.u64()?,
+            used: r.u64()?,
+            blocks: r.u64()?,
+            pinned: r.u64()?,
+            evictions: r.u64()?,
+        })
+    }
+}
+
+/// A daemon's id and data address, as listed in meta responses so that a
+/// client can reach the daemons its keys live on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonAddr {
+    pub id: u32,
+    pub addr: String,
+}
+
+fn encode_daemons(w: &mut Writer, daemons: &[DaemonAddr]) {
+    w.count(daemons.len());
+    for d in daemons {
+        w.u32(d.id);
+        w.str(&d.addr);
+    }
+}
+
+fn decode_daemons(r: &mut Reader<'_>) -> Result<Vec<DaemonAddr>, ProtoError> {
+    let n = r.count(6)?;
+    (0..n)
+        .map(|_| {
+            Ok(DaemonAddr {
+                id: r.u32()?,
+                addr: r.str()?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// A namespace and a batch of hashes: the body of `Lookup`, `MatchPrefix`
+/// and `MetaRemove`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeysRequest {
+    pub namespace: Namespace,
+    pub hashes: Vec<BlockHash>,
+}
+
+impl Body for KeysRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.namespace(&self.namespace);
+        w.count(self.hashes.len());
+        for h in &self.hashes {
+            w.hash(h);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let namespace = r.namespace()?;
+        let n = r.count(BlockHash::LEN)?;
+        let hashes = (0..n).map(|_| r.hash()).collect::<Result<_, _>>()?;
+        Ok(KeysRequest { namespace, hashes })
+    }
+}
+
+/// Pin (or unpin) a batch of keys wherever they are stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinRequest {
+    pub keys: KeysRequest,
+    pub pin: bool,
+}
+
+impl Body for PinRequest {
+    fn encode(&self, w: &mut Writer) {
+        self.keys.encode(w);
+        w.u8(self.pin as u8);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let keys = KeysRequest::decode(r)?;
+        let pin = match r.u8()? {
+            0 => false,
+            1 => true,
+            v => {
+                return Err(ProtoError::Invalid {
+                    field: "pin",
+                    why: format!("{v} is not a boolean"),
+                })
+            }
+        };
+        Ok(PinRequest { keys, pin })
+    }
+}
+
+/// Where a stored block lives, with what the writer declared of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    pub daemon: u32,
+    pub size: u32,
+    pub checksum: u64,
+}
+
+/// Locations of a batch of keys (`Lookup`: one entry per key, `None` for a
+/// miss; `MatchPrefix`: the matched leading keys only).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Locations {
+    pub items: Vec<Option<Location>>,
+    pub daemons: Vec<DaemonAddr>,
+}
+
+impl Body for Locations {
+    fn encode(&self, w: &mut Writer) {
+        w.count(self.items.len());
+        for item in &self.items {
+            match item {
+                None => w.u8(0),
+                Some(loc) => {
+                    w.u8(1);
+                    w.u32(loc.daemon);
+                    w.u32(loc.size);
+                    w.u64(loc.checksum);
+                }
+            }
+        }
+        encode_daemons(w, &self.daemons);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let n = r.count(1)?;
+        let items = (0..n)
+            .map(|_| match r.u8()? {
+                0 => Ok(None),
+                1 => Ok(Some(Location {
+                    daemon: r.u32()?,
+                    size: r.u32()?,
+                    checksum: r.u64()?,
+                })),
+                v => Err(ProtoError::Invalid {
+                    field: "location tag",
+                    why: format!("{v}"),
+                }),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Locations {
+            items,
+            daemons: decode_daemons(r)?,
+        })
+    }
+}
+
+/// Phase one of a put: the sizes of the blocks to place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutStartRequest {
+    pub namespace: Namespace,
+    pub items: Vec<(BlockHash, u32)>,
+}
+
+impl Body for PutStartRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.namespace(&self.namespace);
+        w.count(self.items.len());
+        for (h, size) in &self.items {
+            w.hash(h);
+            w.u32(*size);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let namespace = r.namespace()?;
+        let n = r.count(BlockHash::LEN + 4)?;
+        let items = (0..n)
+            .map(|_| Ok((r.hash()?, r.u32()?)))
+            .collect::<Result<_, ProtoError>>()?;
+        Ok(PutStartRequest { namespace, items })
+    }
+}
+
+/// What the meta service decided for one block of a put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// Write the block to this daemon, then commit it.
+    Place(u32),
+    /// Do not write it: `AlreadyExists` (stored or being stored by another
+    /// writer), `TooLarge`, `Unavailable`.
+    Skip(ErrorCode),
+}
+
+/// Phase one's answer: a slot per block, and the daemons named in them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PutStartResponse {
+    pub slots: Vec<Slot>,
+    pub daemons: Vec<DaemonAddr>,
+}
+
+impl Body for PutStartResponse {
+    fn encode(&self, w: &mut Writer) {
+        w.count(self.slots.len());
+        for slot in &self.slots {
+            match slot {
+                Slot::Place(d) => {
+                    w.u16(ErrorCode::Ok as u16);
+                    w.u32(*d);
+                }
+                Slot::Skip(code) => {
+                    w.u16(*code as u16);
+                    w.u32(0);
+                }
+            }
+        }
+        encode_daemons(w, &self.daemons);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let n = r.count(6)?;
+        let slots = (0..n)
+            .map(|_| {
+                let code = decode_code(r)?;
+                let daemon = r.u32()?;
+                Ok(match code {
+                    ErrorCode::Ok => Slot::Place(daemon),
+                    other => Slot::Skip(other),
+                })
+            })
+            .collect::<Result<_, ProtoError>>()?;
+        Ok(PutStartResponse {
+            slots,
+            daemons: decode_daemons(r)?,
+        })
+    }
+}
+
+fn decode_code(r: &mut Reader<'_>) -> Result<ErrorCode, ProtoError> {
+    let raw = r.u16()?;
+    ErrorCode::from_u16(raw).ok_or(ProtoError::Invalid {
+        field: "error code",
+        why: format!("unknown code {raw}"),
+    })
+}
+
+/// One block of phase two: stored (make it visible) or not (release the
+/// reservation at once rather than at its timeout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitItem {
+    pub hash: BlockHash,
+    pub daemon: u32,
+    pub size: u32,
+    pub checksum: u64,
+    pub stored: bool,
+}
+
+/// Phase two of a put.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutCommitRequest {
+    pub namespace: Namespace,
+    pub items: Vec<CommitItem>,
+}
+
+impl Body for PutCommitRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.namespace(&self.namespace);
+        w.count(self.items.len());
+        for it in &self.items {
+            w.hash(&it.hash);
+            w.u32(it.daemon);
+            w.u32(it.size);
+            w.u64(it.checksum);
+            w.u8(it.stored as u8);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let namespace = r.namespace()?;
+        let n = r.count(BlockHash::LEN + 17)?;
+        let items = (0..n)
+            .map(|_| {
+                Ok(CommitItem {
+                    hash: r.hash()?,
+                    daemon: r.u32()?,
+                    size: r.u32()?,
+                    checksum: r.u64()?,
+                    stored: r.u8()? != 0,
+                })
+            })
+            .collect::<Result<_, ProtoError>>()?;
+        Ok(PutCommitRequest { namespace, items })
+    }
+}
+
+/// A status per item of a batch (commit, remove, pin).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Statuses {
+    pub codes: Vec<ErrorCode>,
+}
+
+impl Body for Statuses {
+    fn encode(&self, w: &mut Writer) {
+        w.count(self.codes.len());
+        for c in &self.codes {
+            w.u16(*c as u16);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let n = r.count(2)?;
+        let codes = (0..n).map(|_| decode_code(r)).collect::<Result<_, _>>()?;
+        Ok(Statuses { codes })
+    }
+}
+
+/// One daemon as the meta service sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonInfo {
+    pub id: u32,
+    pub node: String,
+    pub addr: String,
+    pub alive: bool,
+    pub capacity: u64,
+    pub used: u64,
+    pub blocks: u64,
+}
+
+/// The whole cluster at a glance.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClusterStats {
+    pub blocks: u64,
+    pub bytes: u64,
+    pub pending: u64,
+    pub daemons: Vec<DaemonInfo>,
+}
+
+impl Body for ClusterStats {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.blocks);
+        w.u64(self.bytes);
+        w.u64(self.pending);
+        w.count(self.daemons.len());
+        for d in &self.daemons {
+            w.u32(d.id);
+            w.str(&d.node);
+            w.str(&d.addr);
+            w.u8(d.alive as u8);
+            w.u64(d.capacity);
+            w.u64(d.used);
+            w.u64(d.blocks);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let blocks = r.u64()?;
+        let bytes = r.u64()?;
+        let pending = r.u64()?;
+        let n = r.count(33)?;
+        let daemons = (0..n)
+            .map(|_| {
+                Ok(DaemonInfo {
+                    id: r.u32()?,
+                    node: r.str()?.to_string(),
+                    addr: r.str()?.to_string(),
+                    alive: r.u8()? != 0,
+                    capacity: r.u64()?,
+                    used: r.u64()?,
+                    blocks: r.u64()?,
+                })
+            })
+            .collect::<Result<_, ProtoError>>()?;
+        Ok(ClusterStats {
+            blocks,
+            bytes,
+            pending,
+            daemons,
+        })
+    }
+}
+
+/// Page through the index, ordered by (namespace, hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListRequest {
+    /// Only this namespace, or every namespace.
+    pub namespace: Option<Namespace>,
+    /// Start after this key (the last key of the previous page).
+    pub after: Option<BlockKey>,
+    pub limit: u32,
+}
+
+impl Body for ListRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.str(self.namespace.as_ref().map_or("", |n| n.as_str()));
+        match &self.after {
+            None => w.u8(0),
+            Some(k) => {
+                w.u8(1);
+                encode_key(w, k);
+            }
+        }
+        w.u32(self.limit);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let ns = r.str()?;
+        let namespace = if ns.is_empty() {
+            None
+        } else {
+            Some(Namespace::new(ns)?)
+        };
+        let after = match r.u8()? {
+            0 => None,
+            _ => Some(decode_key(r)?),
+        };
+        Ok(ListRequest {
+            namespace,
+            after,
+            limit: r.u32()?,
+        })
+    }
+}
+
+/// One listed block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListEntry {
+    pub key: BlockKey,
+    pub location: Location,
+}
+
+/// A page of the index; `more` says whether a next page exists.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ListResponse {
+    pub entries: Vec<ListEntry>,
+    pub more: bool,
+}
+
+impl Body for ListResponse {
+    fn encode(&self, w: &mut Writer) {
+        w.count(self.entries.len());
+        for e in &self.entries {
+            encode_key(w, &e.key);
+            w.u32(e.location.daemon);
+            w.u32(e.location.size);
+            w.u64(e.location.checksum);
+        }
+        w.u8(self.more as u8);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let n = r.count(2 + 1 + 32 + 16)?;
+        let entries = (0..n)
+            .map(|_| {
+                Ok(ListEntry {
+                    key: decode_key(r)?,
+                    location: Location {
+                        daemon: r.u32()?,
+                        size: r.u32()?,
+                        checksum: r.u64()?,
+                    },
+                })
+            })
+            .collect::<Result<_, ProtoError>>()?;
+        Ok(ListResponse {
+            entries,
+            more: r.u8()? != 0,
+        })
+    }
+}
+
+/// A daemon joins the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisterRequest {
+    pub node: String,
+    pub addr: String,
+    pub capacity: u64,
+}
+
+impl Body for RegisterRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.str(&self.node);
+        w.str(&self.addr);
+        w.u64(self.capacity);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(RegisterRequest {
+            node: r.str()?.to_string(),
+            addr: r.str()?.to_string(),
+            capacity: r.u64()?,
+        })
+    }
+}
+
+/// The id the meta service gave a daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegisterResponse {
+    pub daemon: u32,
+}
+
+impl Body for RegisterResponse {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(RegisterResponse { daemon: r.u32()? })
+    }
+}
+
+/// A daemon's periodic report: alive, and how full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatRequest {
+    pub daemon: u32,
+    pub stats: PoolStats,
+}
+
+impl Body for HeartbeatRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+        self.stats.encode(w);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(HeartbeatRequest {
+            daemon: r.u32()?,
+            stats: PoolStats::decode(r)?,
+        })
+    }
+}
+
+/// Blocks a daemon dropped on its own (evicted, or found corrupt).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventsRequest {
+    pub daemon: u32,
+    pub removed: Vec<BlockKey>,
+}
+
+impl Body for EventsRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+        w.count(self.removed.len());
+        for k in &self.removed {
+            encode_key(w, k);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let daemon = r.u32()?;
+        let n = r.count(2 + 1 + 32)?;
+        let removed = (0..n).map(|_| decode_key(r)).collect::<Result<_, _>>()?;
+        Ok(EventsRequest { daemon, removed })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns() -> Namespace {
+        Namespace::new("t/m").unwrap()
+    }
+
+    fn round_trip<T: Body + PartialEq + std::fmt::Debug>(v: T) {
+        let bytes = v.to_bytes();
+        assert_eq!(T::from_bytes(&bytes).unwrap(), v);
+        // Every strict prefix is refused, never misparsed.
+        for n in 0..bytes.len() {
+            assert!(T::from_bytes(&bytes[..n]).is_err(), "prefix {n} accepted");
+        }
+    }
+
+    #[test]
+    fn every_body_round_trips_and_refuses_truncation() {
+        let h = BlockHash([3; 32]);
+        round_trip(KeyRequest {
+            key: BlockKey::new(ns(), h),
+        });
+        round_trip(PutHead {
+            key: BlockKey::new(ns(), h),
+            checksum: 9,
+        });
+        round_trip(KeysRequest {
+            namespace: ns(),
+            hashes: vec![h, h],
+        });
+        round_trip(PinRequest {
+            keys: KeysRequest {
+                namespace: ns(),
+                hashes: vec![h],
+            },
+            pin: true,
+        });
+        round_trip(Locations {
+            items: vec![
+                None,
+                Some(Location {
+                    daemon: 1,
+                    size: 2,
+                    checksum: 3,
+                }),
+            ],
+            daemons: vec![DaemonAddr {
+                id: 1,
+                addr: "127.0.0.1:1".into(),
+            }],
+        });
+        round_trip(PutStartRequest {
+            namespace: ns(),
+            items: vec![(h, 10)],
+        });
+        round_trip(PutStartResponse {
+            slots: vec![Slot::Place(4), Slot::Skip(ErrorCode::AlreadyExists)],
+            daemons: vec![],
+        });
+        round_trip(PutCommitRequest {
+            namespace: ns(),
+            items: vec![CommitItem {
+                hash: h,
+                daemon: 1,
+                size: 5,
+                checksum: 6,
+                stored: true,
+            }],
+        });
+        round_trip(Statuses {
+            codes: vec![ErrorCode::Ok, ErrorCode::NotFound],
+        });
+        round_trip(ClusterStats {
+            blocks: 1,
+            bytes: 2,
+            pending: 3,
+            daemons: vec![DaemonInfo {
+                id: 1,
+                node: "n".into(),
+                addr: "a".into(),
+                alive: true,
+                capacity: 4,
+                used: 5,
+                blocks: 6,
+            }],
+        });
+        round_trip(ListRequest {
+            namespace: Some(ns()),
+            after: Some(BlockKey::new(ns(), h)),
+            limit: 7,
+        });
+        round_trip(ListResponse {
+            entries: vec![ListEntry {
+                key: BlockKey::new(ns(), h),
+                location: Location {
+                    daemon: 1,
+                    size: 2,
+                    checksum: 3,
+                },
+            }],
+            more: true,
+        });
+        round_trip(RegisterRequest {
+            node: "n".into(),
+            addr: "a".into(),
+            capacity: 1,
+        });
+        round_trip(HeartbeatRequest {
+            daemon: 1,
+            stats: PoolStats::default(),
+        });
+        round_trip(EventsRequest {
+            daemon: 2,
+            removed: vec![BlockKey::new(ns(), h)],
+        });
+    }
+
+    #[test]
+    fn put_head_refuses_long_namespace_length() {
+        assert!(PutHead::rest_len(129).is_err());
+        assert_eq!(PutHead::rest_len(3).unwrap(), 3 + 32 + 8);
+    }
+
+    #[test]
+    fn bad_namespace_on_the_wire_is_refused() {
+        let mut w = Writer::new();
+        w.str("bad space");
+        w.hash(&BlockHash([0; 32]));
+        assert!(KeyRequest::from_bytes(&w.buf).is_err());
+    }
+}

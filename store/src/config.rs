@@ -1,0 +1,174 @@
+//! The daemon's configuration: one TOML table, every field defaulted.
+
+use std::time::Duration;
+
+use mooncake_proto::units::{ByteSize, HumanDuration};
+use serde::{Deserialize, Serialize};
+
+use crate::pool::PoolConfig;
+use crate::server::ServerConfig;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Data port. Default `127.0.0.1:7071`.
+    pub listen: String,
+    /// Address clients are told to use. Default: the bound address.
+    pub advertise: Option<String>,
+    /// This host's name in the cluster. Default: the hostname.
+    pub node: String,
+    /// Size of the DRAM pool, allocated once at start. Default 1GiB (or a
+    /// quarter of the available memory, if less).
+    pub dram: ByteSize,
+    /// Largest block accepted. Default 256MiB (and never more than the pool).
+    pub max_block: ByteSize,
+    /// Eviction starts when the pool is this full. Default 0.95.
+    pub high_watermark: f64,
+    /// Eviction frees down to this fill. Default 0.85.
+    pub low_watermark: f64,
+    /// Back the pool with huge pages when the host has them. Default true.
+    pub hugepages: bool,
+    /// Touch every page of the pool at start, so that no request pays for
+    /// a page fault and the memory is really there. Default false.
+    pub prefault: bool,
+    /// Verify each block's checksum before sending it. Default true.
+    pub verify_on_read: bool,
+    /// Most concurrent client connections; more are refused. Default 1024.
+    pub max_connections: usize,
+    /// Longest time one request may take once its header arrived, reading
+    /// its body and writing its answer included. Default 30s.
+    pub request_timeout: HumanDuration,
+    /// Meta service to register with. Default none (a standalone daemon).
+    pub meta: Option<String>,
+    /// How often to report to the meta service. Default 1s.
+    pub heartbeat_interval: HumanDuration,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            listen: "127.0.0.1:7071".into(),
+            advertise: None,
+            node: hostname(),
+            dram: ByteSize(default_dram()),
+            max_block: ByteSize(256 << 20),
+            high_watermark: 0.95,
+            low_watermark: 0.85,
+            hugepages: true,
+            prefault: false,
+            verify_on_read: true,
+            max_connections: 1024,
+            request_timeout: HumanDuration(Duration::from_secs(30)),
+            meta: None,
+            heartbeat_interval: HumanDuration(Duration::from_secs(1)),
+        }
+    }
+}
+
+impl DaemonConfig {
+    /// Checks values that parse but make no sense together.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.dram.0 < 1 << 20 {
+            return Err(format!("dram = {} is below the minimum of 1MiB", self.dram));
+        }
+        if self.dram.0 > (1u64 << 40) {
+            return Err(format!("dram = {} is above the maximum of 1TiB", self.dram));
+        }
+        if self.max_block.0 == 0 || self.max_block.0 > mooncake_proto::MAX_VALUE_LEN as u64 {
+            return Err(format!(
+                "max_block = {} must be between 1B and {}",
+                self.max_block,
+                ByteSize(mooncake_proto::MAX_VALUE_LEN as u64)
+            ));
+        }
+        if !(0.0 < self.low_watermark
+            && self.low_watermark < self.high_watermark
+            && self.high_watermark <= 1.0)
+        {
+            return Err(format!(
+                "watermarks must satisfy 0 < low ({}) < high ({}) <= 1",
+                self.low_watermark, self.high_watermark
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err("max_connections must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn pool(&self) -> PoolConfig {
+        PoolConfig {
+            capacity: self.dram.0,
+            max_block: self.max_block.0.min(self.dram.0),
+            high_watermark: self.high_watermark,
+            low_watermark: self.low_watermark,
+            hugepages: self.hugepages,
+            prefault: self.prefault,
+        }
+    }
+
+    pub(crate) fn server(&self) -> ServerConfig {
+        ServerConfig {
+            max_connections: self.max_connections,
+            request_timeout: self.request_timeout.0,
+            verify_on_read: self.verify_on_read,
+        }
+    }
+}
+
+/// 1 GiB, or a quarter of the memory available now if that is less.
+fn default_dram() -> u64 {
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    });
+    let quarter = available.map_or(u64::MAX, |a| a / 4);
+    (1u64 << 30).min(quarter).max(1 << 20)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_toml_takes_human_units() {
+        DaemonConfig::default().validate().unwrap();
+        let cfg: DaemonConfig = toml::from_str(
+            r#"
+            dram = "64MiB"
+            request_timeout = "2s"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(cfg.dram.0, 64 << 20);
+        assert_eq!(cfg.request_timeout.0, Duration::from_secs(2));
+        assert!(toml::from_str::<DaemonConfig>("dram = \"lots\"").is_err());
+        assert!(toml::from_str::<DaemonConfig>("unknown_option = 1").is_err());
+    }
+
+    #[test]
+    fn bad_watermarks_and_tiny_pools_are_refused() {
+        let mut cfg = DaemonConfig {
+            low_watermark: 0.9,
+            high_watermark: 0.8,
+            ..Default::default()
+        };
+        assert!(cfg.validate().is_err());
+        cfg = DaemonConfig {
+            dram: ByteSize(1000),
+            ..Default::default()
+        };
+        assert!(cfg.validate().is_err());
+    }
+
+}

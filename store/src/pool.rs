@@ -1,0 +1,672 @@
+//! The DRAM pool: a region carved by an offset allocator, an index of the
+//! blocks in it, and LRU eviction between a high and a low watermark.
+//!
+//! A block is written through a [`WriteSlot`] (invisible until its checksum
+//! verifies) and read through a [`ReadLease`] (which keeps its bytes in
+//! place until dropped). Only blocks that are complete, unpinned and not
+//! leased can be evicted. The lock is never held while bytes are copied or
+//! hashed: the allocator guarantees slots and leases never overlap.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use mooncake_proto::message::PoolStats;
+use mooncake_proto::{checksum, BlockKey, ErrorCode};
+use offset_allocator::{Allocation, Allocator};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::region::Region;
+
+/// Allocation granularity: small enough for 1 KiB blocks, large enough that
+/// a u32 of units spans a 1 TiB pool.
+const UNIT: u64 = 256;
+/// Keys dropped on the pool's own initiative, kept for the meta service
+/// until it collects them; past this many, the oldest reports are lost
+/// (the meta service then learns of those blocks by a miss).
+const MAX_PENDING_REMOVALS: usize = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub capacity: u64,
+    pub max_block: u64,
+    pub high_watermark: f64,
+    pub low_watermark: f64,
+    pub hugepages: bool,
+    pub prefault: bool,
+}
+
+impl PoolConfig {
+    /// A small pool for tests.
+    pub fn with_capacity(capacity: u64) -> Self {
+        PoolConfig {
+            capacity,
+            max_block: capacity,
+            high_watermark: 0.95,
+            low_watermark: 0.85,
+            hugepages: false,
+            prefault: false,
+        }
+    }
+}
+
+/// Why a block could not be stored, read or changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    #[error("block is already stored or being stored")]
+    AlreadyExists,
+    #[error("block of {0} bytes exceeds the largest block accepted")]
+    TooLarge(u64),
+    #[error("no space: the rest of the pool is pinned, leased or being written")]
+    NoSpace,
+    #[error("bytes do not match the writer's checksum")]
+    ChecksumMismatch,
+    #[error("no such block")]
+    NotFound,
+}
+
+impl PoolError {
+    pub fn code(self) -> ErrorCode {
+        match self {
+            PoolError::AlreadyExists => ErrorCode::AlreadyExists,
+            PoolError::TooLarge(_) => ErrorCode::TooLarge,
+            PoolError::NoSpace => ErrorCode::NoSpace,
+            PoolError::ChecksumMismatch => ErrorCode::ChecksumMismatch,
+            PoolError::NotFound => ErrorCode::NotFound,
+        }
+    }
+}
+
+pub struct DramPool {
+    region: Region,
+    cfg: PoolConfig,
+    inner: Mutex<Inner>,
+    removed: Mutex<Vec<BlockKey>>,
+    removed_notify: Notify,
+    evictions: AtomicU64,
+    corrupt: AtomicU64,
+}
+
+struct Inner {
+    alloc: Allocator,
+    blocks: HashMap<BlockKey, Block>,
+    /// Evictable blocks (ready, unpinned, unleased) by last access.
+    lru: BTreeMap<u64, BlockKey>,
+    /// Removed blocks whose bytes are still leased by readers, by offset.
+    doomed: HashMap<u32, Doomed>,
+    clock: u64,
+    used_units: u64,
+    pinned: u64,
+}
+
+struct Block {
+    alloc: Allocation,
+    len: u32,
+    checksum: u64,
+    ready: bool,
+    leases: u32,
+    pins: u32,
+    stamp: u64,
+}
+
+impl Block {
+    fn evictable(&self) -> bool {
+        self.ready && self.leases == 0 && self.pins == 0
+    }
+}
+
+struct Doomed {
+    alloc: Allocation,
+    leases: u32,
+}
+
+impl DramPool {
+    pub fn new(cfg: PoolConfig) -> std::io::Result<Self> {
+        let units = (cfg.capacity / UNIT).min(u32::MAX as u64) as u32;
+        let region = Region::new((units as u64 * UNIT) as usize, cfg.hugepages, cfg.prefault)?;
+        // One allocation per block of at least 1 KiB, at most 4M of them.
+        let max_allocs = (cfg.capacity / 1024).clamp(1024, 4 << 20) as u32;
+        Ok(DramPool {
+            region,
+            cfg,
+            inner: Mutex::new(Inner {
+                alloc: Allocator::with_max_allocs(units, max_allocs),
+                blocks: HashMap::new(),
+                lru: BTreeMap::new(),
+                doomed: HashMap::new(),
+                clock: 0,
+                used_units: 0,
+                pinned: 0,
+            }),
+            removed: Mutex::new(Vec::new()),
+            removed_notify: Notify::new(),
+            evictions: AtomicU64::new(0),
+            corrupt: AtomicU64::new(0),
+        })
+    }
+
+    pub fn uses_hugepages(&self) -> bool {
+        self.region.uses_hugepages()
+    }
+
+    pub fn max_block(&self) -> u64 {
+        self.cfg.max_block
+    }
+
+    /// Reserves room for a block; the block stays invisible until the
+    /// slot's bytes are written and `commit` verifies them. Evicts least
+    /// recently used blocks when the pool is past its high watermark.
+    pub fn reserve(
+        self: &Arc<Self>,
+        key: BlockKey,
+        len: u64,
+        checksum: u64,
+    ) -> Result<WriteSlot, PoolError> {
+        if len > self.cfg.max_block {
+            return Err(PoolError::TooLarge(len));
+        }
+        let units = len.div_ceil(UNIT).max(1) as u32;
+        let mut inner = self.inner.lock();
+        if inner.blocks.contains_key(&key) {
+            return Err(PoolError::AlreadyExists);
+        }
+        let capacity_units = self.region.len() as u64 / UNIT;
+        let high = (capacity_units as f64 * self.cfg.high_watermark) as u64;
+        let low = (capacity_units as f64 * self.cfg.low_watermark) as u64;
+        if inner.used_units + units as u64 > high {
+            while inner.used_units + units as u64 > low {
+                if !self.evict_one(&mut inner) {
+                    break;
+                }
+            }
+        }
+        let alloc = loop {
+            if let Some(a) = inner.alloc.allocate(units) {
+                break a;
+            }
+            // Fragmentation or watermark slack: make more room, one block
+            // at a time, until it fits or nothing more can go.
+            if !self.evict_one(&mut inner) {
+                return Err(PoolError::NoSpace);
+            }
+        };
+        inner.used_units += inner.alloc.allocation_size(alloc) as u64;
+        inner.blocks.insert(
+            key.clone(),
+            Block {
+                alloc,
+                len: len as u32,
+                checksum,
+                ready: false,
+                leases: 0,
+                pins: 0,
+                stamp: 0,
+            },
+        );
+        Ok(WriteSlot {
+            pool: self.clone(),
+            key,
+            offset: alloc.offset as u64 * UNIT,
+            len: len as usize,
+            checksum,
+            committed: false,
+        })
+    }
+
+    fn evict_one(&self, inner: &mut Inner) -> bool {
+        let Some((_, key)) = inner.lru.pop_first() else {
+            return false;
+        };
+        let block = inner.blocks.remove(&key).expect("lru entries are indexed");
+        debug_assert!(block.evictable());
+        inner.used_units -= inner.alloc.allocation_size(block.alloc) as u64;
+        inner.alloc.free(block.alloc);
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        self.report_removed(key);
+        true
+    }
+
+    fn report_removed(&self, key: BlockKey) {
+        let mut removed = self.removed.lock();
+        if removed.len() >= MAX_PENDING_REMOVALS {
+            removed.remove(0);
+        }
+        removed.push(key);
+        drop(removed);
+        self.removed_notify.notify_one();
+    }
+
+    /// Keys dropped by eviction or corruption since the last call.
+    pub fn take_removed(&self) -> Vec<BlockKey> {
+        std::mem::take(&mut *self.removed.lock())
+    }
+
+    /// Resolves when `take_removed` has something to return.
+    pub async fn removed_ready(&self) {
+        self.removed_notify.notified().await
+    }
+
+    /// A lease on a stored block: its bytes stay in place, and it is not
+    /// evicted, until the lease is dropped. Counts as an access for LRU.
+    pub fn get(self: &Arc<Self>, key: &BlockKey) -> Option<ReadLease> {
+        let mut inner = self.inner.lock();
+        inner.clock += 1;
+        let clock = inner.clock;
+        let block = inner.blocks.get_mut(key)?;
+        if !block.ready {
+            return None;
+        }
+        let was_evictable = block.evictable();
+        let old_stamp = block.stamp;
+        block.leases += 1;
+        block.stamp = clock;
+        let lease = ReadLease {
+            pool: self.clone(),
+            key: key.clone(),
+            offset: block.alloc.offset,
+            len: block.len as usize,
+            checksum: block.checksum,
+        };
+        if was_evictable {
+            inner.lru.remove(&old_stamp);
+        }
+        Some(lease)
+    }
+
+    fn release(&self, key: &BlockKey, offset: u32) {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        if let Some(block) = inner.blocks.get_mut(key) {
+            if block.alloc.offset == offset {
+                block.leases -= 1;
+                if block.evictable() {
+                    inner.lru.insert(block.stamp, key.clone());
+                }
+                return;
+            }
+        }
+        let doomed = inner
+            .doomed
+            .get_mut(&offset)
+            .expect("a lease whose block left the index is doomed");
+        doomed.leases -= 1;
+        if doomed.leases == 0 {
+            let doomed = inner.doomed.remove(&offset).expect("just found");
+            inner.used_units -= inner.alloc.allocation_size(doomed.alloc) as u64;
+            inner.alloc.free(doomed.alloc);
+        }
+    }
+
+    /// Drops a stored block. Its space comes back once no reader holds it.
+    pub fn remove(&self, key: &BlockKey) -> Result<(), PoolError> {
+        let mut inner = self.inner.lock();
+        match inner.blocks.get(key) {
+            Some(b) if b.ready => {}
+            _ => return Err(PoolError::NotFound),
+        }
+        let block = inner.blocks.remove(key).expect("just found");
+        self.discard(&mut inner, block);
+        Ok(())
+    }
+
+    fn discard(&self, inner: &mut Inner, block: Block) {
+        if block.evictable() {
+            inner.lru.remove(&block.stamp);
+        }
+        if block.pins > 0 {
+            inner.pinned -= 1;
+        }
+        if block.leases > 0 {
+            inner.doomed.insert(
+                block.alloc.offset,
+                Doomed {
+                    alloc: block.alloc,
+                    leases: block.leases,
+                },
+            );
+        } else {
+            inner.used_units -= inner.alloc.allocation_size(block.alloc) as u64;
+            inner.alloc.free(block.alloc);
+        }
+    }
+
+    /// Drops a block whose bytes failed their checksum, and reports it.
+    pub fn drop_corrupt(&self, lease: &ReadLease) {
+        self.corrupt.fetch_add(1, Ordering::Relaxed);
+        let mut inner = self.inner.lock();
+        let matches = inner
+            .blocks
+            .get(&lease.key)
+            .is_some_and(|b| b.alloc.offset == lease.offset);
+        if matches {
+            let block = inner.blocks.remove(&lease.key).expect("just found");
+            self.discard(&mut inner, block);
+            drop(inner);
+            tracing::error!(key = %lease.key, "block failed its checksum in DRAM; dropped");
+            self.report_removed(lease.key.clone());
+        }
+    }
+
+    /// Keeps a block from eviction until as many `unpin`s.
+    pub fn pin(&self, key: &BlockKey) -> Result<(), PoolError> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let block = inner
+            .blocks
+            .get_mut(key)
+            .filter(|b| b.ready)
+            .ok_or(PoolError::NotFound)?;
+        if block.evictable() {
+            inner.lru.remove(&block.stamp);
+        }
+        if block.pins == 0 {
+            inner.pinned += 1;
+        }
+        block.pins += 1;
+        Ok(())
+    }
+
+    /// Undoes one `pin`; unpinning an unpinned block is a no-op.
+    pub fn unpin(&self, key: &BlockKey) -> Result<(), PoolError> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let block = inner
+            .blocks
+            .get_mut(key)
+            .filter(|b| b.ready)
+            .ok_or(PoolError::NotFound)?;
+        if block.pins == 0 {
+            return Ok(());
+        }
+        block.pins -= 1;
+        if block.pins == 0 {
+            inner.pinned -= 1;
+            if block.evictable() {
+                inner.lru.insert(block.stamp, key.clone());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn contains(&self, key: &BlockKey) -> bool {
+        self.inner.lock().blocks.get(key).is_some_and(|b| b.ready)
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let inner = self.inner.lock();
+        PoolStats {
+            capacity: self.region.len() as u64,
+            used: inner.used_units * UNIT,
+            blocks: inner.blocks.values().filter(|b| b.ready).count() as u64,
+            pinned: inner.pinned,
+            evictions: self.evictions.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Blocks found corrupt on read since start.
+    pub fn corrupt_blocks(&self) -> u64 {
+        self.corrupt.load(Ordering::Relaxed)
+    }
+
+    /// Flips one byte of a stored block in place, to prove that corruption
+    /// is caught on read. Only for fault-injection tests.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn flip_byte_for_test(&self, key: &BlockKey, index: usize) -> bool {
+        let inner = self.inner.lock();
+        let Some(block) = inner.blocks.get(key) else {
+            return false;
+        };
+        if index >= block.len as usize {
+            return false;
+        }
+        let offset = block.alloc.offset as u64 * UNIT;
+        // SAFETY: the block is inside the region; a racing reader sees
+        // either byte, and the checksum catches the flip either way.
+        let bytes = unsafe { self.region.slice_mut(offset as usize, block.len as usize) };
+        bytes[index] ^= 0xff;
+        true
+    }
+}
+
+/// Exclusive room for one block's bytes. Dropped without `commit` (the
+/// writer vanished mid-transfer), it frees its space at once.
+pub struct WriteSlot {
+    pool: Arc<DramPool>,
+    key: BlockKey,
+    offset: u64,
+    len: usize,
+    checksum: u64,
+    committed: bool,
+}
+
+impl WriteSlot {
+    pub fn buf_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the allocator gave this range to this slot alone; no
+        // lease exists until the block is committed.
+        unsafe { self.pool.region.slice_mut(self.offset as usize, self.len) }
+    }
+
+    /// Verifies the bytes against the writer's checksum and makes the block
+    /// visible; on a mismatch the space is freed.
+    pub fn commit(mut self) -> Result<(), PoolError> {
+        if checksum(self.buf_mut()) != self.checksum {
+            return Err(PoolError::ChecksumMismatch);
+        }
+        let mut inner = self.pool.inner.lock();
+        let inner = &mut *inner;
+        inner.clock += 1;
+        let block = inner
+            .blocks
+            .get_mut(&self.key)
+            .expect("a reserved block stays indexed until committed or dropped");
+        block.ready = true;
+        block.stamp = inner.clock;
+        inner.lru.insert(inner.clock, self.key.clone());
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for WriteSlot {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        let mut inner = self.pool.inner.lock();
+        let block = inner.blocks.remove(&self.key).expect("reserved block");
+        inner.used_units -= inner.alloc.allocation_size(block.alloc) as u64;
+        inner.alloc.free(block.alloc);
+    }
+}
+
+/// A reader's hold on a block's bytes.
+pub struct ReadLease {
+    pool: Arc<DramPool>,
+    key: BlockKey,
+    offset: u32,
+    len: usize,
+    checksum: u64,
+}
+
+impl ReadLease {
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: a leased block is neither freed nor rewritten until every
+        // lease on it is dropped.
+        unsafe {
+            self.pool
+                .region
+                .slice(self.offset as usize * UNIT as usize, self.len)
+        }
+    }
+
+    pub fn checksum(&self) -> u64 {
+        self.checksum
+    }
+
+    /// Whether the bytes still match the writer's checksum.
+    pub fn verify(&self) -> bool {
+        checksum(self.bytes()) == self.checksum
+    }
+}
+
+impl Drop for ReadLease {
+    fn drop(&mut self) {
+        self.pool.release(&self.key, self.offset);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mooncake_proto::{BlockHash, Namespace};
+
+    fn key(i: u32) -> BlockKey {
+        let mut h = [0u8; 32];
+        h[..4].copy_from_slice(&i.to_le_bytes());
+        BlockKey::new(Namespace::new("test").unwrap(), BlockHash(h))
+    }
+
+    fn pool(capacity: u64) -> Arc<DramPool> {
+        Arc::new(DramPool::new(PoolConfig::with_capacity(capacity)).unwrap())
+    }
+
+    fn put(pool: &Arc<DramPool>, k: BlockKey, fill: u8, len: usize) -> Result<(), PoolError> {
+        let value = vec![fill; len];
+        let mut slot = pool.reserve(k, len as u64, checksum(&value))?;
+        slot.buf_mut().copy_from_slice(&value);
+        slot.commit()
+    }
+
+    #[test]
+    fn put_then_get_returns_the_same_bytes() {
+        let p = pool(1 << 20);
+        put(&p, key(1), 7, 5000).unwrap();
+        let lease = p.get(&key(1)).unwrap();
+        assert_eq!(lease.bytes(), &vec![7u8; 5000][..]);
+        assert!(lease.verify());
+        assert_eq!(put(&p, key(1), 7, 10), Err(PoolError::AlreadyExists));
+    }
+
+    #[test]
+    fn uncommitted_slot_is_invisible_and_its_space_comes_back() {
+        let p = pool(1 << 20);
+        let slot = p.reserve(key(1), 4096, 0).unwrap();
+        assert!(p.get(&key(1)).is_none());
+        assert!(p.stats().used >= 4096);
+        drop(slot);
+        assert_eq!(p.stats().used, 0);
+        assert!(p.get(&key(1)).is_none());
+    }
+
+    #[test]
+    fn wrong_checksum_is_refused_and_frees_space() {
+        let p = pool(1 << 20);
+        let mut slot = p.reserve(key(1), 100, 12345).unwrap();
+        slot.buf_mut().fill(1);
+        assert_eq!(slot.commit(), Err(PoolError::ChecksumMismatch));
+        assert!(!p.contains(&key(1)));
+        assert_eq!(p.stats().used, 0);
+    }
+
+    #[test]
+    fn full_pool_evicts_least_recently_used_first() {
+        let p = pool(64 << 10);
+        // 56 KiB: under the high watermark (95% of 64 KiB).
+        for i in 0..7 {
+            put(&p, key(i), i as u8, 8 << 10).unwrap();
+        }
+        // Touch block 0 so that block 1 is now the coldest.
+        drop(p.get(&key(0)).unwrap());
+        put(&p, key(100), 1, 8 << 10).unwrap();
+        assert!(p.contains(&key(0)), "recently read block survived");
+        assert!(!p.contains(&key(1)), "coldest block was evicted");
+        assert!(p.stats().evictions >= 1);
+        assert!(p.take_removed().contains(&key(1)));
+        assert!(p.stats().used <= p.stats().capacity);
+    }
+
+    #[test]
+    fn pinned_and_leased_blocks_are_never_evicted() {
+        let p = pool(64 << 10);
+        put(&p, key(0), 0, 16 << 10).unwrap();
+        put(&p, key(1), 1, 16 << 10).unwrap();
+        p.pin(&key(0)).unwrap();
+        let lease = p.get(&key(1)).unwrap();
+        for i in 10..30 {
+            let _ = put(&p, key(i), 2, 8 << 10);
+        }
+        assert!(p.contains(&key(0)));
+        assert!(p.contains(&key(1)));
+        assert_eq!(lease.bytes(), &vec![1u8; 16 << 10][..]);
+        // With everything else pinned or leased, a block that needs their
+        // space gets a clean NoSpace.
+        assert_eq!(put(&p, key(99), 3, 60 << 10), Err(PoolError::NoSpace));
+        drop(lease);
+        p.unpin(&key(0)).unwrap();
+        put(&p, key(99), 3, 40 << 10).unwrap();
+        assert!(!p.contains(&key(0)) || !p.contains(&key(1)));
+    }
+
+    #[test]
+    fn removed_block_stays_readable_while_leased() {
+        let p = pool(1 << 20);
+        put(&p, key(1), 9, 4096).unwrap();
+        let lease = p.get(&key(1)).unwrap();
+        p.remove(&key(1)).unwrap();
+        assert!(p.get(&key(1)).is_none());
+        // Its space is still held: a new block cannot overwrite the bytes.
+        put(&p, key(2), 1, 4096).unwrap();
+        assert_eq!(lease.bytes(), &vec![9u8; 4096][..]);
+        drop(lease);
+        p.remove(&key(2)).unwrap();
+        assert_eq!(p.stats().used, 0);
+    }
+
+    #[test]
+    fn flipped_byte_fails_verification_and_is_dropped() {
+        let p = pool(1 << 20);
+        put(&p, key(1), 5, 2048).unwrap();
+        assert!(p.flip_byte_for_test(&key(1), 100));
+        let lease = p.get(&key(1)).unwrap();
+        assert!(!lease.verify());
+        p.drop_corrupt(&lease);
+        drop(lease);
+        assert!(!p.contains(&key(1)));
+        assert_eq!(p.corrupt_blocks(), 1);
+        assert_eq!(p.stats().used, 0);
+    }
+
+    #[test]
+    fn oversized_block_is_refused_without_allocating() {
+        let p = pool(1 << 20);
+        assert_eq!(put(&p, key(1), 0, 2 << 20), Err(PoolError::TooLarge(2 << 20)));
+        assert_eq!(p.stats().used, 0);
+    }
+
+    #[test]
+    fn random_workload_never_overlaps_or_leaks() {
+        use rand::{Rng, SeedableRng};
+        let p = pool(1 << 20);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for i in 0..3000u32 {
+            let len = rng.gen_range(1..64 << 10);
+            let fill = (i % 251) as u8;
+            let _ = put(&p, key(i), fill, len);
+            if rng.gen_bool(0.1) {
+                let _ = p.remove(&key(rng.gen_range(0..=i)));
+            }
+            let probe = key(rng.gen_range(0..=i));
+            if let Some(lease) = p.get(&probe) {
+                let expect = (u32::from_le_bytes(probe.hash.0[..4].try_into().unwrap()) % 251) as u8;
+                assert!(lease.bytes().iter().all(|b| *b == expect), "overlap detected");
+            }
+            assert!(p.stats().used <= p.stats().capacity);
+        }
+        for i in 0..3000 {
+            let _ = p.remove(&key(i));
+        }
+        assert_eq!(p.stats().used, 0, "space leaked");
+        assert_eq!(p.stats().blocks, 0);
+    }
+}

@@ -1,0 +1,276 @@
+//! The daemon's TCP data server. One task per connection reads requests in
+//! order and answers each before reading the next; clients pipeline many on
+//! one socket. Values land straight in the pool and leave straight from it.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooncake_proto::message::{Body, KeyRequest, PutHead};
+use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::pool::DramPool;
+
+const IO_BUFFER: usize = 64 << 10;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub max_connections: usize,
+    pub request_timeout: Duration,
+    pub verify_on_read: bool,
+}
+
+/// Why a connection was closed by the server.
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error("protocol violation: {0}")]
+    Protocol(#[from] ProtoError),
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error("request not finished within {0:?}")]
+    Timeout(Duration),
+    #[error("refused: {0}")]
+    Refused(ErrorCode),
+}
+
+pub async fn run(
+    listener: TcpListener,
+    pool: Arc<DramPool>,
+    cfg: ServerConfig,
+    shutdown: CancellationToken,
+) {
+    let permits = Arc::new(Semaphore::new(cfg.max_connections));
+    let cfg = Arc::new(cfg);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off, go on.
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "connection refused: max_connections reached");
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        let (pool, cfg, shutdown) = (pool.clone(), cfg.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(err) = serve(stream, &pool, &cfg, &shutdown).await {
+                tracing::debug!(%peer, %err, "connection closed");
+            }
+            drop(permit);
+        });
+    }
+    tracing::info!("data server stopped accepting");
+}
+
+/// Tells an over-limit client why it is being turned away.
+async fn refuse(mut stream: TcpStream) {
+    let mut raw = [0u8; HEADER_LEN];
+    raw[3] = Opcode::Ping as u8;
+    let reply = Header::error_reply(&raw, ErrorCode::Busy as u16);
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&reply)).await;
+}
+
+async fn serve(
+    stream: TcpStream,
+    pool: &Arc<DramPool>,
+    cfg: &ServerConfig,
+    shutdown: &CancellationToken,
+) -> Result<(), ConnError> {
+    stream.set_nodelay(true)?;
+    let (rd, wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
+    let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
+    loop {
+        // Answers are batched while more requests are already buffered.
+        if rd.buffer().len() < HEADER_LEN {
+            wr.flush().await?;
+        }
+        let mut raw = [0u8; HEADER_LEN];
+        tokio::select! {
+            read = rd.read_exact(&mut raw) => match read {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e.into()),
+            },
+            _ = shutdown.cancelled() => return Ok(()),
+        }
+        let header = match Header::parse(&raw) {
+            Ok(Some(h)) if !h.response => h,
+            Ok(_) => {
+                let err = ProtoError::Invalid {
+                    field: "flags",
+                    why: "a response sent to a server".into(),
+                };
+                return Err(reject(&mut wr, &raw, err).await);
+            }
+            Err(err) => return Err(reject(&mut wr, &raw, err).await),
+        };
+        let handled = tokio::time::timeout(
+            cfg.request_timeout,
+            handle(header, &mut rd, &mut wr, pool, cfg),
+        )
+        .await;
+        match handled {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                let _ = wr.flush().await;
+                return Err(err);
+            }
+            Err(_) => return Err(ConnError::Timeout(cfg.request_timeout)),
+        }
+    }
+}
+
+/// Answers a request that broke the protocol with its error code, then the
+/// caller closes the connection.
+async fn reject<W: AsyncWrite + Unpin>(wr: &mut W, raw: &[u8; HEADER_LEN], err: ProtoError) -> ConnError {
+    let reply = Header::error_reply(raw, err.code() as u16);
+    let _ = wr.write_all(&reply).await;
+    let _ = wr.flush().await;
+    ConnError::Protocol(err)
+}
+
+async fn handle<R, W>(
+    header: Header,
+    rd: &mut R,
+    wr: &mut W,
+    pool: &Arc<DramPool>,
+    cfg: &ServerConfig,
+) -> Result<(), ConnError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    match header.opcode {
+        Opcode::Put => handle_put(header, rd, wr, pool).await,
+        Opcode::Get => {
+            let req: KeyRequest = read_body(header, rd).await?;
+            handle_get(header, req, wr, pool, cfg.verify_on_read).await
+        }
+        Opcode::Remove | Opcode::Pin | Opcode::Unpin => {
+            let req: KeyRequest = read_body(header, rd).await?;
+            let result = match header.opcode {
+                Opcode::Remove => pool.remove(&req.key),
+                Opcode::Pin => pool.pin(&req.key),
+                _ => pool.unpin(&req.key),
+            };
+            let code = result.err().map_or(ErrorCode::Ok, |e| e.code());
+            reply(wr, header, code, &[]).await
+        }
+        Opcode::DaemonStats => {
+            let _: mooncake_proto::message::Empty = read_body(header, rd).await?;
+            reply(wr, header, ErrorCode::Ok, &pool.stats().to_bytes()).await
+        }
+        Opcode::Ping => {
+            let _: mooncake_proto::message::Empty = read_body(header, rd).await?;
+            reply(wr, header, ErrorCode::Ok, &[]).await
+        }
+        other => {
+            // A meta-service opcode sent to a daemon.
+            let raw = Header::request(other, header.request_id, 0).encode();
+            Err(reject(wr, &raw, ProtoError::UnknownOpcode(other as u8)).await)
+        }
+    }
+}
+
+async fn read_body<B: Body, R: AsyncRead + Unpin>(header: Header, rd: &mut R) -> Result<B, ConnError> {
+    let mut buf = vec![0u8; header.body_len as usize];
+    rd.read_exact(&mut buf).await?;
+    Ok(B::from_bytes(&buf)?)
+}
+
+async fn reply<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    header: Header,
+    code: ErrorCode,
+    body: &[u8],
+) -> Result<(), ConnError> {
+    let h = Header::response(header.opcode, header.request_id, code as u16, body.len() as u32);
+    wr.write_all(&h.encode()).await?;
+    wr.write_all(body).await?;
+    Ok(())
+}
+
+async fn handle_put<R, W>(header: Header, rd: &mut R, wr: &mut W, pool: &Arc<DramPool>) -> Result<(), ConnError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let body_len = header.body_len as usize;
+    let truncated = |needed| ConnError::Protocol(ProtoError::Truncated { needed });
+    if body_len < 2 {
+        return Err(truncated(2 - body_len));
+    }
+    let mut head = [0u8; 2 + 128 + 32 + 8];
+    rd.read_exact(&mut head[..2]).await?;
+    let rest = PutHead::rest_len(u16::from_le_bytes([head[0], head[1]]))?;
+    if body_len < 2 + rest {
+        return Err(truncated(2 + rest - body_len));
+    }
+    rd.read_exact(&mut head[2..2 + rest]).await?;
+    let put = PutHead::from_bytes(&head[..2 + rest])?;
+    let value_len = body_len - 2 - rest;
+    match pool.reserve(put.key, value_len as u64, put.checksum) {
+        Ok(mut slot) => {
+            // A client that vanishes here drops the slot: nothing becomes
+            // visible and the space is freed at once.
+            rd.read_exact(slot.buf_mut()).await?;
+            let code = slot.commit().err().map_or(ErrorCode::Ok, |e| e.code());
+            reply(wr, header, code, &[]).await
+        }
+        Err(crate::PoolError::TooLarge(_)) => {
+            // Not worth draining: refuse and close.
+            reply(wr, header, ErrorCode::TooLarge, &[]).await?;
+            Err(ConnError::Refused(ErrorCode::TooLarge))
+        }
+        Err(err) => {
+            discard(rd, value_len).await?;
+            reply(wr, header, err.code(), &[]).await
+        }
+    }
+}
+
+async fn handle_get<W: AsyncWrite + Unpin>(
+    header: Header,
+    req: KeyRequest,
+    wr: &mut W,
+    pool: &Arc<DramPool>,
+    verify: bool,
+) -> Result<(), ConnError> {
+    let Some(lease) = pool.get(&req.key) else {
+        return reply(wr, header, ErrorCode::NotFound, &[]).await;
+    };
+    if verify && !lease.verify() {
+        pool.drop_corrupt(&lease);
+        return reply(wr, header, ErrorCode::Corrupt, &[]).await;
+    }
+    let bytes = lease.bytes();
+    let len = (mooncake_proto::message::GET_HEAD_LEN + bytes.len()) as u32;
+    let h = Header::response(Opcode::Get, header.request_id, ErrorCode::Ok as u16, len);
+    wr.write_all(&h.encode()).await?;
+    wr.write_all(&lease.checksum().to_le_bytes()).await?;
+    wr.write_all(bytes).await?;
+    Ok(())
+}
+
+async fn discard<R: AsyncRead + Unpin>(rd: &mut R, mut len: usize) -> io::Result<()> {
+    let mut scratch = vec![0u8; len.min(IO_BUFFER)];
+    while len > 0 {
+        let n = len.min(scratch.len());
+        rd.read_exact(&mut scratch[..n]).await?;
+        len -= n;
+    }
+    Ok(())
+}

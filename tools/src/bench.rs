@@ -1,0 +1,301 @@
+//! `bench`: puts then gets of fixed-size blocks from concurrent workers,
+//! reporting ops/s, GB/s and latency percentiles per operation and size.
+//! Every byte read is verified by the client's checksum; misses and errors
+//! are counted, never hidden.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use mooncake_client::{Client, ClientConfig, GetOutcome, PutOutcome};
+use mooncake_proto::units::ByteSize;
+use mooncake_proto::{BlockHash, Namespace};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::exit::Failure;
+use crate::Target;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Block sizes, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "16KiB,256KiB,4MiB")]
+    sizes: Vec<ByteSize>,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Gets per size (puts: as many distinct blocks as fit in 60% of the pool, at most this many).
+    #[arg(long, default_value_t = 2000)]
+    ops: usize,
+    /// Blocks per request.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Start a store inside this process (on free loopback ports) instead
+    /// of using a running one.
+    #[arg(long)]
+    embedded: bool,
+    /// DRAM of the embedded store.
+    #[arg(long, default_value = "2GiB")]
+    dram: ByteSize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Row {
+    op: &'static str,
+    size: u64,
+    ops: u64,
+    seconds: f64,
+    ops_per_sec: f64,
+    gb_per_sec: f64,
+    p50_us: u64,
+    p99_us: u64,
+    p999_us: u64,
+    misses: u64,
+    errors: u64,
+}
+
+pub async fn run(args: BenchArgs) -> Result<(), Failure> {
+    if args.concurrency == 0 || args.batch == 0 || args.ops == 0 {
+        return Err(Failure::usage("--concurrency, --batch and --ops must be at least 1"));
+    }
+    let shutdown = CancellationToken::new();
+    let meta_addr = if args.embedded {
+        start_embedded(args.dram, &shutdown).await?
+    } else {
+        args.target.meta.clone()
+    };
+    let client = Arc::new(Client::new(
+        ClientConfig::new(meta_addr).with_timeout(args.target.timeout),
+    ));
+    let stats = client.cluster_stats().await?;
+    let capacity: u64 = stats.daemons.iter().filter(|d| d.alive).map(|d| d.capacity).sum();
+    if capacity == 0 {
+        return Err(Failure::other(anyhow::anyhow!("the store has no live daemon")));
+    }
+    let ns = Namespace::new("bench").expect("valid");
+    let run_id: u64 = rand::random();
+    let mut rows = Vec::new();
+    for size in &args.sizes {
+        let size = size.0 as usize;
+        let keys = ((capacity as f64 * 0.6) as usize / size.max(1)).clamp(1, args.ops);
+        let hashes: Arc<Vec<BlockHash>> = Arc::new(
+            (0..keys)
+                .map(|i| BlockHash::from_opaque(format!("bench-{run_id}-{size}-{i}").as_bytes()))
+                .collect(),
+        );
+        let value: Arc<Vec<u8>> = Arc::new((0..size).map(|_| rand::random::<u8>()).collect());
+        let bar = progress(&args, keys + args.ops, size);
+        let put = phase(&args, "put", size, keys, &bar, {
+            let (client, ns, hashes, value) = (client.clone(), ns.clone(), hashes.clone(), value.clone());
+            move |range: std::ops::Range<usize>, _buf: &mut Vec<Vec<u8>>| {
+                let (client, ns, hashes, value) = (client.clone(), ns.clone(), hashes.clone(), value.clone());
+                async move {
+                    let blocks: Vec<(BlockHash, &[u8])> =
+                        range.map(|i| (hashes[i], &value[..])).collect();
+                    match client.put(&ns, &blocks).await {
+                        Ok(outs) => outs.iter().fold((0, 0), |(m, e), o| match o {
+                            PutOutcome::Stored | PutOutcome::AlreadyExists => (m, e),
+                            PutOutcome::Failed(_) => (m, e + 1),
+                        }),
+                        Err(_) => (0, blocks.len() as u64),
+                    }
+                }
+            }
+        })
+        .await;
+        let get = phase(&args, "get", size, args.ops, &bar, {
+            let (client, ns, hashes) = (client.clone(), ns.clone(), hashes.clone());
+            move |range: std::ops::Range<usize>, bufs: &mut Vec<Vec<u8>>| {
+                let (client, ns, hashes) = (client.clone(), ns.clone(), hashes.clone());
+                let n = range.len();
+                while bufs.len() < n {
+                    bufs.push(vec![0u8; size]);
+                }
+                let mut taken: Vec<Vec<u8>> = bufs.drain(..n).collect();
+                let keys: Vec<BlockHash> = range.map(|i| hashes[i % hashes.len()]).collect();
+                async move {
+                    let mut slices: Vec<&mut [u8]> = taken.iter_mut().map(|b| &mut b[..]).collect();
+                    let counts = match client.get_into(&ns, &keys, &mut slices).await {
+                        Ok(outs) => outs.iter().fold((0, 0), |(m, e), o| match o {
+                            GetOutcome::Hit(_) => (m, e),
+                            GetOutcome::Miss => (m + 1, e),
+                            GetOutcome::Failed(_) => (m, e + 1),
+                        }),
+                        Err(_) => (0, keys.len() as u64),
+                    };
+                    drop(slices);
+                    (counts, taken)
+                }
+            }
+        })
+        .await;
+        bar.finish_and_clear();
+        let _ = client.remove(&ns, &hashes).await;
+        rows.push(put);
+        rows.push(get);
+    }
+    shutdown.cancel();
+    print_rows(&args, &rows);
+    Ok(())
+}
+
+async fn start_embedded(dram: ByteSize, shutdown: &CancellationToken) -> Result<String, Failure> {
+    let meta_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let daemon_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let meta = mooncake_meta::start(
+        mooncake_meta::MetaConfig::default(),
+        meta_listener,
+        Arc::new(mooncake_meta::EmbeddedCoordinator::new()),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|e| Failure::other(e.into()))?;
+    let cfg = mooncake_daemon::DaemonConfig {
+        dram,
+        meta: Some(meta.addr.to_string()),
+        ..Default::default()
+    };
+    mooncake_daemon::start(cfg, daemon_listener, shutdown.clone())
+        .await
+        .map_err(|e| Failure::other(e.into()))?;
+    // Wait until the daemon has registered.
+    let client = Client::new(ClientConfig::new(meta.addr.to_string()));
+    for _ in 0..100 {
+        if client.cluster_stats().await.is_ok_and(|s| !s.daemons.is_empty()) {
+            return Ok(meta.addr.to_string());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(Failure::other(anyhow::anyhow!("embedded daemon did not register")))
+}
+
+fn progress(args: &BenchArgs, total: usize, size: usize) -> ProgressBar {
+    if args.json {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>14} [{bar:30}] {pos}/{len} ops {per_sec}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("{} blocks", ByteSize(size as u64)));
+    bar
+}
+
+/// Runs `total` operations from `concurrency` workers, each call covering
+/// up to `batch` consecutive indexes; `op` returns (misses, errors).
+async fn phase<F, Fut, T>(args: &BenchArgs, name: &'static str, size: usize, total: usize, bar: &ProgressBar, op: F) -> Row
+where
+    F: Fn(std::ops::Range<usize>, &mut Vec<Vec<u8>>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = T> + Send,
+    T: PhaseResult,
+{
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..args.concurrency)
+        .map(|_| {
+            let (next, op, bar, batch) = (next.clone(), op.clone(), bar.clone(), args.batch);
+            tokio::spawn(async move {
+                let mut hist = Histogram::<u64>::new(3).expect("valid histogram");
+                let (mut misses, mut errors) = (0u64, 0u64);
+                let mut bufs = Vec::new();
+                loop {
+                    let first = next.fetch_add(batch, Ordering::Relaxed);
+                    if first >= total {
+                        break;
+                    }
+                    let range = first..(first + batch).min(total);
+                    let n = range.len() as u64;
+                    let t = Instant::now();
+                    let ((m, e), returned) = op(range, &mut bufs).await.split();
+                    hist.saturating_record(t.elapsed().as_micros() as u64);
+                    bufs.extend(returned);
+                    misses += m;
+                    errors += e;
+                    bar.inc(n);
+                }
+                (hist, misses, errors)
+            })
+        })
+        .collect();
+    let mut hist = Histogram::<u64>::new(3).expect("valid histogram");
+    let (mut misses, mut errors) = (0, 0);
+    for w in workers {
+        if let Ok((h, m, e)) = w.await {
+            hist.add(h).expect("same bounds");
+            misses += m;
+            errors += e;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Row {
+        op: name,
+        size: size as u64,
+        ops: total as u64,
+        seconds,
+        ops_per_sec: total as f64 / seconds,
+        gb_per_sec: (total * size) as f64 / seconds / 1e9,
+        p50_us: hist.value_at_quantile(0.5),
+        p99_us: hist.value_at_quantile(0.99),
+        p999_us: hist.value_at_quantile(0.999),
+        misses,
+        errors,
+    }
+}
+
+/// What one call of a phase returns: (misses, errors), and buffers to reuse.
+trait PhaseResult {
+    fn split(self) -> ((u64, u64), Vec<Vec<u8>>);
+}
+
+impl PhaseResult for (u64, u64) {
+    fn split(self) -> ((u64, u64), Vec<Vec<u8>>) {
+        (self, Vec::new())
+    }
+}
+
+impl PhaseResult for ((u64, u64), Vec<Vec<u8>>) {
+    fn split(self) -> ((u64, u64), Vec<Vec<u8>>) {
+        self
+    }
+}
+
+fn print_rows(args: &BenchArgs, rows: &[Row]) {
+    if args.json {
+        for r in rows {
+            println!("{}", serde_json::to_string(r).expect("serializable"));
+        }
+        return;
+    }
+    println!(
+        "concurrency {}, {} block(s) per request, every get verified by checksum",
+        args.concurrency, args.batch
+    );
+    println!(
+        "{:<4} {:>8} {:>7} {:>10} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "op", "size", "ops", "ops/s", "GB/s", "p50 us", "p99 us", "p999 us", "misses", "errors"
+    );
+    for r in rows {
+        println!(
+            "{:<4} {:>8} {:>7} {:>10.0} {:>7.2} {:>9} {:>9} {:>9} {:>7} {:>7}",
+            r.op,
+            ByteSize(r.size).to_string(),
+            r.ops,
+            r.ops_per_sec,
+            r.gb_per_sec,
+            r.p50_us,
+            r.p99_us,
+            r.p999_us,
+            r.misses,
+            r.errors
+        );
+    }
+}

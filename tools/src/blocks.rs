@@ -1,0 +1,268 @@
+//! Block operations from the shell: `put`, `get`, `rm`, `stat`, `ls`.
+//! A KEY is 64 hex digits (a block hash as workers compute it) or any other
+//! string, which is mapped to a hash as an opaque key.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use mooncake_client::{Client, ClientConfig, PutOutcome};
+use mooncake_proto::message::ListRequest;
+use mooncake_proto::units::ByteSize;
+use mooncake_proto::{BlockHash, BlockKey, Namespace};
+use serde_json::json;
+
+use crate::exit::Failure;
+use crate::Target;
+
+#[derive(clap::Args, Debug)]
+pub struct KeyArgs {
+    /// Namespace (tenant/model) of the keys.
+    #[arg(short, long, default_value = "default")]
+    namespace: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PutArgs {
+    #[command(flatten)]
+    target: Target,
+    #[command(flatten)]
+    ns: KeyArgs,
+    key: String,
+    /// File to store; stdin when absent or `-`.
+    file: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GetArgs {
+    #[command(flatten)]
+    target: Target,
+    #[command(flatten)]
+    ns: KeyArgs,
+    key: String,
+    /// Write the block here instead of stdout.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RmArgs {
+    #[command(flatten)]
+    target: Target,
+    #[command(flatten)]
+    ns: KeyArgs,
+    #[arg(required = true)]
+    keys: Vec<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StatArgs {
+    #[command(flatten)]
+    target: Target,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LsArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Only this namespace.
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// Most blocks to list.
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn client(target: &Target) -> Client {
+    Client::new(ClientConfig::new(target.meta.clone()).with_timeout(target.timeout))
+}
+
+fn namespace(s: &str) -> Result<Namespace, Failure> {
+    Namespace::new(s).map_err(|e| Failure::usage(format!("--namespace {s:?}: {e}")))
+}
+
+/// A key as typed: 64 hex digits are a hash, anything else is opaque.
+pub fn parse_key(ns: &Namespace, key: &str) -> BlockKey {
+    let hash = if key.len() == 64 {
+        BlockHash::from_hex(key).unwrap_or_else(|_| BlockHash::from_opaque(key.as_bytes()))
+    } else {
+        BlockHash::from_opaque(key.as_bytes())
+    };
+    BlockKey::new(ns.clone(), hash)
+}
+
+pub async fn put(args: PutArgs) -> Result<(), Failure> {
+    let ns = namespace(&args.ns.namespace)?;
+    let key = parse_key(&ns, &args.key);
+    let value = match args.file.as_deref() {
+        None => read_stdin()?,
+        Some(p) if p.as_os_str() == "-" => read_stdin()?,
+        Some(p) => std::fs::read(p).map_err(|e| Failure::usage(format!("cannot read {}: {e}", p.display())))?,
+    };
+    let outcome = client(&args.target).put_one(&key, &value).await?;
+    let word = match outcome {
+        PutOutcome::Stored => "stored",
+        PutOutcome::AlreadyExists => "already stored",
+        PutOutcome::Failed(code) => {
+            return Err(Failure::from(mooncake_client::ClientError::Server {
+                side: mooncake_client::ErrorSource::Daemon,
+                addr: args.target.meta.clone(),
+                op: "put",
+                code,
+            }))
+        }
+    };
+    if args.json {
+        println!("{}", json!({"key": key.hash.to_hex(), "namespace": ns.as_str(), "outcome": word, "bytes": value.len()}));
+    } else {
+        println!("{word} {} ({})", key.hash, ByteSize(value.len() as u64));
+    }
+    Ok(())
+}
+
+fn read_stdin() -> Result<Vec<u8>, Failure> {
+    let mut buf = Vec::new();
+    std::io::stdin().read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+pub async fn get(args: GetArgs) -> Result<(), Failure> {
+    let ns = namespace(&args.ns.namespace)?;
+    let key = parse_key(&ns, &args.key);
+    let Some(bytes) = client(&args.target).get(&key).await? else {
+        return Err(Failure::other(anyhow::anyhow!(
+            "not found: {} in namespace {}",
+            key.hash,
+            ns
+        )));
+    };
+    match args.output {
+        Some(path) => std::fs::write(&path, &bytes)
+            .map_err(|e| Failure::other(anyhow::anyhow!("cannot write {}: {e}", path.display())))?,
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&bytes)?;
+            out.flush()?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn rm(args: RmArgs) -> Result<(), Failure> {
+    let ns = namespace(&args.ns.namespace)?;
+    let keys: Vec<BlockKey> = args.keys.iter().map(|k| parse_key(&ns, k)).collect();
+    let hashes: Vec<BlockHash> = keys.iter().map(|k| k.hash).collect();
+    let removed = client(&args.target).remove(&ns, &hashes).await?;
+    for (hash, removed) in hashes.iter().zip(&removed) {
+        if args.json {
+            println!("{}", json!({"key": hash.to_hex(), "removed": removed}));
+        } else {
+            println!("{} {hash}", if *removed { "removed" } else { "not found" });
+        }
+    }
+    Ok(())
+}
+
+pub async fn stat(args: StatArgs) -> Result<(), Failure> {
+    let st = client(&args.target).cluster_stats().await?;
+    if args.json {
+        let daemons: Vec<_> = st
+            .daemons
+            .iter()
+            .map(|d| {
+                json!({"id": d.id, "node": d.node, "addr": d.addr, "alive": d.alive,
+                       "capacity": d.capacity, "used": d.used, "blocks": d.blocks})
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"meta": args.target.meta, "blocks": st.blocks, "bytes": st.bytes,
+                   "pending": st.pending, "daemons": daemons})
+        );
+        return Ok(());
+    }
+    let alive = st.daemons.iter().filter(|d| d.alive).count();
+    println!("meta     {}", args.target.meta);
+    println!(
+        "blocks   {} ({}), {} puts in progress",
+        st.blocks,
+        ByteSize(st.bytes),
+        st.pending
+    );
+    println!("daemons  {alive} alive of {}", st.daemons.len());
+    if st.daemons.is_empty() {
+        return Ok(());
+    }
+    println!();
+    println!(
+        "{:<4} {:<16} {:<22} {:<6} {:>10} {:>10} {:>6} {:>10}",
+        "ID", "NODE", "ADDRESS", "STATE", "CAPACITY", "USED", "USE%", "BLOCKS"
+    );
+    for d in &st.daemons {
+        let pct = if d.capacity == 0 {
+            0.0
+        } else {
+            100.0 * d.used as f64 / d.capacity as f64
+        };
+        println!(
+            "{:<4} {:<16} {:<22} {:<6} {:>10} {:>10} {:>6.1} {:>10}",
+            d.id,
+            d.node,
+            d.addr,
+            if d.alive { "alive" } else { "dead" },
+            ByteSize(d.capacity).to_string(),
+            ByteSize(d.used).to_string(),
+            pct,
+            d.blocks
+        );
+    }
+    Ok(())
+}
+
+pub async fn ls(args: LsArgs) -> Result<(), Failure> {
+    let ns = args.namespace.as_deref().map(namespace).transpose()?;
+    let client = client(&args.target);
+    let mut after = None;
+    let mut shown = 0;
+    loop {
+        let page = client
+            .list(&ListRequest {
+                namespace: ns.clone(),
+                after: after.clone(),
+                limit: (args.limit - shown).min(1024) as u32,
+            })
+            .await?;
+        for e in &page.entries {
+            if args.json {
+                println!(
+                    "{}",
+                    json!({"namespace": e.key.namespace.as_str(), "key": e.key.hash.to_hex(),
+                           "size": e.location.size, "daemon": e.location.daemon})
+                );
+            } else {
+                println!(
+                    "{}  {}  {:>10}  daemon {}",
+                    e.key.namespace,
+                    e.key.hash,
+                    ByteSize(e.location.size as u64).to_string(),
+                    e.location.daemon
+                );
+            }
+        }
+        shown += page.entries.len();
+        after = page.entries.last().map(|e| e.key.clone());
+        if !page.more || shown >= args.limit || after.is_none() {
+            if page.more && !args.json {
+                eprintln!("(more blocks not shown: raise --limit)");
+            }
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! `mooncake-store`: one binary for every role of Mooncake Store. `main`
+//! parses arguments, starts logging and hands over to a command module;
+//! errors end as one line on stderr and a distinct exit code.
+
+mod bench;
+mod blocks;
+mod config;
+mod exit;
+mod hash;
+mod serve;
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use mooncake_proto::units::parse_duration;
+
+#[derive(Parser)]
+#[command(name = "mooncake-store", version, about = "A global KV cache store for LLM serving")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How a client command reaches the store.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Target {
+    /// Meta service address.
+    #[arg(long, env = "MOONCAKE_META", default_value = "127.0.0.1:7070", global = true)]
+    meta: String,
+    /// Deadline of each call.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, global = true)]
+    timeout: Duration,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a whole single-host store in one process: meta service and daemon.
+    Up(serve::UpArgs),
+    /// Run a meta service.
+    Meta(serve::MetaArgs),
+    /// Run a storage daemon that registers with a meta service.
+    Daemon(serve::DaemonArgs),
+    /// Store a block from a file or stdin.
+    Put(blocks::PutArgs),
+    /// Fetch a block to a file or stdout.
+    Get(blocks::GetArgs),
+    /// Remove blocks.
+    Rm(blocks::RmArgs),
+    /// Show the cluster: daemons, capacity, use, blocks.
+    Stat(blocks::StatArgs),
+    /// List stored blocks.
+    Ls(blocks::LsArgs),
+    /// Print the block keys of a token sequence.
+    Hash(hash::HashArgs),
+    /// Drive a put/get load and report throughput and latency.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let serving = matches!(cli.command, Command::Up(_) | Command::Meta(_) | Command::Daemon(_));
+    init_logging(serving);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => exit::fail(exit::Failure::other(anyhow::anyhow!("cannot start the runtime: {err}"))),
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Up(a) => serve::up(a).await,
+            Command::Meta(a) => serve::meta(a).await,
+            Command::Daemon(a) => serve::daemon(a).await,
+            Command::Put(a) => blocks::put(a).await,
+            Command::Get(a) => blocks::get(a).await,
+            Command::Rm(a) => blocks::rm(a).await,
+            Command::Stat(a) => blocks::stat(a).await,
+            Command::Ls(a) => blocks::ls(a).await,
+            Command::Hash(a) => hash::run(a),
+            Command::Bench(a) => bench::run(a).await,
+        }
+    });
+    if let Err(failure) = result {
+        exit::fail(failure);
+    }
+}
+
+/// Servers log at info by default; client commands only warn, so that their
+/// output stays clean for scripts. `RUST_LOG` overrides both.
+fn init_logging(serving: bool) {
+    let default = if serving { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
