@@ -134,7 +134,8 @@ impl Client {
     }
 
     pub async fn ping(&self) -> Result<(), ClientError> {
-        self.meta_call::<Empty>(Opcode::Ping, &Empty, "ping").await?;
+        self.meta_call::<Empty>(Opcode::Ping, &Empty, "ping")
+            .await?;
         Ok(())
     }
 
@@ -147,7 +148,10 @@ impl Client {
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let mut out = Vec::with_capacity(blocks.len());
         for chunk in blocks.chunks(MAX_BATCH) {
-            out.extend(self.deadline("put", self.put_chunk(namespace, chunk)).await?);
+            out.extend(
+                self.deadline("put", self.put_chunk(namespace, chunk))
+                    .await?,
+            );
         }
         Ok(out)
     }
@@ -246,7 +250,10 @@ impl Client {
             .await?;
         for ((hash, stored), code) in hashes.iter().zip(statuses.codes) {
             if *stored && code != ErrorCode::Ok {
-                let index = blocks.iter().position(|(h, _)| h == hash).expect("hash of this batch");
+                let index = blocks
+                    .iter()
+                    .position(|(h, _)| h == hash)
+                    .expect("hash of this batch");
                 outcomes[index] = PutOutcome::Failed(code);
             }
         }
@@ -333,7 +340,10 @@ impl Client {
         }
         let mut out = Vec::with_capacity(hashes.len());
         for (hs, bs) in hashes.chunks(MAX_BATCH).zip(bufs.chunks_mut(MAX_BATCH)) {
-            out.extend(self.deadline("get", self.get_chunk(namespace, hs, bs)).await?);
+            out.extend(
+                self.deadline("get", self.get_chunk(namespace, hs, bs))
+                    .await?,
+            );
         }
         Ok(out)
     }
@@ -345,7 +355,10 @@ impl Client {
             return Ok(None);
         };
         let mut buf = vec![0u8; location.size as usize];
-        match self.get_into(&key.namespace, &[key.hash], &mut [&mut buf[..]]).await?[0] {
+        match self
+            .get_into(&key.namespace, &[key.hash], &mut [&mut buf[..]])
+            .await?[0]
+        {
             GetOutcome::Hit(n) => {
                 buf.truncate(n);
                 Ok(Some(buf))
@@ -492,7 +505,8 @@ impl Client {
                 .await?;
             let matched = locs.items.iter().take_while(|l| l.is_some()).count();
             out.matched += matched;
-            out.locations.extend(locs.items.into_iter().flatten().take(matched));
+            out.locations
+                .extend(locs.items.into_iter().flatten().take(matched));
             out.daemons.extend(locs.daemons);
             if matched < chunk.len() {
                 break;

@@ -49,14 +49,14 @@ impl Connection {
             Ok(Ok(s)) => s,
             Ok(Err(err)) => {
                 return Err(ClientError::Io {
-                    side: side,
+                    side,
                     addr: addr.to_string(),
                     err,
                 })
             }
             Err(_) => {
                 return Err(ClientError::Timeout {
-                    side: side,
+                    side,
                     addr: addr.to_string(),
                     op: "connect",
                     timeout_ms: timeout.as_millis() as u64,
@@ -64,7 +64,7 @@ impl Connection {
             }
         };
         stream.set_nodelay(true).map_err(|err| ClientError::Io {
-            side: side,
+            side,
             addr: addr.to_string(),
             err,
         })?;

@@ -18,7 +18,12 @@ pub struct ConnPool {
 }
 
 impl ConnPool {
-    pub fn new(addr: String, side: ErrorSource, connect_timeout: Duration, max_idle: usize) -> Self {
+    pub fn new(
+        addr: String,
+        side: ErrorSource,
+        connect_timeout: Duration,
+        max_idle: usize,
+    ) -> Self {
         ConnPool {
             addr,
             side,

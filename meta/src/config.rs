@@ -57,7 +57,8 @@ mod tests {
     #[test]
     fn defaults_validate_and_toml_overrides_apply() {
         MetaConfig::default().validate().unwrap();
-        let cfg: MetaConfig = toml::from_str("daemon_ttl = \"2s\"\nput_timeout = \"500ms\"").unwrap();
+        let cfg: MetaConfig =
+            toml::from_str("daemon_ttl = \"2s\"\nput_timeout = \"500ms\"").unwrap();
         assert_eq!(cfg.daemon_ttl.0, Duration::from_secs(2));
         assert_eq!(cfg.put_timeout.0, Duration::from_millis(500));
         let bad = MetaConfig {

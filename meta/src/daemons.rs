@@ -151,12 +151,29 @@ mod tests {
         let t = Instant::now();
         let a = d.register("n1".into(), "a:1".into(), 100, t);
         let b = d.register("n2".into(), "b:1".into(), 100, t);
-        d.heartbeat(a, PoolStats { capacity: 100, used: 90, ..Default::default() }, t);
+        d.heartbeat(
+            a,
+            PoolStats {
+                capacity: 100,
+                used: 90,
+                ..Default::default()
+            },
+            t,
+        );
         assert_eq!(d.place(5), Some(b));
-        assert!(d.expire(Duration::from_secs(1), t + Duration::from_secs(2)).contains(&b));
+        assert!(d
+            .expire(Duration::from_secs(1), t + Duration::from_secs(2))
+            .contains(&b));
         assert_eq!(d.place(5), None, "a lacks no room but was also silent");
-        assert!(!d.heartbeat(b, PoolStats::default(), t), "dead daemons must re-register");
-        assert_eq!(d.register("n2".into(), "b:1".into(), 100, t), b, "same address, same id");
+        assert!(
+            !d.heartbeat(b, PoolStats::default(), t),
+            "dead daemons must re-register"
+        );
+        assert_eq!(
+            d.register("n2".into(), "b:1".into(), 100, t),
+            b,
+            "same address, same id"
+        );
         assert_eq!(d.place(500), None, "too large for every pool");
     }
 

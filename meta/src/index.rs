@@ -131,7 +131,14 @@ impl Index {
 
     /// Phase one: reserves a key on a daemon unless it is already stored or
     /// being stored.
-    pub fn reserve(&self, ns: &Namespace, hash: BlockHash, size: u32, daemon: u32, now: Instant) -> Reservation {
+    pub fn reserve(
+        &self,
+        ns: &Namespace,
+        hash: BlockHash,
+        size: u32,
+        daemon: u32,
+        now: Instant,
+    ) -> Reservation {
         let key = IdxKey {
             ns: self.intern(ns),
             hash,
@@ -158,7 +165,10 @@ impl Index {
         let Some(ns) = self.ns_id(ns) else {
             return ErrorCode::NoReservation;
         };
-        let key = IdxKey { ns, hash: item.hash };
+        let key = IdxKey {
+            ns,
+            hash: item.hash,
+        };
         let mut shard = self.shard(&key).write();
         match shard.get_mut(&key) {
             Some(e) if matches!(e.state, State::Pending { .. }) && e.daemon == item.daemon => {
@@ -202,10 +212,7 @@ impl Index {
         let Some(ns) = self.ns_id(ns) else {
             return Vec::new();
         };
-        hashes
-            .iter()
-            .map_while(|h| self.visible(ns, *h))
-            .collect()
+        hashes.iter().map_while(|h| self.visible(ns, *h)).collect()
     }
 
     /// Removes visible keys; returns where each was (`None`: not stored).
@@ -281,7 +288,12 @@ impl Index {
     }
 
     /// A page of visible entries after `after`, ordered by (namespace, hash).
-    pub fn list(&self, ns: Option<&Namespace>, after: Option<&BlockKey>, limit: usize) -> (Vec<ListEntry>, bool) {
+    pub fn list(
+        &self,
+        ns: Option<&Namespace>,
+        after: Option<&BlockKey>,
+        limit: usize,
+    ) -> (Vec<ListEntry>, bool) {
         let names = self.namespaces.read();
         let wanted = match ns {
             Some(ns) => match names.ids.get(ns) {
@@ -390,7 +402,11 @@ mod tests {
         assert_eq!(idx.match_prefix(&ns(), &[h(1), h(2), h(3), h(4)]).len(), 2);
         assert_eq!(idx.match_prefix(&ns(), &[h(3), h(1)]).len(), 0);
         let other = Namespace::new("other").unwrap();
-        assert_eq!(idx.match_prefix(&other, &[h(1)]).len(), 0, "namespaces never mix");
+        assert_eq!(
+            idx.match_prefix(&other, &[h(1)]).len(),
+            0,
+            "namespaces never mix"
+        );
     }
 
     #[test]
@@ -411,7 +427,10 @@ mod tests {
             idx.reserve(&ns(), h(i), 10, d, Instant::now());
             commit(&idx, i, d);
         }
-        assert!(!idx.remove_at(&BlockKey::new(ns(), h(3)), 1), "wrong daemon");
+        assert!(
+            !idx.remove_at(&BlockKey::new(ns(), h(3)), 1),
+            "wrong daemon"
+        );
         assert!(idx.remove_at(&BlockKey::new(ns(), h(3)), 2));
         assert_eq!(idx.remove_daemon(1), 2);
         assert_eq!(idx.stats(), PrefixStats::default());

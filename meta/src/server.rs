@@ -61,13 +61,23 @@ impl State {
             }
             links
                 .entry(daemon)
-                .or_insert_with(|| Arc::new(ConnPool::new(addr, ErrorSource::Daemon, DAEMON_CALL_TIMEOUT, 4)))
+                .or_insert_with(|| {
+                    Arc::new(ConnPool::new(
+                        addr,
+                        ErrorSource::Daemon,
+                        DAEMON_CALL_TIMEOUT,
+                        4,
+                    ))
+                })
                 .clone()
         };
         let call = async {
             let (mut conn, _) = pool.get().await?;
             let result = conn.call::<Empty>(op, &KeyRequest { key }, op.name()).await;
-            if matches!(result, Ok(_) | Err(mooncake_client::ClientError::Server { .. })) {
+            if matches!(
+                result,
+                Ok(_) | Err(mooncake_client::ClientError::Server { .. })
+            ) {
                 pool.put_back(conn);
             }
             result
@@ -110,7 +120,12 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
     }
 }
 
-pub async fn run(listener: TcpListener, state: Arc<State>, cfg: MetaConfig, stop: CancellationToken) {
+pub async fn run(
+    listener: TcpListener,
+    state: Arc<State>,
+    cfg: MetaConfig,
+    stop: CancellationToken,
+) {
     let permits = Arc::new(Semaphore::new(cfg.max_connections));
     let request_timeout = cfg.request_timeout.0;
     loop {
@@ -186,7 +201,8 @@ async fn serve(
         let header = match parsed {
             Ok(h) => h,
             Err(err) => {
-                wr.write_all(&Header::error_reply(&raw, err.code() as u16)).await?;
+                wr.write_all(&Header::error_reply(&raw, err.code() as u16))
+                    .await?;
                 wr.flush().await?;
                 return Err(err.into());
             }
@@ -200,14 +216,20 @@ async fn serve(
             Ok(Ok(Ok(reply))) => (ErrorCode::Ok, reply),
             Ok(Ok(Err(Failure::Code(code)))) => (code, Vec::new()),
             Ok(Ok(Err(Failure::Protocol(err)))) => {
-                wr.write_all(&Header::error_reply(&raw, err.code() as u16)).await?;
+                wr.write_all(&Header::error_reply(&raw, err.code() as u16))
+                    .await?;
                 wr.flush().await?;
                 return Err(err.into());
             }
             Ok(Err(err)) => return Err(err),
             Err(_) => return Err(ConnError::Timeout(request_timeout)),
         };
-        let h = Header::response(header.opcode, header.request_id, code as u16, reply.len() as u32);
+        let h = Header::response(
+            header.opcode,
+            header.request_id,
+            code as u16,
+            reply.len() as u32,
+        );
         wr.write_all(&h.encode()).await?;
         wr.write_all(&reply).await?;
     }
@@ -240,7 +262,11 @@ async fn dispatch(state: &State, op: Opcode, body: &[u8]) -> Result<Vec<u8>, Fai
         Opcode::PutStart => put_start(state, PutStartRequest::from_bytes(body)?, now).to_bytes(),
         Opcode::PutCommit => {
             let req = PutCommitRequest::from_bytes(body)?;
-            let codes = req.items.iter().map(|it| state.index.commit(&req.namespace, it)).collect();
+            let codes = req
+                .items
+                .iter()
+                .map(|it| state.index.commit(&req.namespace, it))
+                .collect();
             Statuses { codes }.to_bytes()
         }
         Opcode::Lookup => {
@@ -281,7 +307,11 @@ async fn dispatch(state: &State, op: Opcode, body: &[u8]) -> Result<Vec<u8>, Fai
             let mut codes = Vec::with_capacity(locations.len());
             for (hash, loc) in req.keys.hashes.iter().zip(locations) {
                 codes.push(match loc {
-                    Some(loc) => state.tell_daemon(loc.daemon, op, BlockKey::new(ns.clone(), *hash)).await,
+                    Some(loc) => {
+                        state
+                            .tell_daemon(loc.daemon, op, BlockKey::new(ns.clone(), *hash))
+                            .await
+                    }
                     None => ErrorCode::NotFound,
                 });
             }
@@ -301,12 +331,17 @@ async fn dispatch(state: &State, op: Opcode, body: &[u8]) -> Result<Vec<u8>, Fai
         Opcode::List => {
             let req = ListRequest::from_bytes(body)?;
             let limit = (req.limit as usize).clamp(1, MAX_BATCH);
-            let (entries, more) = state.index.list(req.namespace.as_ref(), req.after.as_ref(), limit);
+            let (entries, more) =
+                state
+                    .index
+                    .list(req.namespace.as_ref(), req.after.as_ref(), limit);
             ListResponse { entries, more }.to_bytes()
         }
         Opcode::Register => {
             let req = RegisterRequest::from_bytes(body)?;
-            let daemon = state.daemons.register(req.node, req.addr.clone(), req.capacity, now);
+            let daemon = state
+                .daemons
+                .register(req.node, req.addr.clone(), req.capacity, now);
             tracing::info!(daemon, addr = %req.addr, capacity = req.capacity, "daemon registered");
             RegisterResponse { daemon }.to_bytes()
         }
@@ -324,7 +359,12 @@ async fn dispatch(state: &State, op: Opcode, body: &[u8]) -> Result<Vec<u8>, Fai
             }
             Vec::new()
         }
-        Opcode::Put | Opcode::Get | Opcode::Remove | Opcode::Pin | Opcode::Unpin | Opcode::DaemonStats => {
+        Opcode::Put
+        | Opcode::Get
+        | Opcode::Remove
+        | Opcode::Pin
+        | Opcode::Unpin
+        | Opcode::DaemonStats => {
             return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8)))
         }
     })
@@ -350,7 +390,10 @@ fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartRespo
             let Some(daemon) = state.daemons.place(size) else {
                 return Slot::Skip(ErrorCode::Unavailable);
             };
-            match state.index.reserve(&req.namespace, *hash, size as u32, daemon, now) {
+            match state
+                .index
+                .reserve(&req.namespace, *hash, size as u32, daemon, now)
+            {
                 Reservation::Reserved => {
                     placed.push(daemon);
                     Slot::Place(daemon)
@@ -366,6 +409,8 @@ fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartRespo
 }
 
 fn with_daemons(state: &State, items: Vec<Option<mooncake_proto::message::Location>>) -> Locations {
-    let daemons = state.daemons.addrs(items.iter().flatten().map(|l| l.daemon));
+    let daemons = state
+        .daemons
+        .addrs(items.iter().flatten().map(|l| l.daemon));
     Locations { items, daemons }
 }

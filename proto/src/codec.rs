@@ -156,7 +156,10 @@ mod tests {
         assert!(matches!(r.count(32), Err(ProtoError::Truncated { .. })));
         let mut w = Writer::new();
         w.u32(u32::MAX);
-        assert!(matches!(Reader::new(&w.buf).count(0), Err(ProtoError::TooLarge { .. })));
+        assert!(matches!(
+            Reader::new(&w.buf).count(0),
+            Err(ProtoError::TooLarge { .. })
+        ));
     }
 
     #[test]

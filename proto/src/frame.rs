@@ -219,10 +219,16 @@ mod tests {
     fn four_gib_length_is_refused_before_allocation() {
         let mut h = Header::request(Opcode::Put, 1, 0).encode();
         h[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(Header::parse(&h), Err(ProtoError::TooLarge { .. })));
+        assert!(matches!(
+            Header::parse(&h),
+            Err(ProtoError::TooLarge { .. })
+        ));
         let mut h = Header::request(Opcode::Lookup, 1, 0).encode();
         h[16..20].copy_from_slice(&(MAX_CONTROL_BODY + 1).to_le_bytes());
-        assert!(matches!(Header::parse(&h), Err(ProtoError::TooLarge { .. })));
+        assert!(matches!(
+            Header::parse(&h),
+            Err(ProtoError::TooLarge { .. })
+        ));
     }
 
     #[test]
@@ -233,10 +239,16 @@ mod tests {
         assert!(matches!(Header::parse(&h), Err(ProtoError::BadMagic(_))));
         let mut h = good;
         h[2] = 9;
-        assert!(matches!(Header::parse(&h), Err(ProtoError::UnsupportedVersion(9, 1))));
+        assert!(matches!(
+            Header::parse(&h),
+            Err(ProtoError::UnsupportedVersion(9, 1))
+        ));
         let mut h = good;
         h[3] = 0xee;
-        assert!(matches!(Header::parse(&h), Err(ProtoError::UnknownOpcode(0xee))));
+        assert!(matches!(
+            Header::parse(&h),
+            Err(ProtoError::UnknownOpcode(0xee))
+        ));
         let mut h = good;
         h[6] = 0x80;
         assert!(matches!(Header::parse(&h), Err(ProtoError::Invalid { .. })));

@@ -236,15 +236,17 @@ mod tests {
         let keys = PrefixHasher::chain(b"", &tokens, 4, b"");
         assert_eq!(keys[0].to_hex(), VECTOR_EMPTY_SEED[0]);
         assert_eq!(keys[1].to_hex(), VECTOR_EMPTY_SEED[1]);
-        assert_eq!(BlockHash::from_opaque(b"vllm-block-42").to_hex(), VECTOR_OPAQUE);
+        assert_eq!(
+            BlockHash::from_opaque(b"vllm-block-42").to_hex(),
+            VECTOR_OPAQUE
+        );
     }
 
     const VECTOR_EMPTY_SEED: [&str; 2] = [
         "bdf2fd341809efae94ae22d1233ca3ac4b0492bd8005a073b8c0cb47db1f741c",
         "01f8357aa6686646a99da02ac8c1c213946adbc69efcf6d9d796f0fb9a96dd01",
     ];
-    const VECTOR_OPAQUE: &str =
-        "afa690cd3257f3991b5b85a995552f0fed3b013c8877209c32ccccf2b2c8b5d6";
+    const VECTOR_OPAQUE: &str = "afa690cd3257f3991b5b85a995552f0fed3b013c8877209c32ccccf2b2c8b5d6";
 
     #[test]
     fn hex_round_trips() {

@@ -59,7 +59,9 @@ impl Body for KeyRequest {
         encode_key(w, &self.key);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
-        Ok(KeyRequest { key: decode_key(r)? })
+        Ok(KeyRequest {
+            key: decode_key(r)?,
+        })
     }
 }
 

@@ -170,5 +170,4 @@ mod tests {
         };
         assert!(cfg.validate().is_err());
     }
-
 }

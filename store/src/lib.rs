@@ -61,10 +61,12 @@ pub async fn start(
 ) -> Result<DaemonHandle, DaemonError> {
     config.validate().map_err(DaemonError::Config)?;
     let addr = listener.local_addr().map_err(DaemonError::Listener)?;
-    let pool = Arc::new(DramPool::new(config.pool()).map_err(|err| DaemonError::Pool {
-        size: config.dram.0,
-        err,
-    })?);
+    let pool = Arc::new(
+        DramPool::new(config.pool()).map_err(|err| DaemonError::Pool {
+            size: config.dram.0,
+            err,
+        })?,
+    );
     tracing::info!(
         %addr,
         capacity = %config.dram,

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use mooncake_client::{Connection, ErrorSource};
 use mooncake_proto::frame::MAX_BATCH;
-use mooncake_proto::message::{Empty, EventsRequest, HeartbeatRequest, RegisterRequest, RegisterResponse};
+use mooncake_proto::message::{
+    Empty, EventsRequest, HeartbeatRequest, RegisterRequest, RegisterResponse,
+};
 use mooncake_proto::Opcode;
 use tokio_util::sync::CancellationToken;
 
@@ -53,9 +55,12 @@ async fn session(
         addr: cfg.advertise.clone(),
         capacity: pool.stats().capacity,
     };
-    let id = with_deadline(deadline, conn.call::<RegisterResponse>(Opcode::Register, &register, "register"))
-        .await?
-        .daemon;
+    let id = with_deadline(
+        deadline,
+        conn.call::<RegisterResponse>(Opcode::Register, &register, "register"),
+    )
+    .await?
+    .daemon;
     tracing::info!(daemon = id, meta = %cfg.meta_addr, "registered with the meta service");
     let mut tick = tokio::time::interval(cfg.interval);
     loop {
@@ -70,13 +75,21 @@ async fn session(
                 daemon: id,
                 removed: chunk.to_vec(),
             };
-            with_deadline(deadline, conn.call::<Empty>(Opcode::Events, &events, "events")).await?;
+            with_deadline(
+                deadline,
+                conn.call::<Empty>(Opcode::Events, &events, "events"),
+            )
+            .await?;
         }
         let beat = HeartbeatRequest {
             daemon: id,
             stats: pool.stats(),
         };
-        with_deadline(deadline, conn.call::<Empty>(Opcode::Heartbeat, &beat, "heartbeat")).await?;
+        with_deadline(
+            deadline,
+            conn.call::<Empty>(Opcode::Heartbeat, &beat, "heartbeat"),
+        )
+        .await?;
     }
 }
 

@@ -640,7 +640,10 @@ mod tests {
     #[test]
     fn oversized_block_is_refused_without_allocating() {
         let p = pool(1 << 20);
-        assert_eq!(put(&p, key(1), 0, 2 << 20), Err(PoolError::TooLarge(2 << 20)));
+        assert_eq!(
+            put(&p, key(1), 0, 2 << 20),
+            Err(PoolError::TooLarge(2 << 20))
+        );
         assert_eq!(p.stats().used, 0);
     }
 
@@ -658,8 +661,12 @@ mod tests {
             }
             let probe = key(rng.gen_range(0..=i));
             if let Some(lease) = p.get(&probe) {
-                let expect = (u32::from_le_bytes(probe.hash.0[..4].try_into().unwrap()) % 251) as u8;
-                assert!(lease.bytes().iter().all(|b| *b == expect), "overlap detected");
+                let expect =
+                    (u32::from_le_bytes(probe.hash.0[..4].try_into().unwrap()) % 251) as u8;
+                assert!(
+                    lease.bytes().iter().all(|b| *b == expect),
+                    "overlap detected"
+                );
             }
             assert!(p.stats().used <= p.stats().capacity);
         }

@@ -124,6 +124,7 @@ async fn serve(
         .await;
         match handled {
             Ok(Ok(())) => {}
+            Ok(Err(ConnError::Protocol(err))) => return Err(reject(&mut wr, &raw, err).await),
             Ok(Err(err)) => {
                 let _ = wr.flush().await;
                 return Err(err);
@@ -135,7 +136,11 @@ async fn serve(
 
 /// Answers a request that broke the protocol with its error code, then the
 /// caller closes the connection.
-async fn reject<W: AsyncWrite + Unpin>(wr: &mut W, raw: &[u8; HEADER_LEN], err: ProtoError) -> ConnError {
+async fn reject<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    raw: &[u8; HEADER_LEN],
+    err: ProtoError,
+) -> ConnError {
     let reply = Header::error_reply(raw, err.code() as u16);
     let _ = wr.write_all(&reply).await;
     let _ = wr.flush().await;
@@ -177,15 +182,15 @@ where
             let _: mooncake_proto::message::Empty = read_body(header, rd).await?;
             reply(wr, header, ErrorCode::Ok, &[]).await
         }
-        other => {
-            // A meta-service opcode sent to a daemon.
-            let raw = Header::request(other, header.request_id, 0).encode();
-            Err(reject(wr, &raw, ProtoError::UnknownOpcode(other as u8)).await)
-        }
+        // A meta-service opcode sent to a daemon.
+        other => Err(ProtoError::UnknownOpcode(other as u8).into()),
     }
 }
 
-async fn read_body<B: Body, R: AsyncRead + Unpin>(header: Header, rd: &mut R) -> Result<B, ConnError> {
+async fn read_body<B: Body, R: AsyncRead + Unpin>(
+    header: Header,
+    rd: &mut R,
+) -> Result<B, ConnError> {
     let mut buf = vec![0u8; header.body_len as usize];
     rd.read_exact(&mut buf).await?;
     Ok(B::from_bytes(&buf)?)
@@ -197,13 +202,23 @@ async fn reply<W: AsyncWrite + Unpin>(
     code: ErrorCode,
     body: &[u8],
 ) -> Result<(), ConnError> {
-    let h = Header::response(header.opcode, header.request_id, code as u16, body.len() as u32);
+    let h = Header::response(
+        header.opcode,
+        header.request_id,
+        code as u16,
+        body.len() as u32,
+    );
     wr.write_all(&h.encode()).await?;
     wr.write_all(body).await?;
     Ok(())
 }
 
-async fn handle_put<R, W>(header: Header, rd: &mut R, wr: &mut W, pool: &Arc<DramPool>) -> Result<(), ConnError>
+async fn handle_put<R, W>(
+    header: Header,
+    rd: &mut R,
+    wr: &mut W,
+    pool: &Arc<DramPool>,
+) -> Result<(), ConnError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,

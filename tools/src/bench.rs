@@ -63,7 +63,9 @@ struct Row {
 
 pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     if args.concurrency == 0 || args.batch == 0 || args.ops == 0 {
-        return Err(Failure::usage("--concurrency, --batch and --ops must be at least 1"));
+        return Err(Failure::usage(
+            "--concurrency, --batch and --ops must be at least 1",
+        ));
     }
     let shutdown = CancellationToken::new();
     let meta_addr = if args.embedded {
@@ -75,9 +77,16 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         ClientConfig::new(meta_addr).with_timeout(args.target.timeout),
     ));
     let stats = client.cluster_stats().await?;
-    let capacity: u64 = stats.daemons.iter().filter(|d| d.alive).map(|d| d.capacity).sum();
+    let capacity: u64 = stats
+        .daemons
+        .iter()
+        .filter(|d| d.alive)
+        .map(|d| d.capacity)
+        .sum();
     if capacity == 0 {
-        return Err(Failure::other(anyhow::anyhow!("the store has no live daemon")));
+        return Err(Failure::other(anyhow::anyhow!(
+            "the store has no live daemon"
+        )));
     }
     let ns = Namespace::new("bench").expect("valid");
     let run_id: u64 = rand::random();
@@ -93,9 +102,11 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         let value: Arc<Vec<u8>> = Arc::new((0..size).map(|_| rand::random::<u8>()).collect());
         let bar = progress(&args, keys + args.ops, size);
         let put = phase(&args, "put", size, keys, &bar, {
-            let (client, ns, hashes, value) = (client.clone(), ns.clone(), hashes.clone(), value.clone());
+            let (client, ns, hashes, value) =
+                (client.clone(), ns.clone(), hashes.clone(), value.clone());
             move |range: std::ops::Range<usize>, _buf: &mut Vec<Vec<u8>>| {
-                let (client, ns, hashes, value) = (client.clone(), ns.clone(), hashes.clone(), value.clone());
+                let (client, ns, hashes, value) =
+                    (client.clone(), ns.clone(), hashes.clone(), value.clone());
                 async move {
                     let blocks: Vec<(BlockHash, &[u8])> =
                         range.map(|i| (hashes[i], &value[..])).collect();
@@ -168,12 +179,18 @@ async fn start_embedded(dram: ByteSize, shutdown: &CancellationToken) -> Result<
     // Wait until the daemon has registered.
     let client = Client::new(ClientConfig::new(meta.addr.to_string()));
     for _ in 0..100 {
-        if client.cluster_stats().await.is_ok_and(|s| !s.daemons.is_empty()) {
+        if client
+            .cluster_stats()
+            .await
+            .is_ok_and(|s| !s.daemons.is_empty())
+        {
             return Ok(meta.addr.to_string());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Err(Failure::other(anyhow::anyhow!("embedded daemon did not register")))
+    Err(Failure::other(anyhow::anyhow!(
+        "embedded daemon did not register"
+    )))
 }
 
 fn progress(args: &BenchArgs, total: usize, size: usize) -> ProgressBar {
@@ -192,7 +209,14 @@ fn progress(args: &BenchArgs, total: usize, size: usize) -> ProgressBar {
 
 /// Runs `total` operations from `concurrency` workers, each call covering
 /// up to `batch` consecutive indexes; `op` returns (misses, errors).
-async fn phase<F, Fut, T>(args: &BenchArgs, name: &'static str, size: usize, total: usize, bar: &ProgressBar, op: F) -> Row
+async fn phase<F, Fut, T>(
+    args: &BenchArgs,
+    name: &'static str,
+    size: usize,
+    total: usize,
+    bar: &ProgressBar,
+    op: F,
+) -> Row
 where
     F: Fn(std::ops::Range<usize>, &mut Vec<Vec<u8>>) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = T> + Send,
@@ -204,7 +228,7 @@ where
         .map(|_| {
             let (next, op, bar, batch) = (next.clone(), op.clone(), bar.clone(), args.batch);
             tokio::spawn(async move {
-                let mut hist = Histogram::<u64>::new(3).expect("valid histogram");
+                let mut hist = latency_histogram();
                 let (mut misses, mut errors) = (0u64, 0u64);
                 let mut bufs = Vec::new();
                 loop {
@@ -226,7 +250,7 @@ where
             })
         })
         .collect();
-    let mut hist = Histogram::<u64>::new(3).expect("valid histogram");
+    let mut hist = latency_histogram();
     let (mut misses, mut errors) = (0, 0);
     for w in workers {
         if let Ok((h, m, e)) = w.await {
@@ -249,6 +273,12 @@ where
         misses,
         errors,
     }
+}
+
+/// Latencies from 1 us to 10 min, 3 significant digits. Bounded, so that
+/// recording never resizes (and `saturating_record` never clamps real data).
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds")
 }
 
 /// What one call of a phase returns: (misses, errors), and buffers to reuse.

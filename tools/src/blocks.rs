@@ -104,7 +104,8 @@ pub async fn put(args: PutArgs) -> Result<(), Failure> {
     let value = match args.file.as_deref() {
         None => read_stdin()?,
         Some(p) if p.as_os_str() == "-" => read_stdin()?,
-        Some(p) => std::fs::read(p).map_err(|e| Failure::usage(format!("cannot read {}: {e}", p.display())))?,
+        Some(p) => std::fs::read(p)
+            .map_err(|e| Failure::usage(format!("cannot read {}: {e}", p.display())))?,
     };
     let outcome = client(&args.target).put_one(&key, &value).await?;
     let word = match outcome {
@@ -120,7 +121,10 @@ pub async fn put(args: PutArgs) -> Result<(), Failure> {
         }
     };
     if args.json {
-        println!("{}", json!({"key": key.hash.to_hex(), "namespace": ns.as_str(), "outcome": word, "bytes": value.len()}));
+        println!(
+            "{}",
+            json!({"key": key.hash.to_hex(), "namespace": ns.as_str(), "outcome": word, "bytes": value.len()})
+        );
     } else {
         println!("{word} {} ({})", key.hash, ByteSize(value.len() as u64));
     }

@@ -32,10 +32,9 @@ mod tests {
 
     #[test]
     fn a_file_sets_both_roles_and_rejects_typos() {
-        let cfg: FileConfig = toml::from_str(
-            "[meta]\nlisten = \"127.0.0.1:1\"\n[daemon]\ndram = \"8GiB\"\n",
-        )
-        .unwrap();
+        let cfg: FileConfig =
+            toml::from_str("[meta]\nlisten = \"127.0.0.1:1\"\n[daemon]\ndram = \"8GiB\"\n")
+                .unwrap();
         assert_eq!(cfg.meta.listen, "127.0.0.1:1");
         assert_eq!(cfg.daemon.dram.0, 8 << 30);
         assert!(toml::from_str::<FileConfig>("[daemon]\ndarm = \"8GiB\"\n").is_err());

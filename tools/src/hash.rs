@@ -35,12 +35,20 @@ pub fn run(args: HashArgs) -> Result<(), Failure> {
         std::io::stdin().read_to_string(&mut text)?;
         text.split(|c: char| c.is_whitespace() || c == ',')
             .filter(|t| !t.is_empty())
-            .map(|t| t.parse::<u32>().map_err(|_| Failure::usage(format!("{t:?} is not a token id"))))
+            .map(|t| {
+                t.parse::<u32>()
+                    .map_err(|_| Failure::usage(format!("{t:?} is not a token id")))
+            })
             .collect::<Result<Vec<_>, _>>()?
     } else {
         args.tokens
     };
-    let keys = PrefixHasher::chain(args.seed.as_bytes(), &tokens, args.block_tokens, args.extra.as_bytes());
+    let keys = PrefixHasher::chain(
+        args.seed.as_bytes(),
+        &tokens,
+        args.block_tokens,
+        args.extra.as_bytes(),
+    );
     let partial = tokens.len() % args.block_tokens;
     if args.json {
         let keys: Vec<String> = keys.iter().map(|k| k.to_hex()).collect();

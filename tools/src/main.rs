@@ -15,7 +15,11 @@ use clap::{Parser, Subcommand};
 use mooncake_proto::units::parse_duration;
 
 #[derive(Parser)]
-#[command(name = "mooncake-store", version, about = "A global KV cache store for LLM serving")]
+#[command(
+    name = "mooncake-store",
+    version,
+    about = "A global KV cache store for LLM serving"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -25,7 +29,12 @@ struct Cli {
 #[derive(clap::Args, Clone, Debug)]
 pub struct Target {
     /// Meta service address.
-    #[arg(long, env = "MOONCAKE_META", default_value = "127.0.0.1:7070", global = true)]
+    #[arg(
+        long,
+        env = "MOONCAKE_META",
+        default_value = "127.0.0.1:7070",
+        global = true
+    )]
     meta: String,
     /// Deadline of each call.
     #[arg(long, default_value = "5s", value_parser = parse_duration, global = true)]
@@ -58,11 +67,19 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let serving = matches!(cli.command, Command::Up(_) | Command::Meta(_) | Command::Daemon(_));
+    let serving = matches!(
+        cli.command,
+        Command::Up(_) | Command::Meta(_) | Command::Daemon(_)
+    );
     init_logging(serving);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
-        Err(err) => exit::fail(exit::Failure::other(anyhow::anyhow!("cannot start the runtime: {err}"))),
+        Err(err) => exit::fail(exit::Failure::other(anyhow::anyhow!(
+            "cannot start the runtime: {err}"
+        ))),
     };
     let result = runtime.block_on(async move {
         match cli.command {

@@ -115,9 +115,14 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
     }
     let shutdown = CancellationToken::new();
     let listener = bind(&cfg.listen, "meta service").await?;
-    let meta = mooncake_meta::start(cfg, listener, Arc::new(EmbeddedCoordinator::new()), shutdown.clone())
-        .await
-        .map_err(|e| Failure::other(e.into()))?;
+    let meta = mooncake_meta::start(
+        cfg,
+        listener,
+        Arc::new(EmbeddedCoordinator::new()),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|e| Failure::other(e.into()))?;
     println!("meta service on {}", meta.addr);
     wait_for_signal().await;
     shutdown.cancel();

@@ -1,0 +1,260 @@
+//! Faults: corrupted pool bytes, a full pool, vanished writers, dead and
+//! silent daemons. A miss or a clean error every time, never wrong bytes,
+//! never a wait past the deadline.
+
+use std::time::{Duration, Instant};
+
+use mooncake_client::{ClientError, Connection, ErrorSource, GetOutcome, PutOutcome};
+use mooncake_proto::message::{
+    Body, PutHead, PutStartRequest, PutStartResponse, RegisterRequest, RegisterResponse, Slot,
+};
+use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Header, Namespace, Opcode};
+use mooncake_tests::{block_bytes, eventually, fast_meta, TestCluster};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+fn ns() -> Namespace {
+    Namespace::new("t/faults").unwrap()
+}
+
+fn hash(i: u64) -> BlockHash {
+    BlockHash::from_opaque(&i.to_le_bytes())
+}
+
+#[tokio::test]
+async fn corrupted_pool_bytes_are_a_miss_and_the_block_is_dropped() {
+    let cluster = TestCluster::start(16 << 20).await;
+    let client = cluster.client();
+    let value = block_bytes(1, 64 << 10);
+    client.put(&ns(), &[(hash(1), &value)]).await.unwrap();
+    let key = BlockKey::new(ns(), hash(1));
+    let pool = &cluster.daemons[0].handle.pool;
+    assert!(pool.flip_byte_for_test(&key, 12_345));
+
+    let mut buf = vec![0u8; value.len()];
+    let got = client
+        .get_into(&ns(), &[hash(1)], &mut [&mut buf[..]])
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        vec![GetOutcome::Miss],
+        "corrupt bytes are never returned"
+    );
+    assert_eq!(pool.corrupt_blocks(), 1);
+    assert_eq!(client.corrupt_reads(), 1);
+    assert!(!pool.contains(&key), "the daemon dropped the block");
+    // The daemon reports the drop; the index forgets the block.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            !client.exists(&ns(), &[hash(1)]).await.unwrap()[0]
+        })
+        .await
+    );
+}
+
+#[tokio::test]
+async fn a_full_pool_evicts_the_coldest_blocks_but_never_pinned_ones() {
+    let cluster = TestCluster::start(8 << 20).await;
+    let client = cluster.client();
+    let value = vec![5u8; 1 << 20];
+    client.put(&ns(), &[(hash(0), &value)]).await.unwrap();
+    assert_eq!(
+        client.pin(&ns(), &[hash(0)], true).await.unwrap(),
+        vec![ErrorCode::Ok]
+    );
+    for i in 1..30 {
+        let out = client.put(&ns(), &[(hash(i), &value)]).await.unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored], "block {i}");
+    }
+    let pool = &cluster.daemons[0].handle.pool;
+    let stats = pool.stats();
+    assert!(stats.used <= stats.capacity);
+    assert!(stats.evictions >= 20);
+    assert!(
+        pool.contains(&BlockKey::new(ns(), hash(0))),
+        "pinned block survived"
+    );
+    assert!(
+        pool.contains(&BlockKey::new(ns(), hash(29))),
+        "newest block present"
+    );
+    assert!(
+        !pool.contains(&BlockKey::new(ns(), hash(1))),
+        "coldest block evicted"
+    );
+    // Evictions reach the index: the evicted keys stop being reported.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            let e = client
+                .exists(&ns(), &[hash(0), hash(1), hash(29)])
+                .await
+                .unwrap();
+            e == vec![true, false, true]
+        })
+        .await
+    );
+    let key0 = BlockKey::new(ns(), hash(0));
+    assert_eq!(client.get(&key0).await.unwrap().unwrap(), value);
+    // Unpinned, it ages out like the rest.
+    client.pin(&ns(), &[hash(0)], false).await.unwrap();
+    for i in 100..120 {
+        client.put(&ns(), &[(hash(i), &value)]).await.unwrap();
+    }
+    assert!(!pool.contains(&key0));
+}
+
+#[tokio::test]
+async fn a_writer_that_vanishes_mid_value_leaves_nothing_behind() {
+    let cluster = TestCluster::start(16 << 20).await;
+    let pool = cluster.daemons[0].handle.pool.clone();
+    let head = PutHead {
+        key: BlockKey::new(ns(), hash(7)),
+        checksum: 0,
+    }
+    .to_bytes();
+    let value_len = 1 << 20;
+    let mut s = TcpStream::connect(cluster.daemon_addr(0)).await.unwrap();
+    s.write_all(&Header::request(Opcode::Put, 1, (head.len() + value_len) as u32).encode())
+        .await
+        .unwrap();
+    s.write_all(&head).await.unwrap();
+    s.write_all(&vec![1u8; 100 << 10]).await.unwrap();
+    assert!(eventually(Duration::from_secs(2), || async { pool.stats().used > 0 }).await);
+    drop(s);
+    assert!(
+        eventually(Duration::from_secs(3), || async { pool.stats().used == 0 }).await,
+        "space of the half-written block came back"
+    );
+    assert!(!pool.contains(&BlockKey::new(ns(), hash(7))));
+}
+
+#[tokio::test]
+async fn an_abandoned_reservation_expires_and_frees_the_key() {
+    let cluster = TestCluster::start(16 << 20).await;
+    let client = cluster.client();
+    // Phase one only, as a client that crashed right after it would.
+    let mut conn = Connection::connect(
+        &cluster.meta_addr,
+        ErrorSource::Meta,
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    let start: PutStartResponse = conn
+        .call(
+            Opcode::PutStart,
+            &PutStartRequest {
+                namespace: ns(),
+                items: vec![(hash(9), 4096)],
+            },
+            "put_start",
+        )
+        .await
+        .unwrap();
+    assert!(matches!(start.slots[0], Slot::Place(_)));
+    drop(conn);
+    assert_eq!(client.cluster_stats().await.unwrap().pending, 1);
+    assert!(
+        !client.exists(&ns(), &[hash(9)]).await.unwrap()[0],
+        "pending is invisible"
+    );
+    let v = vec![3u8; 4096];
+    assert_eq!(
+        client.put(&ns(), &[(hash(9), &v)]).await.unwrap(),
+        vec![PutOutcome::AlreadyExists]
+    );
+    // put_timeout is 500 ms in tests.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            client.cluster_stats().await.unwrap().pending == 0
+        })
+        .await
+    );
+    assert_eq!(
+        client.put(&ns(), &[(hash(9), &v)]).await.unwrap(),
+        vec![PutOutcome::Stored]
+    );
+}
+
+#[tokio::test]
+async fn a_dead_daemon_gives_errors_within_the_deadline_and_leaves_the_index() {
+    let cluster = TestCluster::start(16 << 20).await;
+    let timeout = Duration::from_secs(2);
+    let client = cluster.client_with_timeout(timeout);
+    let v = block_bytes(5, 10_000);
+    client.put(&ns(), &[(hash(5), &v)]).await.unwrap();
+    cluster.daemons[0].stop.cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let started = Instant::now();
+    let mut buf = vec![0u8; v.len()];
+    let got = client
+        .get_into(&ns(), &[hash(5)], &mut [&mut buf[..]])
+        .await;
+    assert!(started.elapsed() < timeout + Duration::from_millis(500));
+    match got {
+        Ok(out) => assert!(
+            matches!(out[0], GetOutcome::Failed(_) | GetOutcome::Miss),
+            "{out:?}"
+        ),
+        Err(err) => assert!(err.is_retryable(), "{err}"),
+    }
+    // Silent past its ttl (800 ms in tests): dead, and its blocks are gone.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            let st = client.cluster_stats().await.unwrap();
+            st.daemons.iter().all(|d| !d.alive) && st.blocks == 0
+        })
+        .await
+    );
+    let out = client.put(&ns(), &[(hash(6), &v)]).await.unwrap();
+    assert_eq!(
+        out,
+        vec![PutOutcome::Failed(ErrorCode::Unavailable)],
+        "no daemon to place on"
+    );
+}
+
+#[tokio::test]
+async fn a_daemon_that_accepts_but_never_answers_costs_one_deadline() {
+    let cluster = TestCluster::start_with(fast_meta(), vec![]).await;
+    // A black hole: accepts connections, reads nothing, answers nothing.
+    let hole = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole_addr = hole.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hole.accept().await {
+            held.push(s);
+        }
+    });
+    let mut conn = Connection::connect(
+        &cluster.meta_addr,
+        ErrorSource::Meta,
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    let _: RegisterResponse = conn
+        .call(
+            Opcode::Register,
+            &RegisterRequest {
+                node: "hole".into(),
+                addr: hole_addr,
+                capacity: 1 << 30,
+            },
+            "register",
+        )
+        .await
+        .unwrap();
+    let timeout = Duration::from_millis(400);
+    let client = cluster.client_with_timeout(timeout);
+    let started = Instant::now();
+    let result = client.put(&ns(), &[(hash(1), &[1u8; 300_000][..])]).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(ClientError::Timeout { .. })),
+        "{result:?}"
+    );
+    assert!(took < timeout + Duration::from_millis(300), "took {took:?}");
+}

@@ -1,0 +1,184 @@
+//! Blocks go in and come back byte for byte, through the real servers.
+
+use std::sync::Arc;
+
+use mooncake_client::{GetOutcome, PutOutcome};
+use mooncake_proto::{BlockHash, Namespace, PrefixHasher};
+use mooncake_tests::{block_bytes, TestCluster};
+use rand::{Rng, SeedableRng};
+
+fn ns(name: &str) -> Namespace {
+    Namespace::new(name).unwrap()
+}
+
+fn hash(i: u64) -> BlockHash {
+    BlockHash::from_opaque(&i.to_le_bytes())
+}
+
+/// A size between 1 KiB and 8 MiB, log-uniform (as many small as large).
+fn random_size(rng: &mut impl Rng) -> usize {
+    let exp = rng.gen_range(10.0..23.0f64);
+    2f64.powf(exp) as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_random_sized_blocks_round_trip_byte_for_byte() {
+    let cluster = TestCluster::start(256 << 20).await;
+    let client = cluster.client();
+    let ns = ns("t/round-trip");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut written = Vec::new();
+    // Rounds that each fit the pool: every block of a round must come back
+    // exactly; older rounds may have been evicted, but never altered.
+    for round in 0..20u64 {
+        let blocks: Vec<(BlockHash, Vec<u8>)> = (0..100)
+            .map(|i| {
+                let id = round * 100 + i;
+                (hash(id), block_bytes(id, random_size(&mut rng)))
+            })
+            .collect();
+        let refs: Vec<(BlockHash, &[u8])> = blocks.iter().map(|(h, v)| (*h, &v[..])).collect();
+        let outcomes = client.put(&ns, &refs).await.unwrap();
+        assert!(
+            outcomes.iter().all(|o| *o == PutOutcome::Stored),
+            "round {round}: {outcomes:?}"
+        );
+        let hashes: Vec<BlockHash> = blocks.iter().map(|(h, _)| *h).collect();
+        let mut bufs: Vec<Vec<u8>> = blocks.iter().map(|(_, v)| vec![0u8; v.len()]).collect();
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let got = client.get_into(&ns, &hashes, &mut slices).await.unwrap();
+        for ((outcome, buf), (_, expect)) in got.iter().zip(&bufs).zip(&blocks) {
+            assert_eq!(*outcome, GetOutcome::Hit(expect.len()));
+            assert!(buf == expect, "round {round}: bytes differ");
+        }
+        written.extend(blocks.into_iter().map(|(h, v)| (h, v.len(), round)));
+    }
+    assert_eq!(written.len(), 2000);
+    let mut hits = 0;
+    for (i, (h, len, _)) in written.iter().enumerate() {
+        let key = mooncake_proto::BlockKey::new(ns.clone(), *h);
+        if let Some(bytes) = client.get(&key).await.unwrap() {
+            assert_eq!(bytes.len(), *len);
+            assert!(
+                bytes == block_bytes(i as u64, *len),
+                "evicted-or-exact broken for block {i}"
+            );
+            hits += 1;
+        }
+    }
+    assert!(hits > 0, "the most recent round must still be cached");
+    assert_eq!(client.corrupt_reads(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_share_blocks_and_never_see_wrong_bytes() {
+    let cluster = Arc::new(TestCluster::start(128 << 20).await);
+    let ns = ns("t/concurrent");
+    let mut tasks = Vec::new();
+    for worker in 0..8u64 {
+        let (cluster, ns) = (cluster.clone(), ns.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = cluster.client();
+            for i in 0..100u64 {
+                // Half the keys are shared by every worker (same bytes),
+                // half are the worker's own.
+                let id = if i % 2 == 0 {
+                    i
+                } else {
+                    1000 * (worker + 1) + i
+                };
+                let value = block_bytes(id, 4096 + (id as usize % 7) * 1024);
+                let out = client.put(&ns, &[(hash(id), &value)]).await.unwrap()[0];
+                assert!(
+                    matches!(out, PutOutcome::Stored | PutOutcome::AlreadyExists),
+                    "{out:?}"
+                );
+                let key = mooncake_proto::BlockKey::new(ns.clone(), hash(id));
+                // A concurrent writer of a shared key may not have committed
+                // yet: a miss is allowed, wrong bytes never.
+                if let Some(got) = client.get(&key).await.unwrap() {
+                    assert!(got == value, "worker {worker} read wrong bytes for {id}");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let client = cluster.client();
+    let all: Vec<BlockHash> = (0..100).step_by(2).map(hash).collect();
+    assert!(client.exists(&ns, &all).await.unwrap().iter().all(|e| *e));
+}
+
+#[tokio::test]
+async fn match_prefix_counts_the_stored_head_of_a_chain() {
+    let cluster = TestCluster::start(64 << 20).await;
+    let client = cluster.client();
+    let ns = ns("acme/llama-3-8b");
+    let tokens: Vec<u32> = (0..16 * 10).collect();
+    let chain = PrefixHasher::chain(b"", &tokens, 16, b"");
+    let value = vec![7u8; 2048];
+    let first_six: Vec<(BlockHash, &[u8])> = chain[..6].iter().map(|h| (*h, &value[..])).collect();
+    client.put(&ns, &first_six).await.unwrap();
+    // Block 8 is stored too, but after a gap it does not count.
+    client.put(&ns, &[(chain[8], &value[..])]).await.unwrap();
+    let m = client.match_prefix(&ns, &chain).await.unwrap();
+    assert_eq!(m.matched, 6);
+    assert_eq!(m.locations.len(), 6);
+    assert!(m.locations.iter().all(|l| l.size == 2048));
+    let other = Namespace::new("other/model").unwrap();
+    assert_eq!(
+        client.match_prefix(&other, &chain).await.unwrap().matched,
+        0
+    );
+    assert_eq!(
+        client.exists(&ns, &chain[5..9]).await.unwrap(),
+        vec![true, false, false, true]
+    );
+}
+
+#[tokio::test]
+async fn remove_and_duplicate_puts_behave() {
+    let cluster = TestCluster::start(64 << 20).await;
+    let client = cluster.client();
+    let ns = ns("t/remove");
+    let v = block_bytes(1, 10_000);
+    assert_eq!(
+        client.put(&ns, &[(hash(1), &v)]).await.unwrap(),
+        vec![PutOutcome::Stored]
+    );
+    assert_eq!(
+        client.put(&ns, &[(hash(1), &v)]).await.unwrap(),
+        vec![PutOutcome::AlreadyExists]
+    );
+    assert_eq!(
+        client.remove(&ns, &[hash(1), hash(2)]).await.unwrap(),
+        vec![true, false]
+    );
+    let key = mooncake_proto::BlockKey::new(ns.clone(), hash(1));
+    assert_eq!(client.get(&key).await.unwrap(), None);
+    // The daemon freed the bytes, so the key can be stored again.
+    assert_eq!(
+        client.put(&ns, &[(hash(1), &v)]).await.unwrap(),
+        vec![PutOutcome::Stored]
+    );
+    assert_eq!(client.get(&key).await.unwrap().unwrap(), v);
+}
+
+#[tokio::test]
+async fn a_buffer_too_small_is_an_error_not_a_truncated_block() {
+    let cluster = TestCluster::start(64 << 20).await;
+    let client = cluster.client();
+    let ns = ns("t/small-buffer");
+    let v = block_bytes(3, 8192);
+    client.put(&ns, &[(hash(3), &v)]).await.unwrap();
+    let mut small = [0u8; 100];
+    let got = client
+        .get_into(&ns, &[hash(3)], &mut [&mut small[..]])
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        vec![GetOutcome::Failed(mooncake_proto::ErrorCode::TooLarge)]
+    );
+}

@@ -1,0 +1,260 @@
+//! The `mooncake-store` binary as a user runs it: `up` in one process, the
+//! block commands from another, and a clean stop on SIGTERM.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mooncake-store");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Store {
+    child: Child,
+    meta: String,
+}
+
+impl Store {
+    fn up() -> Store {
+        let meta = format!("127.0.0.1:{}", free_port());
+        let daemon = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(BIN)
+            .args([
+                "up",
+                "--meta-listen",
+                &meta,
+                "--listen",
+                &daemon,
+                "--dram",
+                "64MiB",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Owned at once, so that any failure below still stops the process.
+        let mut store = Store {
+            child,
+            meta: meta.clone(),
+        };
+        let mut line = String::new();
+        BufReader::new(store.child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.starts_with("mooncake-store up:"),
+            "unexpected banner {line:?}"
+        );
+        assert!(line.contains(&meta) && line.contains(&daemon));
+        // The daemon registers right after the banner.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let out = run(&meta, &["stat", "--json"], None);
+            if out.status.success()
+                && String::from_utf8_lossy(&out.stdout).contains("\"alive\":true")
+            {
+                return store;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("store did not come up");
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(meta: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .args(["--meta", meta])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(bytes) = stdin {
+        input.write_all(bytes).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn put_get_stat_ls_rm_through_the_binary_then_a_clean_stop() {
+    let mut store = Store::up();
+    let meta = store.meta.clone();
+    let value: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+
+    let out = run(&meta, &["put", "-n", "acme/m1", "prompt-1"], Some(&value));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("stored "));
+
+    let out = run(&meta, &["get", "-n", "acme/m1", "prompt-1"], None);
+    assert!(out.status.success());
+    assert!(out.stdout == value, "get returns the bytes put");
+
+    let dir = std::env::temp_dir().join(format!("mooncake-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("block.bin");
+    let out = run(
+        &meta,
+        &[
+            "get",
+            "-n",
+            "acme/m1",
+            "prompt-1",
+            "-o",
+            file.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(out.status.success());
+    assert_eq!(std::fs::read(&file).unwrap(), value);
+
+    let out = run(&meta, &["stat", "--json"], None);
+    let stat = String::from_utf8_lossy(&out.stdout);
+    assert!(stat.contains("\"blocks\":1"), "{stat}");
+
+    let out = run(&meta, &["ls", "-n", "acme/m1"], None);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+
+    let out = run(&meta, &["rm", "-n", "acme/m1", "prompt-1"], None);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("removed "));
+    let out = run(&meta, &["get", "-n", "acme/m1", "prompt-1"], None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: not found"), "{err}");
+    assert_eq!(err.lines().count(), 1, "errors are one line");
+
+    // SIGTERM: a graceful stop, exit status 0.
+    let pid = store.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = store.child.try_wait().unwrap() {
+            assert!(status.success(), "stopped with {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn errors_say_what_to_do_and_exit_with_distinct_codes() {
+    let dead = format!("127.0.0.1:{}", free_port());
+    let out = run(&dead, &["stat"], None);
+    assert_eq!(out.status.code(), Some(3), "cannot reach the store");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mooncake-store up"), "{err}");
+    assert_eq!(err.lines().count(), 1);
+
+    let out = run(&dead, &["put", "-n", "bad namespace", "k"], Some(b"x"));
+    assert_eq!(out.status.code(), Some(2), "usage error");
+
+    let out = Command::new(BIN)
+        .args(["bench", "--concurrency", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn hash_prints_the_documented_test_vectors() {
+    let out = Command::new(BIN)
+        .args([
+            "hash",
+            "--block-tokens",
+            "4",
+            "0",
+            "1",
+            "2",
+            "3",
+            "4",
+            "5",
+            "6",
+            "7",
+            "8",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let keys: Vec<&str> = text
+        .lines()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "bdf2fd341809efae94ae22d1233ca3ac4b0492bd8005a073b8c0cb47db1f741c",
+            "01f8357aa6686646a99da02ac8c1c213946adbc69efcf6d9d796f0fb9a96dd01",
+        ]
+    );
+    let out = Command::new(BIN)
+        .args(["hash", "--json", "--block-tokens", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(b"1,2\n3 4 5")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(json.contains("\"unhashed_tail_tokens\":1"), "{json}");
+}
+
+#[test]
+fn bench_runs_against_an_embedded_store_and_reports_json() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--embedded",
+            "--dram",
+            "64MiB",
+            "--sizes",
+            "4KiB,64KiB",
+            "--ops",
+            "200",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    for row in rows {
+        assert!(
+            row.contains("\"misses\":0") && row.contains("\"errors\":0"),
+            "{row}"
+        );
+        assert!(row.contains("\"p99_us\""));
+    }
+}
