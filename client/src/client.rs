@@ -18,6 +18,7 @@ use mooncake_proto::{checksum, BlockHash, BlockKey, ErrorCode, Namespace, Opcode
 use parking_lot::RwLock;
 
 use crate::error::{ClientError, ErrorSource};
+use crate::locations::LocationCache;
 use crate::pool::ConnPool;
 
 /// How a client reaches the cluster and how long it waits.
@@ -31,6 +32,9 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Idle connections kept per peer. Default 64.
     pub max_idle_per_peer: usize,
+    /// Block locations remembered, so that gets of known blocks skip the
+    /// meta lookup (0 disables). Default 1M (about 100 MiB at most).
+    pub location_cache: usize,
 }
 
 impl ClientConfig {
@@ -40,6 +44,7 @@ impl ClientConfig {
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(1),
             max_idle_per_peer: 64,
+            location_cache: 1 << 20,
         }
     }
 
@@ -83,6 +88,7 @@ pub struct Client {
     cfg: ClientConfig,
     meta: ConnPool,
     daemons: RwLock<HashMap<u32, Arc<ConnPool>>>,
+    locations: LocationCache,
     corrupt_reads: AtomicU64,
 }
 
@@ -103,6 +109,7 @@ struct PutItem<'v> {
 impl Client {
     /// A client that connects lazily; see [`Client::connect`].
     pub fn new(cfg: ClientConfig) -> Self {
+        let cfg_locations = cfg.location_cache;
         let meta = ConnPool::new(
             cfg.meta_addr.clone(),
             ErrorSource::Meta,
@@ -113,6 +120,7 @@ impl Client {
             cfg,
             meta,
             daemons: RwLock::new(HashMap::new()),
+            locations: LocationCache::new(cfg_locations),
             corrupt_reads: AtomicU64::new(0),
         }
     }
@@ -237,22 +245,29 @@ impl Client {
         if commits.is_empty() {
             return Ok(outcomes);
         }
-        let hashes: Vec<(BlockHash, bool)> = commits.iter().map(|c| (c.hash, c.stored)).collect();
+        let request = PutCommitRequest {
+            namespace: namespace.clone(),
+            items: commits,
+        };
         let statuses: Statuses = self
-            .meta_call(
-                Opcode::PutCommit,
-                &PutCommitRequest {
-                    namespace: namespace.clone(),
-                    items: commits,
-                },
-                "put_commit",
-            )
+            .meta_call(Opcode::PutCommit, &request, "put_commit")
             .await?;
-        for ((hash, stored), code) in hashes.iter().zip(statuses.codes) {
-            if *stored && code != ErrorCode::Ok {
+        for (item, code) in request.items.iter().zip(statuses.codes) {
+            if !item.stored {
+                continue;
+            }
+            if code == ErrorCode::Ok {
+                let location = Location {
+                    daemon: item.daemon,
+                    size: item.size,
+                    checksum: item.checksum,
+                };
+                self.locations
+                    .insert(BlockKey::new(namespace.clone(), item.hash), location);
+            } else {
                 let index = blocks
                     .iter()
-                    .position(|(h, _)| h == hash)
+                    .position(|(h, _)| *h == item.hash)
                     .expect("hash of this batch");
                 outcomes[index] = PutOutcome::Failed(code);
             }
@@ -350,9 +365,17 @@ impl Client {
 
     /// Reads one block into a new buffer; `None` on a miss.
     pub async fn get(&self, key: &BlockKey) -> Result<Option<Vec<u8>>, ClientError> {
-        let loc = self.lookup(&key.namespace, &[key.hash]).await?;
-        let Some(Some(location)) = loc.items.first() else {
-            return Ok(None);
+        let location = match self.locations.get(key) {
+            Some(loc) => loc,
+            None => match self
+                .lookup(&key.namespace, &[key.hash])
+                .await?
+                .items
+                .first()
+            {
+                Some(Some(loc)) => *loc,
+                _ => return Ok(None),
+            },
         };
         let mut buf = vec![0u8; location.size as usize];
         match self
@@ -379,28 +402,100 @@ impl Client {
         hashes: &[BlockHash],
         bufs: &mut [&mut [u8]],
     ) -> Result<Vec<GetOutcome>, ClientError> {
-        let locations = self.lookup_raw(namespace, hashes).await?;
-        if locations.items.len() != hashes.len() {
+        let mut locations: Vec<Option<Location>> = hashes
+            .iter()
+            .map(|h| self.locations.get(&BlockKey::new(namespace.clone(), *h)))
+            .collect();
+        let from_cache: Vec<bool> = locations.iter().map(Option::is_some).collect();
+        let unknown: Vec<usize> = (0..hashes.len()).filter(|i| !from_cache[*i]).collect();
+        self.locate(namespace, hashes, &unknown, &mut locations)
+            .await?;
+
+        let mut outcomes = vec![GetOutcome::Miss; hashes.len()];
+        let first = self
+            .read_located(namespace, hashes, &locations, bufs, |_| true)
+            .await;
+        // A hint from the cache that the daemon no longer backs is asked
+        // about once more, at the meta service.
+        let mut retry = Vec::new();
+        for (index, read) in first {
+            match read {
+                Read::Stale | Read::Missing if from_cache[index] => {
+                    self.locations
+                        .forget(&BlockKey::new(namespace.clone(), hashes[index]));
+                    retry.push(index);
+                }
+                other => outcomes[index] = other.outcome(),
+            }
+        }
+        if !retry.is_empty() {
+            self.locate(namespace, hashes, &retry, &mut locations)
+                .await?;
+            let again = self
+                .read_located(namespace, hashes, &locations, bufs, |i| retry.contains(&i))
+                .await;
+            for (index, read) in again {
+                outcomes[index] = read.outcome();
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Fills `locations[i]` for each index in `which` with one meta lookup.
+    async fn locate(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+        which: &[usize],
+        locations: &mut [Option<Location>],
+    ) -> Result<(), ClientError> {
+        if which.is_empty() {
+            return Ok(());
+        }
+        let wanted: Vec<BlockHash> = which.iter().map(|i| hashes[*i]).collect();
+        let found = self.lookup_raw(namespace, &wanted).await?;
+        if found.items.len() != wanted.len() {
             return Err(self.meta_protocol("lookup answered a different number of items"));
         }
-        self.learn_daemons(&locations.daemons);
-        let mut outcomes = vec![GetOutcome::Miss; hashes.len()];
+        self.learn_daemons(&found.daemons);
+        for (index, loc) in which.iter().zip(found.items) {
+            if let Some(loc) = loc {
+                self.locations
+                    .insert(BlockKey::new(namespace.clone(), hashes[*index]), loc);
+            }
+            locations[*index] = loc;
+        }
+        Ok(())
+    }
+
+    /// Reads every selected block that has a location, from all its daemons
+    /// in parallel; returns what each read found.
+    async fn read_located(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+        locations: &[Option<Location>],
+        bufs: &mut [&mut [u8]],
+        selected: impl Fn(usize) -> bool,
+    ) -> Vec<(usize, Read)> {
+        let mut results = Vec::new();
         let mut by_daemon: HashMap<u32, Vec<GetItem<'_>>> = HashMap::new();
-        for (index, ((hash, loc), buf)) in hashes
-            .iter()
-            .zip(&locations.items)
-            .zip(bufs.iter_mut())
-            .enumerate()
-        {
-            let Some(location) = loc else { continue };
+        for (index, buf) in bufs.iter_mut().enumerate() {
+            if !selected(index) {
+                continue;
+            }
+            let Some(location) = locations[index] else {
+                results.push((index, Read::Missing));
+                continue;
+            };
             if (location.size as usize) > buf.len() {
-                outcomes[index] = GetOutcome::Failed(ErrorCode::TooLarge);
+                results.push((index, Read::Failed(ErrorCode::TooLarge)));
                 continue;
             }
             by_daemon.entry(location.daemon).or_default().push(GetItem {
                 index,
-                hash: *hash,
-                location: *location,
+                hash: hashes[index],
+                location,
                 buf,
             });
         }
@@ -411,21 +506,15 @@ impl Client {
         });
         for (indexes, result) in join_all(reads).await {
             match result {
-                Ok(got) => {
-                    for (index, outcome) in indexes.into_iter().zip(got) {
-                        outcomes[index] = outcome;
-                    }
-                }
+                Ok(got) => results.extend(indexes.into_iter().zip(got)),
                 Err(err) => {
                     tracing::debug!(%err, "get from daemon failed");
                     let code = err.code().unwrap_or(ErrorCode::Unavailable);
-                    for index in indexes {
-                        outcomes[index] = GetOutcome::Failed(code);
-                    }
+                    results.extend(indexes.into_iter().map(|i| (i, Read::Failed(code))));
                 }
             }
         }
-        Ok(outcomes)
+        results
     }
 
     async fn get_on_daemon(
@@ -433,7 +522,7 @@ impl Client {
         daemon: u32,
         namespace: &Namespace,
         items: &mut [GetItem<'_>],
-    ) -> Result<Vec<GetOutcome>, ClientError> {
+    ) -> Result<Vec<Read>, ClientError> {
         let pool = self.daemon_pool(daemon)?;
         let requests: Vec<Vec<u8>> = items
             .iter()
@@ -456,7 +545,7 @@ impl Client {
             let read = async {
                 let mut got = Vec::with_capacity(items.len());
                 for item in items.iter_mut() {
-                    got.push(read_one_get(reader, item, &self.corrupt_reads).await?);
+                    got.push(read_one_get(reader, item).await?);
                 }
                 Ok::<_, ClientError>(got)
             };
@@ -464,6 +553,11 @@ impl Client {
             match (written, read) {
                 (Ok(()), Ok(got)) => {
                     pool.put_back(conn);
+                    for (item, read) in items.iter().zip(&got) {
+                        if matches!(read, Read::Corrupt) {
+                            self.report_corrupt(&pool, BlockKey::new(namespace.clone(), item.hash));
+                        }
+                    }
                     return Ok(got);
                 }
                 (Err(_), _) | (_, Err(ClientError::Io { .. })) if reused && attempt == 0 => {}
@@ -485,6 +579,28 @@ impl Client {
         })
     }
 
+    /// Bytes that failed their checksum: counted, logged, and reported to
+    /// the daemon, which checks its copy and drops it if it is the culprit.
+    fn report_corrupt(&self, pool: &Arc<ConnPool>, key: BlockKey) {
+        self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(%key, daemon = pool.addr(), "block failed its checksum on read; treated as a miss");
+        let pool = pool.clone();
+        let timeout = self.cfg.timeout;
+        tokio::spawn(async move {
+            let verify = async {
+                let (mut conn, _) = pool.get().await?;
+                let result = conn
+                    .call::<Empty>(Opcode::Verify, &KeyRequest { key }, "verify")
+                    .await;
+                if matches!(result, Ok(_) | Err(ClientError::Server { .. })) {
+                    pool.put_back(conn);
+                }
+                result
+            };
+            let _ = tokio::time::timeout(timeout, verify).await;
+        });
+    }
+
     /// How many leading keys of a chain are stored, in one round trip.
     pub async fn match_prefix(
         &self,
@@ -503,6 +619,8 @@ impl Client {
                     "match_prefix",
                 )
                 .await?;
+            self.learn_daemons(&locs.daemons);
+            self.remember(namespace, chunk, &locs.items);
             let matched = locs.items.iter().take_while(|l| l.is_some()).count();
             out.matched += matched;
             out.locations
@@ -534,6 +652,8 @@ impl Client {
         let mut out = Locations::default();
         for chunk in hashes.chunks(MAX_BATCH) {
             let locs = self.lookup_raw(namespace, chunk).await?;
+            self.learn_daemons(&locs.daemons);
+            self.remember(namespace, chunk, &locs.items);
             out.items.extend(locs.items);
             out.daemons.extend(locs.daemons);
         }
@@ -574,6 +694,10 @@ impl Client {
                     "remove",
                 )
                 .await?;
+            for hash in chunk {
+                self.locations
+                    .forget(&BlockKey::new(namespace.clone(), *hash));
+            }
             out.extend(st.codes.iter().map(|c| *c == ErrorCode::Ok));
         }
         Ok(out)
@@ -614,6 +738,15 @@ impl Client {
     /// One page of the index.
     pub async fn list(&self, req: &ListRequest) -> Result<ListResponse, ClientError> {
         self.meta_call(Opcode::List, req, "list").await
+    }
+
+    fn remember(&self, namespace: &Namespace, hashes: &[BlockHash], items: &[Option<Location>]) {
+        for (hash, loc) in hashes.iter().zip(items) {
+            if let Some(loc) = loc {
+                self.locations
+                    .insert(BlockKey::new(namespace.clone(), *hash), *loc);
+            }
+        }
     }
 
     async fn meta_call<Resp: Body>(
@@ -709,30 +842,47 @@ impl Client {
     }
 }
 
-/// Reads one `Get` response into the item's buffer and verifies it against
-/// both the checksum the daemon sent and the one the writer committed.
+/// What one read found, before it is told to the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    Hit(usize),
+    /// No location, or the daemon does not hold the block.
+    Missing,
+    /// The daemon's bytes are intact but are not the block the location
+    /// described (it was replaced since): ask the meta service again.
+    Stale,
+    /// The bytes do not match the daemon's own checksum.
+    Corrupt,
+    Failed(ErrorCode),
+}
+
+impl Read {
+    fn outcome(self) -> GetOutcome {
+        match self {
+            Read::Hit(n) => GetOutcome::Hit(n),
+            Read::Missing | Read::Stale | Read::Corrupt => GetOutcome::Miss,
+            Read::Failed(code) => GetOutcome::Failed(code),
+        }
+    }
+}
+
+/// Reads one `Get` response into the item's buffer and verifies it: the
+/// bytes against the checksum the daemon sent, and that checksum against
+/// the one the location carries (the writer's).
 async fn read_one_get(
     reader: &mut crate::conn::FrameReader,
     item: &mut GetItem<'_>,
-    corrupt_reads: &AtomicU64,
-) -> Result<GetOutcome, ClientError> {
+) -> Result<Read, ClientError> {
     let header = reader.next_header(Opcode::Get).await?;
     let len = header.body_len as usize;
-    match ErrorCode::from_u16(header.status) {
-        Some(ErrorCode::Ok) => {}
-        Some(ErrorCode::NotFound) => {
-            reader.discard(len).await?;
-            return Ok(GetOutcome::Miss);
-        }
-        Some(ErrorCode::Corrupt) => {
-            reader.discard(len).await?;
-            corrupt_reads.fetch_add(1, Ordering::Relaxed);
-            return Ok(GetOutcome::Miss);
-        }
-        other => {
-            reader.discard(len).await?;
-            return Ok(GetOutcome::Failed(other.unwrap_or(ErrorCode::Internal)));
-        }
+    let status = ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal);
+    if status != ErrorCode::Ok {
+        reader.discard(len).await?;
+        return Ok(match status {
+            ErrorCode::NotFound => Read::Missing,
+            ErrorCode::Corrupt => Read::Corrupt,
+            other => Read::Failed(other),
+        });
     }
     if len < GET_HEAD_LEN {
         return Err(reader.protocol("get response shorter than its head"));
@@ -743,18 +893,15 @@ async fn read_one_get(
     let value_len = len - GET_HEAD_LEN;
     if value_len > item.buf.len() {
         reader.discard(value_len).await?;
-        return Ok(GetOutcome::Failed(ErrorCode::TooLarge));
+        return Ok(Read::Failed(ErrorCode::TooLarge));
     }
     let dst = &mut item.buf[..value_len];
     reader.read_into(dst).await?;
-    let actual = checksum(dst);
-    if actual != sent_checksum
-        || actual != item.location.checksum
-        || value_len != item.location.size as usize
-    {
-        corrupt_reads.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(hash = %item.hash, "block failed its checksum on read; treated as a miss");
-        return Ok(GetOutcome::Miss);
+    if checksum(dst) != sent_checksum {
+        return Ok(Read::Corrupt);
     }
-    Ok(GetOutcome::Hit(value_len))
+    if sent_checksum != item.location.checksum || value_len != item.location.size as usize {
+        return Ok(Read::Stale);
+    }
+    Ok(Read::Hit(value_len))
 }

@@ -8,6 +8,7 @@
 mod client;
 mod conn;
 mod error;
+mod locations;
 mod pool;
 
 pub use client::{Client, ClientConfig, GetOutcome, PrefixMatch, PutOutcome};

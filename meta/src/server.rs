@@ -364,9 +364,8 @@ async fn dispatch(state: &State, op: Opcode, body: &[u8]) -> Result<Vec<u8>, Fai
         | Opcode::Remove
         | Opcode::Pin
         | Opcode::Unpin
-        | Opcode::DaemonStats => {
-            return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8)))
-        }
+        | Opcode::DaemonStats
+        | Opcode::Verify => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
     })
 }
 

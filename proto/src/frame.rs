@@ -60,6 +60,9 @@ opcodes! {
     DaemonStats = 0x06,
     /// Liveness check, answered with an empty body.
     Ping = 0x07,
+    /// Re-check one block's checksum (a client read bytes that did not
+    /// match); a corrupt block is dropped and `Corrupt` answered.
+    Verify = 0x08,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).

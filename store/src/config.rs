@@ -29,9 +29,11 @@ pub struct DaemonConfig {
     /// Back the pool with huge pages when the host has them. Default true.
     pub hugepages: bool,
     /// Touch every page of the pool at start, so that no request pays for
-    /// a page fault and the memory is really there. Default false.
+    /// a page fault and the memory is really there. Default true.
     pub prefault: bool,
-    /// Verify each block's checksum before sending it. Default true.
+    /// Verify each block's checksum before sending it. Default false: every
+    /// client verifies what it receives and reports a mismatch, upon which
+    /// the daemon checks its copy and drops it if corrupt.
     pub verify_on_read: bool,
     /// Most concurrent client connections; more are refused. Default 1024.
     pub max_connections: usize,
@@ -55,8 +57,8 @@ impl Default for DaemonConfig {
             high_watermark: 0.95,
             low_watermark: 0.85,
             hugepages: true,
-            prefault: false,
-            verify_on_read: true,
+            prefault: true,
+            verify_on_read: false,
             max_connections: 1024,
             request_timeout: HumanDuration(Duration::from_secs(30)),
             meta: None,

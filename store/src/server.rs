@@ -164,6 +164,18 @@ where
             let req: KeyRequest = read_body(header, rd).await?;
             handle_get(header, req, wr, pool, cfg.verify_on_read).await
         }
+        Opcode::Verify => {
+            let req: KeyRequest = read_body(header, rd).await?;
+            let code = match pool.get(&req.key) {
+                None => ErrorCode::NotFound,
+                Some(lease) if lease.verify() => ErrorCode::Ok,
+                Some(lease) => {
+                    pool.drop_corrupt(&lease);
+                    ErrorCode::Corrupt
+                }
+            };
+            reply(wr, header, code, &[]).await
+        }
         Opcode::Remove | Opcode::Pin | Opcode::Unpin => {
             let req: KeyRequest = read_body(header, rd).await?;
             let result = match header.opcode {

@@ -41,8 +41,15 @@ async fn corrupted_pool_bytes_are_a_miss_and_the_block_is_dropped() {
         vec![GetOutcome::Miss],
         "corrupt bytes are never returned"
     );
-    assert_eq!(pool.corrupt_blocks(), 1);
     assert_eq!(client.corrupt_reads(), 1);
+    // The client reports the mismatch; the daemon checks its copy, finds it
+    // corrupt, and drops it.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            pool.corrupt_blocks() == 1
+        })
+        .await
+    );
     assert!(!pool.contains(&key), "the daemon dropped the block");
     // The daemon reports the drop; the index forgets the block.
     assert!(
@@ -51,6 +58,49 @@ async fn corrupted_pool_bytes_are_a_miss_and_the_block_is_dropped() {
         })
         .await
     );
+}
+
+#[tokio::test]
+async fn a_daemon_that_verifies_on_read_never_sends_corrupt_bytes() {
+    let mut cfg = mooncake_tests::daemon_config(16 << 20);
+    cfg.verify_on_read = true;
+    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let client = cluster.client();
+    let value = block_bytes(2, 32 << 10);
+    client.put(&ns(), &[(hash(2), &value)]).await.unwrap();
+    let key = BlockKey::new(ns(), hash(2));
+    let pool = &cluster.daemons[0].handle.pool;
+    assert!(pool.flip_byte_for_test(&key, 7));
+    assert_eq!(client.get(&key).await.unwrap(), None);
+    assert_eq!(
+        pool.corrupt_blocks(),
+        1,
+        "caught by the daemon before sending"
+    );
+    assert!(!pool.contains(&key));
+}
+
+#[tokio::test]
+async fn a_stale_location_hint_costs_a_lookup_not_a_wrong_block() {
+    let cluster = TestCluster::start(16 << 20).await;
+    let (reader, writer) = (cluster.client(), cluster.client());
+    let key = BlockKey::new(ns(), hash(4));
+    let old = block_bytes(40, 5000);
+    let new = block_bytes(41, 7000);
+    writer.put_one(&key, &old).await.unwrap();
+    assert_eq!(reader.get(&key).await.unwrap().unwrap(), old);
+    // Replaced behind the reader's back: its cached location now describes
+    // bytes that no longer exist.
+    writer.remove(&ns(), &[hash(4)]).await.unwrap();
+    writer.put_one(&key, &new).await.unwrap();
+    let mut buf = vec![0u8; 8000];
+    let got = reader
+        .get_into(&ns(), &[hash(4)], &mut [&mut buf[..]])
+        .await
+        .unwrap();
+    assert_eq!(got, vec![GetOutcome::Hit(new.len())]);
+    assert_eq!(&buf[..new.len()], &new[..]);
+    assert_eq!(reader.corrupt_reads(), 0, "staleness is not corruption");
 }
 
 #[tokio::test]

@@ -1,0 +1,82 @@
+//! Where blocks were last seen, learned from puts, lookups and prefix
+//! matches, so that a get of a known block goes straight to its daemon in
+//! one round trip. A cached location is only a hint: the daemon answers for
+//! what it holds, every byte is checked against its checksum, and a stale
+//! hint costs one extra lookup at the meta service, never a wrong block.
+
+use std::collections::HashMap;
+
+use mooncake_proto::message::Location;
+use mooncake_proto::BlockKey;
+use parking_lot::Mutex;
+
+pub struct LocationCache {
+    capacity: usize,
+    map: Mutex<HashMap<BlockKey, Location>>,
+}
+
+impl LocationCache {
+    /// At most `capacity` entries (0 disables the cache). When full, it is
+    /// emptied and refilled by later calls: memory stays bounded, and a
+    /// forgotten hint only costs a lookup.
+    pub fn new(capacity: usize) -> Self {
+        LocationCache {
+            capacity,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn get(&self, key: &BlockKey) -> Option<Location> {
+        if self.capacity == 0 {
+            return None;
+        }
+        self.map.lock().get(key).copied()
+    }
+
+    pub fn insert(&self, key: BlockKey, location: Location) {
+        if self.capacity == 0 {
+            return;
+        }
+        let mut map = self.map.lock();
+        if map.len() >= self.capacity {
+            map.clear();
+        }
+        map.insert(key, location);
+    }
+
+    pub fn forget(&self, key: &BlockKey) {
+        self.map.lock().remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mooncake_proto::{BlockHash, Namespace};
+
+    fn key(i: u8) -> BlockKey {
+        BlockKey::new(Namespace::new("t").unwrap(), BlockHash([i; 32]))
+    }
+
+    const LOC: Location = Location {
+        daemon: 1,
+        size: 2,
+        checksum: 3,
+    };
+
+    #[test]
+    fn stays_within_capacity_and_forgets() {
+        let c = LocationCache::new(2);
+        c.insert(key(1), LOC);
+        c.insert(key(2), LOC);
+        assert_eq!(c.get(&key(1)), Some(LOC));
+        c.insert(key(3), LOC);
+        assert!(c.map.lock().len() <= 2);
+        assert_eq!(c.get(&key(3)), Some(LOC));
+        c.forget(&key(3));
+        assert_eq!(c.get(&key(3)), None);
+        let off = LocationCache::new(0);
+        off.insert(key(1), LOC);
+        assert_eq!(off.get(&key(1)), None);
+    }
+}
