@@ -11,6 +11,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
 
 need_tools=()
 command -v cc >/dev/null || need_tools+=(build-essential)
+command -v python3 >/dev/null || need_tools+=(python3)   # runs the spec's snippet
 if ((${#need_tools[@]})); then
     echo "installing: ${need_tools[*]}"
     export DEBIAN_FRONTEND=noninteractive

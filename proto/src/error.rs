@@ -37,8 +37,6 @@ pub enum ErrorCode {
     NoReservation = 13,
     /// An invariant broke inside the server.
     Internal = 14,
-    /// The key's namespace is invalid.
-    BadNamespace = 15,
 }
 
 impl ErrorCode {
@@ -62,7 +60,6 @@ impl ErrorCode {
             12 => Unavailable,
             13 => NoReservation,
             14 => Internal,
-            15 => BadNamespace,
             _ => return None,
         })
     }
@@ -101,7 +98,6 @@ impl ErrorCode {
             Unavailable => "unavailable",
             NoReservation => "no_reservation",
             Internal => "internal",
-            BadNamespace => "bad_namespace",
         }
     }
 }
@@ -150,11 +146,11 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_unknown_codes_are_rejected() {
-        for raw in 0..=15u16 {
+        for raw in 0..=14u16 {
             let code = ErrorCode::from_u16(raw).expect("known code");
             assert_eq!(code as u16, raw);
         }
-        assert_eq!(ErrorCode::from_u16(16), None);
+        assert_eq!(ErrorCode::from_u16(15), None);
     }
 
     #[test]

@@ -46,7 +46,6 @@ done
 echo "machine: $(nproc) cores, $(uname -r); concurrency $CONC; $OPS gets per size"
 "$BIN" bench --meta "127.0.0.1:$MPORT" --sizes "$SIZES" --concurrency "$CONC" --ops "$OPS" --json >"$tmp/mooncake.json"
 
-printf '%-8s %-6s %12s %8s %10s\n' size op "redis GB/s" "p99 ms" ""
 printf '%-8s %-6s %12s %8s %12s %8s %8s\n' size op "redis GB/s" "p99 ms" "mooncake GB/s" "p99 ms" "ratio" >"$tmp/table"
 for size in ${SIZES//,/ }; do
     n=$(bytes_of "$size")

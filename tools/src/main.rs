@@ -21,6 +21,10 @@ use mooncake_proto::units::parse_duration;
     about = "A global KV cache store for LLM serving"
 )]
 struct Cli {
+    /// Runtime worker threads. Default: half the cores (at least 1), which
+    /// leaves the other half to the GPU worker or client on the same host.
+    #[arg(long, env = "MOONCAKE_THREADS", global = true)]
+    threads: Option<usize>,
     #[command(subcommand)]
     command: Command,
 }
@@ -72,7 +76,10 @@ fn main() {
         Command::Up(_) | Command::Meta(_) | Command::Daemon(_)
     );
     init_logging(serving);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cli.threads.unwrap_or(cores / 2).max(1);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
         .enable_all()
         .build()
     {
