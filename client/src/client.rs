@@ -20,12 +20,30 @@ use parking_lot::RwLock;
 use crate::error::{ClientError, ErrorSource};
 use crate::locations::LocationCache;
 use crate::pool::ConnPool;
+use crate::MetaResolver;
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("meta_addr", &self.meta_addr)
+            .field("follows_leader", &self.resolver.is_some())
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// Pause between attempts to reach a meta leader during a failover.
+const LEADER_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// How a client reaches the cluster and how long it waits.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientConfig {
-    /// The meta service's address, e.g. `127.0.0.1:7070`.
+    /// The meta service's address, e.g. `127.0.0.1:7070` (the first one to
+    /// try, when a resolver is set).
     pub meta_addr: String,
+    /// Finds the current meta leader when the meta service is unreachable
+    /// (e.g. through etcd); without one the client keeps `meta_addr`.
+    pub resolver: Option<Arc<dyn MetaResolver>>,
     /// Deadline of every call, end to end. Default 5s.
     pub timeout: Duration,
     /// Deadline of opening one connection. Default 1s.
@@ -45,7 +63,19 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(1),
             max_idle_per_peer: 64,
             location_cache: 1 << 20,
+            resolver: None,
         }
+    }
+
+    /// Follows the meta leader through `resolver`, starting from the
+    /// address it names now.
+    pub async fn with_resolver(
+        mut self,
+        resolver: Arc<dyn MetaResolver>,
+    ) -> Result<Self, ClientError> {
+        self.meta_addr = resolver.resolve().await.map_err(ClientError::NoLeader)?;
+        self.resolver = Some(resolver);
+        Ok(self)
     }
 
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
@@ -86,7 +116,7 @@ pub struct PrefixMatch {
 /// A handle to a Mooncake Store cluster; cheap to share behind an `Arc`.
 pub struct Client {
     cfg: ClientConfig,
-    meta: ConnPool,
+    meta: RwLock<Arc<ConnPool>>,
     daemons: RwLock<HashMap<u32, Arc<ConnPool>>>,
     locations: LocationCache,
     corrupt_reads: AtomicU64,
@@ -110,12 +140,12 @@ impl Client {
     /// A client that connects lazily; see [`Client::connect`].
     pub fn new(cfg: ClientConfig) -> Self {
         let cfg_locations = cfg.location_cache;
-        let meta = ConnPool::new(
+        let meta = RwLock::new(Arc::new(ConnPool::new(
             cfg.meta_addr.clone(),
             ErrorSource::Meta,
             cfg.connect_timeout,
             cfg.max_idle_per_peer,
-        );
+        )));
         Client {
             cfg,
             meta,
@@ -759,22 +789,60 @@ impl Client {
             let mut attempt = 0;
             loop {
                 attempt += 1;
-                let (mut conn, reused) = self.meta.get().await?;
-                match conn.call(op, req, name).await {
-                    Ok(resp) => {
-                        self.meta.put_back(conn);
-                        return Ok(resp);
-                    }
-                    Err(err @ ClientError::Server { .. }) => {
-                        self.meta.put_back(conn);
-                        return Err(err);
-                    }
-                    Err(ClientError::Io { .. }) if reused && attempt == 1 => continue,
-                    Err(err) => return Err(err),
+                let pool = self.meta.read().clone();
+                let result = match pool.get().await {
+                    Ok((mut conn, reused)) => match conn.call(op, req, name).await {
+                        Ok(resp) => {
+                            pool.put_back(conn);
+                            return Ok(resp);
+                        }
+                        Err(err @ ClientError::Server { .. }) => {
+                            pool.put_back(conn);
+                            return Err(err);
+                        }
+                        Err(ClientError::Io { .. }) if reused && attempt == 1 => continue,
+                        Err(err) => err,
+                    },
+                    Err(err) => err,
+                };
+                // The meta service is unreachable: with a resolver, find
+                // the (new) leader and try again until the deadline.
+                if !matches!(result, ClientError::Io { .. } | ClientError::Timeout { .. })
+                    || !self.follow_leader(&pool).await
+                {
+                    return Err(result);
                 }
             }
         })
         .await
+    }
+
+    /// Points the client at the leader the resolver names; `false` when
+    /// there is no resolver (a fixed meta address).
+    async fn follow_leader(&self, failed: &Arc<ConnPool>) -> bool {
+        let Some(resolver) = &self.cfg.resolver else {
+            return false;
+        };
+        match resolver.resolve().await {
+            Ok(addr) if addr != failed.addr() => {
+                tracing::info!(leader = %addr, "following the new meta leader");
+                *self.meta.write() = Arc::new(ConnPool::new(
+                    addr,
+                    ErrorSource::Meta,
+                    self.cfg.connect_timeout,
+                    self.cfg.max_idle_per_peer,
+                ));
+            }
+            Ok(_) => {
+                failed.clear();
+                tokio::time::sleep(LEADER_RETRY_PAUSE).await;
+            }
+            Err(why) => {
+                tracing::debug!(%why, "no meta leader yet");
+                tokio::time::sleep(LEADER_RETRY_PAUSE).await;
+            }
+        }
+        true
     }
 
     async fn deadline<T>(

@@ -47,6 +47,8 @@ pub enum ClientError {
         #[source]
         err: ProtoError,
     },
+    #[error("no meta leader found: {0}")]
+    NoLeader(String),
     #[error("invalid argument: {0}")]
     Invalid(String),
 }
@@ -56,7 +58,7 @@ impl ClientError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ClientError::Server { code, .. } => code.is_retryable(),
-            ClientError::Timeout { .. } | ClientError::Io { .. } => true,
+            ClientError::Timeout { .. } | ClientError::Io { .. } | ClientError::NoLeader(_) => true,
             ClientError::Protocol { .. } | ClientError::Invalid(_) => false,
         }
     }
@@ -68,6 +70,7 @@ impl ClientError {
             | ClientError::Timeout { side, .. }
             | ClientError::Io { side, .. }
             | ClientError::Protocol { side, .. } => *side,
+            ClientError::NoLeader(_) => ErrorSource::Meta,
             ClientError::Invalid(_) => ErrorSource::Caller,
         }
     }

@@ -16,3 +16,9 @@ pub use conn::Connection;
 pub use error::{ClientError, ErrorSource};
 pub use mooncake_proto as proto;
 pub use pool::ConnPool;
+
+/// Finds the meta service's current address (the leader's, in a cluster),
+/// so that a client follows leader changes without restarting.
+pub trait MetaResolver: Send + Sync + 'static {
+    fn resolve(&self) -> futures::future::BoxFuture<'_, Result<String, String>>;
+}

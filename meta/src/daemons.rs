@@ -23,15 +23,29 @@ pub struct Daemons {
 }
 
 impl Daemons {
-    /// Registers a daemon; one that comes back at the same address keeps
-    /// its id.
-    pub fn register(&self, node: String, addr: String, capacity: u64, now: Instant) -> u32 {
+    /// Registers a daemon. One that comes back at the same address keeps
+    /// its id; one that brings an id from an earlier leader keeps that, if
+    /// no other daemon holds it.
+    pub fn register(
+        &self,
+        node: String,
+        addr: String,
+        capacity: u64,
+        id_hint: u32,
+        now: Instant,
+    ) -> u32 {
         let mut members = self.members.write();
-        let id = members
-            .iter()
-            .find(|(_, m)| m.addr == addr)
-            .map(|(id, _)| *id)
-            .unwrap_or_else(|| members.keys().max().map_or(1, |m| m + 1));
+        let hint_free = id_hint != 0 && members.get(&id_hint).is_none_or(|m| m.addr == addr);
+        let id = if hint_free {
+            members.retain(|id, m| *id == id_hint || m.addr != addr);
+            id_hint
+        } else {
+            members
+                .iter()
+                .find(|(_, m)| m.addr == addr)
+                .map(|(id, _)| *id)
+                .unwrap_or_else(|| members.keys().max().map_or(1, |m| m + 1))
+        };
         members.insert(
             id,
             Member {
@@ -146,11 +160,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_id_from_an_earlier_leader_is_kept_unless_taken() {
+        let d = Daemons::default();
+        let t = Instant::now();
+        assert_eq!(d.register("n".into(), "a:1".into(), 1, 7, t), 7);
+        assert_eq!(
+            d.register("n".into(), "b:1".into(), 1, 7, t),
+            8,
+            "7 is taken"
+        );
+        assert_eq!(d.register("n".into(), "c:1".into(), 1, 0, t), 9);
+    }
+
+    #[test]
     fn placement_prefers_free_space_and_skips_the_dead() {
         let d = Daemons::default();
         let t = Instant::now();
-        let a = d.register("n1".into(), "a:1".into(), 100, t);
-        let b = d.register("n2".into(), "b:1".into(), 100, t);
+        let a = d.register("n1".into(), "a:1".into(), 100, 0, t);
+        let b = d.register("n2".into(), "b:1".into(), 100, 0, t);
         d.heartbeat(
             a,
             PoolStats {
@@ -170,7 +197,7 @@ mod tests {
             "dead daemons must re-register"
         );
         assert_eq!(
-            d.register("n2".into(), "b:1".into(), 100, t),
+            d.register("n2".into(), "b:1".into(), 100, 0, t),
             b,
             "same address, same id"
         );
@@ -181,8 +208,8 @@ mod tests {
     fn placements_spread_between_heartbeats() {
         let d = Daemons::default();
         let t = Instant::now();
-        let a = d.register("n1".into(), "a:1".into(), 100, t);
-        let b = d.register("n2".into(), "b:1".into(), 100, t);
+        let a = d.register("n1".into(), "a:1".into(), 100, 0, t);
+        let b = d.register("n2".into(), "b:1".into(), 100, 0, t);
         let picks: Vec<u32> = (0..4).map(|_| d.place(30).unwrap()).collect();
         assert!(picks.contains(&a) && picks.contains(&b), "{picks:?}");
     }

@@ -159,6 +159,21 @@ impl Index {
         Reservation::Reserved
     }
 
+    /// Adds a block a daemon reports holding (index rebuild); an entry that
+    /// already exists is kept.
+    pub fn insert_visible(&self, key: &BlockKey, daemon: u32, size: u32, checksum: u64) {
+        let key = IdxKey {
+            ns: self.intern(&key.namespace),
+            hash: key.hash,
+        };
+        self.shard(&key).write().entry(key).or_insert(Entry {
+            daemon,
+            size,
+            checksum,
+            state: State::Visible,
+        });
+    }
+
     /// Phase two: makes a stored block visible, or drops the reservation
     /// of one that was not stored.
     pub fn commit(&self, ns: &Namespace, item: &CommitItem) -> ErrorCode {
@@ -434,6 +449,17 @@ mod tests {
         assert!(idx.remove_at(&BlockKey::new(ns(), h(3)), 2));
         assert_eq!(idx.remove_daemon(1), 2);
         assert_eq!(idx.stats(), PrefixStats::default());
+    }
+
+    #[test]
+    fn inventory_rebuilds_visible_entries_without_overwriting() {
+        let idx = Index::new();
+        let key = BlockKey::new(ns(), h(5));
+        idx.insert_visible(&key, 2, 100, 7);
+        idx.insert_visible(&key, 3, 100, 7);
+        let loc = idx.lookup(&ns(), &[h(5)])[0].unwrap();
+        assert_eq!(loc.daemon, 2, "first report wins");
+        assert_eq!(idx.match_prefix(&ns(), &[h(5)]).len(), 1);
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! never on the daemon's crate.
 
 pub mod config;
-pub mod coordinator;
 mod daemons;
 mod index;
 mod server;
@@ -21,8 +20,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::MetaConfig;
-pub use coordinator::{Coordinator, CoordinatorError, EmbeddedCoordinator, Leadership};
 pub use index::{Index, PrefixStats};
+pub use mooncake_coord::{
+    Coordinator, CoordinatorError, EmbeddedCoordinator, Leadership, MemberKind,
+};
 
 /// Why a meta service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -53,22 +54,40 @@ impl MetaHandle {
 }
 
 /// Starts a meta service on `listener`: it campaigns for leadership through
-/// `coordinator`, then serves until `shutdown` is cancelled or the lead is
-/// lost (a stale leader must not answer).
+/// `coordinator` (at once with the embedded one), then serves.
 pub async fn start(
     config: MetaConfig,
     listener: TcpListener,
     coordinator: Arc<dyn Coordinator>,
     shutdown: CancellationToken,
 ) -> Result<MetaHandle, MetaError> {
-    config.validate().map_err(MetaError::Config)?;
     let addr = listener.local_addr().map_err(MetaError::Listener)?;
     let leadership = coordinator.campaign(addr.to_string()).await?;
+    serve(config, listener, leadership, coordinator, shutdown)
+}
+
+/// Serves as the leader on `listener` until `shutdown` is cancelled or the
+/// lead is lost (a stale leader must not answer). The index starts empty
+/// and fills as daemons register and send their inventories.
+pub fn serve(
+    config: MetaConfig,
+    listener: TcpListener,
+    leadership: Leadership,
+    coordinator: Arc<dyn Coordinator>,
+    shutdown: CancellationToken,
+) -> Result<MetaHandle, MetaError> {
+    config.validate().map_err(MetaError::Config)?;
+    let addr = listener.local_addr().map_err(MetaError::Listener)?;
     tracing::info!(%addr, revision = leadership.revision, "meta service leading");
     let stop = shutdown.child_token();
     let lost = leadership.lost.clone();
     let stop_on_loss = stop.clone();
-    let state = Arc::new(server::State::new(&config));
+    let state = Arc::new(server::State::new(
+        &config,
+        addr.to_string(),
+        leadership.revision,
+        coordinator,
+    ));
     let tasks = vec![
         tokio::spawn(async move {
             tokio::select! {

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use mooncake_client::{ConnPool, ErrorSource};
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::{
-    Body, ClusterStats, Empty, EventsRequest, HeartbeatRequest, KeyRequest, KeysRequest,
-    ListRequest, ListResponse, Locations, PinRequest, PutCommitRequest, PutStartRequest,
-    PutStartResponse, RegisterRequest, RegisterResponse, Slot, Statuses,
+    Body, ClusterStats, Empty, EventsRequest, HeartbeatRequest, InventoryRequest, KeyRequest,
+    KeysRequest, ListRequest, ListResponse, Locations, PinRequest, PutCommitRequest,
+    PutStartRequest, PutStartResponse, RegisterRequest, RegisterResponse, Slot, Statuses,
 };
 use mooncake_proto::{BlockKey, ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
 use parking_lot::Mutex;
@@ -19,6 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+
+use mooncake_coord::{Coordinator, MemberKind};
 
 use crate::config::MetaConfig;
 use crate::daemons::Daemons;
@@ -35,16 +37,36 @@ pub struct State {
     daemon_ttl: Duration,
     put_timeout: Duration,
     links: Mutex<HashMap<u32, Arc<ConnPool>>>,
+    addr: String,
+    revision: u64,
+    coordinator: Arc<dyn Coordinator>,
 }
 
 impl State {
-    pub fn new(cfg: &MetaConfig) -> Self {
+    pub fn new(
+        cfg: &MetaConfig,
+        addr: String,
+        revision: u64,
+        coordinator: Arc<dyn Coordinator>,
+    ) -> Self {
         State {
             index: Index::new(),
             daemons: Daemons::default(),
             daemon_ttl: cfg.daemon_ttl.0,
             put_timeout: cfg.put_timeout.0,
             links: Mutex::new(HashMap::new()),
+            addr,
+            revision,
+            coordinator,
+        }
+    }
+
+    /// Other meta replicas listed by the coordinator (standbys).
+    async fn standbys(&self) -> Vec<String> {
+        let members = self.coordinator.members(MemberKind::Meta);
+        match tokio::time::timeout(DAEMON_CALL_TIMEOUT, members).await {
+            Ok(Ok(members)) => members.into_iter().filter(|m| *m != self.addr).collect(),
+            _ => Vec::new(),
         }
     }
 
@@ -321,6 +343,9 @@ async fn dispatch(state: &State, op: Opcode, body: &[u8]) -> Result<Vec<u8>, Fai
             Empty::from_bytes(body)?;
             let st = state.index.stats();
             ClusterStats {
+                leader: state.addr.clone(),
+                revision: state.revision,
+                standbys: state.standbys().await,
                 blocks: st.visible,
                 bytes: st.bytes,
                 pending: st.pending,
@@ -339,11 +364,28 @@ async fn dispatch(state: &State, op: Opcode, body: &[u8]) -> Result<Vec<u8>, Fai
         }
         Opcode::Register => {
             let req = RegisterRequest::from_bytes(body)?;
-            let daemon = state
-                .daemons
-                .register(req.node, req.addr.clone(), req.capacity, now);
-            tracing::info!(daemon, addr = %req.addr, capacity = req.capacity, "daemon registered");
-            RegisterResponse { daemon }.to_bytes()
+            let daemon =
+                state
+                    .daemons
+                    .register(req.node, req.addr.clone(), req.capacity, req.id_hint, now);
+            // A (re)registering daemon's blocks are whatever its inventory
+            // says next: entries from its previous life go.
+            let dropped = state.index.remove_daemon(daemon);
+            tracing::info!(daemon, addr = %req.addr, capacity = req.capacity, dropped, "daemon registered");
+            RegisterResponse {
+                daemon,
+                revision: state.revision,
+            }
+            .to_bytes()
+        }
+        Opcode::Inventory => {
+            let req = InventoryRequest::from_bytes(body)?;
+            for item in &req.items {
+                state
+                    .index
+                    .insert_visible(&item.key, req.daemon, item.size, item.checksum);
+            }
+            Vec::new()
         }
         Opcode::Heartbeat => {
             let req = HeartbeatRequest::from_bytes(body)?;

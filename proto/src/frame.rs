@@ -89,6 +89,8 @@ opcodes! {
     Heartbeat = 0x31,
     /// Blocks a daemon dropped on its own (eviction, corruption).
     Events = 0x32,
+    /// A batch of the blocks a daemon holds (after it registers).
+    Inventory = 0x33,
 }
 
 impl Opcode {

@@ -444,6 +444,11 @@ pub struct DaemonInfo {
 /// The whole cluster at a glance.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClusterStats {
+    /// The answering leader's address and election revision.
+    pub leader: String,
+    pub revision: u64,
+    /// Meta replicas standing by.
+    pub standbys: Vec<String>,
     pub blocks: u64,
     pub bytes: u64,
     pub pending: u64,
@@ -452,6 +457,12 @@ pub struct ClusterStats {
 
 impl Body for ClusterStats {
     fn encode(&self, w: &mut Writer) {
+        w.str(&self.leader);
+        w.u64(self.revision);
+        w.count(self.standbys.len());
+        for s in &self.standbys {
+            w.str(s);
+        }
         w.u64(self.blocks);
         w.u64(self.bytes);
         w.u64(self.pending);
@@ -467,6 +478,12 @@ impl Body for ClusterStats {
         }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let leader = r.str()?.to_string();
+        let revision = r.u64()?;
+        let n = r.count(2)?;
+        let standbys = (0..n)
+            .map(|_| Ok(r.str()?.to_string()))
+            .collect::<Result<_, ProtoError>>()?;
         let blocks = r.u64()?;
         let bytes = r.u64()?;
         let pending = r.u64()?;
@@ -485,6 +502,9 @@ impl Body for ClusterStats {
             })
             .collect::<Result<_, ProtoError>>()?;
         Ok(ClusterStats {
+            leader,
+            revision,
+            standbys,
             blocks,
             bytes,
             pending,
@@ -580,12 +600,16 @@ impl Body for ListResponse {
     }
 }
 
-/// A daemon joins the cluster.
+/// A daemon joins the cluster (or joins a new leader). Its blocks follow
+/// in `Inventory` messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegisterRequest {
     pub node: String,
     pub addr: String,
     pub capacity: u64,
+    /// The id an earlier leader gave this daemon (0: none), kept if free,
+    /// so that locations cached by clients stay meaningful across failover.
+    pub id_hint: u32,
 }
 
 impl Body for RegisterRequest {
@@ -593,28 +617,78 @@ impl Body for RegisterRequest {
         w.str(&self.node);
         w.str(&self.addr);
         w.u64(self.capacity);
+        w.u32(self.id_hint);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         Ok(RegisterRequest {
             node: r.str()?.to_string(),
             addr: r.str()?.to_string(),
             capacity: r.u64()?,
+            id_hint: r.u32()?,
         })
     }
 }
 
-/// The id the meta service gave a daemon.
+/// The id the meta service gave a daemon, and the leader's election
+/// revision: a daemon refuses a leader older than one it has seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegisterResponse {
     pub daemon: u32,
+    pub revision: u64,
 }
 
 impl Body for RegisterResponse {
     fn encode(&self, w: &mut Writer) {
         w.u32(self.daemon);
+        w.u64(self.revision);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
-        Ok(RegisterResponse { daemon: r.u32()? })
+        Ok(RegisterResponse {
+            daemon: r.u32()?,
+            revision: r.u64()?,
+        })
+    }
+}
+
+/// One stored block, as a daemon reports it to a (new) leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryItem {
+    pub key: BlockKey,
+    pub size: u32,
+    pub checksum: u64,
+}
+
+/// A batch of the blocks a daemon holds, sent after it registers, so that
+/// a new leader rebuilds its index from the daemons.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryRequest {
+    pub daemon: u32,
+    pub items: Vec<InventoryItem>,
+}
+
+impl Body for InventoryRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+        w.count(self.items.len());
+        for it in &self.items {
+            encode_key(w, &it.key);
+            w.u32(it.size);
+            w.u64(it.checksum);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let daemon = r.u32()?;
+        let n = r.count(2 + 1 + 32 + 12)?;
+        let items = (0..n)
+            .map(|_| {
+                Ok(InventoryItem {
+                    key: decode_key(r)?,
+                    size: r.u32()?,
+                    checksum: r.u64()?,
+                })
+            })
+            .collect::<Result<_, ProtoError>>()?;
+        Ok(InventoryRequest { daemon, items })
     }
 }
 
@@ -735,6 +809,9 @@ mod tests {
             codes: vec![ErrorCode::Ok, ErrorCode::NotFound],
         });
         round_trip(ClusterStats {
+            leader: "l".into(),
+            revision: 9,
+            standbys: vec!["s".into()],
             blocks: 1,
             bytes: 2,
             pending: 3,
@@ -768,6 +845,19 @@ mod tests {
             node: "n".into(),
             addr: "a".into(),
             capacity: 1,
+            id_hint: 3,
+        });
+        round_trip(RegisterResponse {
+            daemon: 3,
+            revision: 77,
+        });
+        round_trip(InventoryRequest {
+            daemon: 3,
+            items: vec![InventoryItem {
+                key: BlockKey::new(ns(), h),
+                size: 5,
+                checksum: 6,
+            }],
         });
         round_trip(HeartbeatRequest {
             daemon: 1,

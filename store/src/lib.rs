@@ -16,6 +16,7 @@ mod server;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use mooncake_coord::{Coordinator, MemberKind};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -32,6 +33,8 @@ pub enum DaemonError {
     Pool { size: u64, err: std::io::Error },
     #[error("cannot read the listener's address: {0}")]
     Listener(std::io::Error),
+    #[error("coordinator: {0}")]
+    Coordinator(#[from] mooncake_coord::CoordinatorError),
 }
 
 /// A running daemon.
@@ -51,12 +54,25 @@ impl DaemonHandle {
     }
 }
 
-/// Starts a daemon on `listener`: the pool, the data server, and (when the
-/// config names a meta service) the link that registers and reports to it.
-/// Everything stops when `shutdown` is cancelled.
+/// Where a daemon finds the meta service it reports to.
+#[derive(Clone)]
+pub enum MetaTarget {
+    /// A standalone daemon: no meta service.
+    None,
+    /// A fixed address (single host, or a meta service without standbys).
+    Addr(String),
+    /// Whoever leads, as the coordinator says; followed across failovers.
+    Leader(Arc<dyn Coordinator>),
+}
+
+/// Starts a daemon on `listener`: the pool, the data server, and the link
+/// that registers and reports to the meta service (`config.meta`, or the
+/// leader that `coordinator` names). Everything stops when `shutdown` is
+/// cancelled.
 pub async fn start(
     config: DaemonConfig,
     listener: TcpListener,
+    coordinator: Option<Arc<dyn Coordinator>>,
     shutdown: CancellationToken,
 ) -> Result<DaemonHandle, DaemonError> {
     config.validate().map_err(DaemonError::Config)?;
@@ -79,11 +95,19 @@ pub async fn start(
         config.server(),
         shutdown.child_token(),
     ))];
-    if let Some(meta) = config.meta.clone() {
-        let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let target = match (coordinator, config.meta.clone()) {
+        (Some(c), _) => {
+            c.register(MemberKind::Daemon, advertise.clone()).await?;
+            MetaTarget::Leader(c)
+        }
+        (None, Some(meta)) => MetaTarget::Addr(meta),
+        (None, None) => MetaTarget::None,
+    };
+    if !matches!(target, MetaTarget::None) {
         tasks.push(tokio::spawn(meta_link::run(
             meta_link::LinkConfig {
-                meta_addr: meta,
+                target,
                 node: config.node.clone(),
                 advertise,
                 interval: config.heartbeat_interval.0,

@@ -9,15 +9,27 @@ use std::time::Duration;
 use mooncake_client::{Connection, ErrorSource};
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::{
-    Empty, EventsRequest, HeartbeatRequest, RegisterRequest, RegisterResponse,
+    Empty, EventsRequest, HeartbeatRequest, InventoryItem, InventoryRequest, RegisterRequest,
+    RegisterResponse,
 };
 use mooncake_proto::Opcode;
 use tokio_util::sync::CancellationToken;
 
 use crate::pool::DramPool;
+use crate::MetaTarget;
+
+/// What the daemon remembers across sessions with (possibly different)
+/// leaders.
+#[derive(Default)]
+struct Memory {
+    /// The id the last leader gave us, offered to the next one.
+    id: u32,
+    /// The highest leader revision seen: an older leader is stale.
+    revision: u64,
+}
 
 pub struct LinkConfig {
-    pub meta_addr: String,
+    pub target: MetaTarget,
     pub node: String,
     pub advertise: String,
     pub interval: Duration,
@@ -25,12 +37,14 @@ pub struct LinkConfig {
 
 pub async fn run(cfg: LinkConfig, pool: Arc<DramPool>, shutdown: CancellationToken) {
     let mut backoff = Duration::from_millis(100);
+    let mut memory = Memory::default();
     loop {
-        let session = session(&cfg, &pool, &shutdown);
+        let session = session(&cfg, &pool, &mut memory, &shutdown);
         tokio::select! {
             result = session => {
-                if let Err(err) = result {
-                    tracing::warn!(meta = %cfg.meta_addr, %err, "meta link lost; reconnecting");
+                match result {
+                    Ok(()) => return,
+                    Err(err) => tracing::warn!(%err, "meta link lost; reconnecting"),
                 }
             }
             _ = shutdown.cancelled() => return,
@@ -43,25 +57,93 @@ pub async fn run(cfg: LinkConfig, pool: Arc<DramPool>, shutdown: CancellationTok
     }
 }
 
+/// Why a session with the meta service ended.
+#[derive(Debug, thiserror::Error)]
+enum LinkError {
+    #[error("{0}")]
+    Client(#[from] mooncake_client::ClientError),
+    #[error("no meta leader: {0}")]
+    NoLeader(String),
+    #[error(
+        "meta service at {addr} leads at revision {revision}, older than {seen}: stale, ignored"
+    )]
+    Stale {
+        addr: String,
+        revision: u64,
+        seen: u64,
+    },
+}
+
+async fn meta_addr(target: &MetaTarget) -> Result<String, LinkError> {
+    match target {
+        MetaTarget::Addr(addr) => Ok(addr.clone()),
+        MetaTarget::Leader(c) => match c.leader().await {
+            Ok(Some(leader)) => Ok(leader.addr),
+            Ok(None) => Err(LinkError::NoLeader("none elected".into())),
+            Err(err) => Err(LinkError::NoLeader(err.to_string())),
+        },
+        MetaTarget::None => Err(LinkError::NoLeader("no meta service configured".into())),
+    }
+}
+
+/// One session with the leader: register, send the inventory (so that a
+/// new leader rebuilds its index), then report until something breaks.
 async fn session(
     cfg: &LinkConfig,
     pool: &DramPool,
+    memory: &mut Memory,
     shutdown: &CancellationToken,
-) -> Result<(), mooncake_client::ClientError> {
+) -> Result<(), LinkError> {
     let deadline = cfg.interval.max(Duration::from_secs(1)) * 3;
-    let mut conn = Connection::connect(&cfg.meta_addr, ErrorSource::Meta, deadline).await?;
+    let addr = meta_addr(&cfg.target).await?;
+    let mut conn = Connection::connect(&addr, ErrorSource::Meta, deadline).await?;
     let register = RegisterRequest {
         node: cfg.node.clone(),
         addr: cfg.advertise.clone(),
         capacity: pool.stats().capacity,
+        id_hint: memory.id,
     };
-    let id = with_deadline(
+    let answer = with_deadline(
         deadline,
         conn.call::<RegisterResponse>(Opcode::Register, &register, "register"),
     )
-    .await?
-    .daemon;
-    tracing::info!(daemon = id, meta = %cfg.meta_addr, "registered with the meta service");
+    .await?;
+    if answer.revision < memory.revision {
+        return Err(LinkError::Stale {
+            addr,
+            revision: answer.revision,
+            seen: memory.revision,
+        });
+    }
+    memory.revision = answer.revision;
+    memory.id = answer.daemon;
+    let id = answer.daemon;
+    // Removals from before the inventory are already reflected in it.
+    pool.take_removed();
+    let inventory = pool.inventory();
+    for chunk in inventory.chunks(MAX_BATCH) {
+        let items = chunk
+            .iter()
+            .map(|(key, size, checksum)| InventoryItem {
+                key: key.clone(),
+                size: *size,
+                checksum: *checksum,
+            })
+            .collect();
+        let batch = InventoryRequest { daemon: id, items };
+        with_deadline(
+            deadline,
+            conn.call::<Empty>(Opcode::Inventory, &batch, "inventory"),
+        )
+        .await?;
+    }
+    tracing::info!(
+        daemon = id,
+        meta = %addr,
+        revision = answer.revision,
+        blocks = inventory.len(),
+        "registered with the meta service"
+    );
     let mut tick = tokio::time::interval(cfg.interval);
     loop {
         tokio::select! {

@@ -389,6 +389,18 @@ impl DramPool {
         Ok(())
     }
 
+    /// Every stored block, as the meta service needs it to rebuild its
+    /// index: (key, size, checksum).
+    pub fn inventory(&self) -> Vec<(BlockKey, u32, u64)> {
+        let inner = self.inner.lock();
+        inner
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.ready)
+            .map(|(k, b)| (k.clone(), b.len, b.checksum))
+            .collect()
+    }
+
     pub fn contains(&self, key: &BlockKey) -> bool {
         self.inner.lock().blocks.get(key).is_some_and(|b| b.ready)
     }
@@ -635,6 +647,16 @@ mod tests {
         assert!(!p.contains(&key(1)));
         assert_eq!(p.corrupt_blocks(), 1);
         assert_eq!(p.stats().used, 0);
+    }
+
+    #[test]
+    fn inventory_lists_only_committed_blocks() {
+        let p = pool(1 << 20);
+        put(&p, key(1), 1, 100).unwrap();
+        let _writing = p.reserve(key(2), 100, 0).unwrap();
+        let inv = p.inventory();
+        assert_eq!(inv.len(), 1);
+        assert_eq!((inv[0].0.clone(), inv[0].1), (key(1), 100));
     }
 
     #[test]

@@ -73,7 +73,7 @@ impl TestCluster {
         let stop = self.shutdown.child_token();
         cfg.meta = Some(self.meta_addr.clone());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let handle = mooncake_daemon::start(cfg, listener, stop.clone())
+        let handle = mooncake_daemon::start(cfg, listener, None, stop.clone())
             .await
             .unwrap();
         let addr = handle.addr.to_string();

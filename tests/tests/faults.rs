@@ -292,6 +292,7 @@ async fn a_daemon_that_accepts_but_never_answers_costs_one_deadline() {
                 node: "hole".into(),
                 addr: hole_addr,
                 capacity: 1 << 30,
+                id_hint: 0,
             },
             "register",
         )

@@ -68,14 +68,12 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         ));
     }
     let shutdown = CancellationToken::new();
-    let meta_addr = if args.embedded {
-        start_embedded(args.dram, &shutdown).await?
+    let client = Arc::new(if args.embedded {
+        let meta_addr = start_embedded(args.dram, &shutdown).await?;
+        Client::new(ClientConfig::new(meta_addr).with_timeout(args.target.timeout))
     } else {
-        args.target.meta.clone()
-    };
-    let client = Arc::new(Client::new(
-        ClientConfig::new(meta_addr).with_timeout(args.target.timeout),
-    ));
+        crate::blocks::client(&args.target).await?
+    });
     let stats = client.cluster_stats().await?;
     let capacity: u64 = stats
         .daemons
@@ -173,7 +171,7 @@ async fn start_embedded(dram: ByteSize, shutdown: &CancellationToken) -> Result<
         meta: Some(meta.addr.to_string()),
         ..Default::default()
     };
-    mooncake_daemon::start(cfg, daemon_listener, shutdown.clone())
+    mooncake_daemon::start(cfg, daemon_listener, None, shutdown.clone())
         .await
         .map_err(|e| Failure::other(e.into()))?;
     // Wait until the daemon has registered.

@@ -5,7 +5,10 @@
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
 use mooncake_client::{Client, ClientConfig, PutOutcome};
+use mooncake_coord::{EtcdConfig, EtcdCoordinator, LeaderResolver};
 use mooncake_proto::message::ListRequest;
 use mooncake_proto::units::ByteSize;
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
@@ -80,8 +83,18 @@ pub struct LsArgs {
     json: bool,
 }
 
-pub fn client(target: &Target) -> Client {
-    Client::new(ClientConfig::new(target.meta.clone()).with_timeout(target.timeout))
+/// A client of the store `target` names: a fixed meta address, or the
+/// leader found (and followed) through etcd.
+pub async fn client(target: &Target) -> Result<Client, Failure> {
+    let cfg = ClientConfig::new(target.meta.clone()).with_timeout(target.timeout);
+    if target.etcd.is_empty() {
+        return Ok(Client::new(cfg));
+    }
+    let etcd = EtcdCoordinator::connect(EtcdConfig::new(target.etcd.clone()))
+        .await
+        .map_err(|e| Failure::connection(format!("{e} (is etcd running at {:?}?)", target.etcd)))?;
+    let cfg = cfg.with_resolver(Arc::new(LeaderResolver(etcd))).await?;
+    Ok(Client::new(cfg))
 }
 
 fn namespace(s: &str) -> Result<Namespace, Failure> {
@@ -107,7 +120,7 @@ pub async fn put(args: PutArgs) -> Result<(), Failure> {
         Some(p) => std::fs::read(p)
             .map_err(|e| Failure::usage(format!("cannot read {}: {e}", p.display())))?,
     };
-    let outcome = client(&args.target).put_one(&key, &value).await?;
+    let outcome = client(&args.target).await?.put_one(&key, &value).await?;
     let word = match outcome {
         PutOutcome::Stored => "stored",
         PutOutcome::AlreadyExists => "already stored",
@@ -140,7 +153,7 @@ fn read_stdin() -> Result<Vec<u8>, Failure> {
 pub async fn get(args: GetArgs) -> Result<(), Failure> {
     let ns = namespace(&args.ns.namespace)?;
     let key = parse_key(&ns, &args.key);
-    let Some(bytes) = client(&args.target).get(&key).await? else {
+    let Some(bytes) = client(&args.target).await?.get(&key).await? else {
         return Err(Failure::other(anyhow::anyhow!(
             "not found: {} in namespace {}",
             key.hash,
@@ -163,7 +176,7 @@ pub async fn rm(args: RmArgs) -> Result<(), Failure> {
     let ns = namespace(&args.ns.namespace)?;
     let keys: Vec<BlockKey> = args.keys.iter().map(|k| parse_key(&ns, k)).collect();
     let hashes: Vec<BlockHash> = keys.iter().map(|k| k.hash).collect();
-    let removed = client(&args.target).remove(&ns, &hashes).await?;
+    let removed = client(&args.target).await?.remove(&ns, &hashes).await?;
     for (hash, removed) in hashes.iter().zip(&removed) {
         if args.json {
             println!("{}", json!({"key": hash.to_hex(), "removed": removed}));
@@ -175,7 +188,7 @@ pub async fn rm(args: RmArgs) -> Result<(), Failure> {
 }
 
 pub async fn stat(args: StatArgs) -> Result<(), Failure> {
-    let st = client(&args.target).cluster_stats().await?;
+    let st = client(&args.target).await?.cluster_stats().await?;
     if args.json {
         let daemons: Vec<_> = st
             .daemons
@@ -187,13 +200,19 @@ pub async fn stat(args: StatArgs) -> Result<(), Failure> {
             .collect();
         println!(
             "{}",
-            json!({"meta": args.target.meta, "blocks": st.blocks, "bytes": st.bytes,
-                   "pending": st.pending, "daemons": daemons})
+            json!({"leader": st.leader, "revision": st.revision, "standbys": st.standbys,
+                   "blocks": st.blocks, "bytes": st.bytes, "pending": st.pending,
+                   "daemons": daemons})
         );
         return Ok(());
     }
     let alive = st.daemons.iter().filter(|d| d.alive).count();
-    println!("meta     {}", args.target.meta);
+    println!("leader   {} (election revision {})", st.leader, st.revision);
+    if st.standbys.is_empty() {
+        println!("standbys none");
+    } else {
+        println!("standbys {}", st.standbys.join(", "));
+    }
     println!(
         "blocks   {} ({}), {} puts in progress",
         st.blocks,
@@ -232,7 +251,7 @@ pub async fn stat(args: StatArgs) -> Result<(), Failure> {
 
 pub async fn ls(args: LsArgs) -> Result<(), Failure> {
     let ns = args.namespace.as_deref().map(namespace).transpose()?;
-    let client = client(&args.target);
+    let client = client(&args.target).await?;
     let mut after = None;
     let mut shown = 0;
     loop {

@@ -16,6 +16,14 @@ impl Failure {
         }
     }
 
+    /// The store (or its coordinator) cannot be reached.
+    pub fn connection(message: impl Into<String>) -> Self {
+        Failure {
+            code: 3,
+            message: message.into(),
+        }
+    }
+
     pub fn other(err: anyhow::Error) -> Self {
         Failure {
             code: 1,
@@ -27,7 +35,7 @@ impl Failure {
 impl From<ClientError> for Failure {
     fn from(err: ClientError) -> Self {
         let (code, hint) = match &err {
-            ClientError::Io { .. } | ClientError::Timeout { .. } => (
+            ClientError::Io { .. } | ClientError::Timeout { .. } | ClientError::NoLeader(_) => (
                 3,
                 " (is the store running? start one with `mooncake-store up`, or pass --meta ADDR)",
             ),

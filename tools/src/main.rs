@@ -43,6 +43,10 @@ pub struct Target {
     /// Deadline of each call.
     #[arg(long, default_value = "5s", value_parser = parse_duration, global = true)]
     timeout: Duration,
+    /// etcd endpoints, comma separated: follow whichever meta replica leads
+    /// (instead of --meta).
+    #[arg(long, env = "MOONCAKE_ETCD", value_delimiter = ',', global = true)]
+    etcd: Vec<String>,
 }
 
 #[derive(Subcommand)]

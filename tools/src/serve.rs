@@ -1,14 +1,17 @@
 //! The serving roles: `up` (meta service and daemon in one process, the
 //! single-host default), `meta` and `daemon`. Each runs until SIGINT or
-//! SIGTERM, then stops in order: stop accepting, finish requests, exit.
+//! SIGTERM, then stops in order: stop accepting, finish requests, leave the
+//! coordinator, exit. With `--etcd`, `meta` is one replica of several (one
+//! leads, the others stand by) and `daemon` follows whoever leads.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use mooncake_coord::{Coordinator, EtcdConfig, EtcdCoordinator, MemberKind};
 use mooncake_meta::EmbeddedCoordinator;
-use mooncake_proto::units::ByteSize;
+use mooncake_proto::units::{parse_duration, ByteSize, HumanDuration};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +20,35 @@ use crate::exit::Failure;
 
 /// How long a graceful stop may take before the process exits anyway.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// How to reach etcd, for the roles that can use it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EtcdArgs {
+    /// etcd endpoints, comma separated (e.g. http://127.0.0.1:2379).
+    /// Without it, a single meta service is the leader.
+    #[arg(long, env = "MOONCAKE_ETCD", value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Lease TTL in etcd: a leader or daemon gone this long is replaced or
+    /// dropped. Whole seconds.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub lease_ttl: Duration,
+}
+
+impl EtcdArgs {
+    pub async fn connect(&self) -> Result<Option<Arc<EtcdCoordinator>>, Failure> {
+        if self.etcd.is_empty() {
+            return Ok(None);
+        }
+        let cfg = EtcdConfig {
+            ttl: self.lease_ttl,
+            ..EtcdConfig::new(self.etcd.clone())
+        };
+        let coordinator = EtcdCoordinator::connect(cfg).await.map_err(|e| {
+            Failure::connection(format!("{e} (is etcd running at {:?}?)", self.etcd))
+        })?;
+        Ok(Some(coordinator))
+    }
+}
 
 #[derive(clap::Args, Debug)]
 pub struct UpArgs {
@@ -41,13 +73,18 @@ pub struct MetaArgs {
     /// Control address.
     #[arg(long)]
     listen: Option<String>,
+    /// Address clients and daemons should use, when it differs from --listen.
+    #[arg(long)]
+    advertise: Option<String>,
+    #[command(flatten)]
+    etcd: EtcdArgs,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct DaemonArgs {
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Meta service to register with.
+    /// Meta service to register with (without --etcd).
     #[arg(long, env = "MOONCAKE_META")]
     meta: Option<String>,
     /// Data address.
@@ -59,6 +96,8 @@ pub struct DaemonArgs {
     /// DRAM pool size, e.g. 8GiB.
     #[arg(long)]
     dram: Option<ByteSize>,
+    #[command(flatten)]
+    etcd: EtcdArgs,
 }
 
 async fn bind(addr: &str, role: &str) -> Result<TcpListener, Failure> {
@@ -66,6 +105,17 @@ async fn bind(addr: &str, role: &str) -> Result<TcpListener, Failure> {
         .await
         .with_context(|| format!("cannot listen for the {role} on {addr}"))
         .map_err(Failure::other)
+}
+
+/// A token cancelled by the first SIGINT or SIGTERM.
+fn stop_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        cancel.cancel();
+    });
+    token
 }
 
 pub async fn up(args: UpArgs) -> Result<(), Failure> {
@@ -88,7 +138,7 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::other(e.into()))?;
     cfg.daemon.meta = Some(meta.addr.to_string());
     let dram = cfg.daemon.dram;
-    let daemon = mooncake_daemon::start(cfg.daemon, daemon_listener, shutdown.clone())
+    let daemon = mooncake_daemon::start(cfg.daemon, daemon_listener, None, shutdown.clone())
         .await
         .map_err(|e| Failure::other(e.into()))?;
     println!(
@@ -113,20 +163,62 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
     if let Some(l) = args.listen {
         cfg.listen = l;
     }
-    let shutdown = CancellationToken::new();
-    let listener = bind(&cfg.listen, "meta service").await?;
-    let meta = mooncake_meta::start(
-        cfg,
-        listener,
-        Arc::new(EmbeddedCoordinator::new()),
-        shutdown.clone(),
-    )
-    .await
-    .map_err(|e| Failure::other(e.into()))?;
-    println!("meta service on {}", meta.addr);
-    wait_for_signal().await;
-    shutdown.cancel();
-    let _ = tokio::time::timeout(STOP_GRACE, meta.join()).await;
+    let stop = stop_on_signal();
+    let Some(etcd) = args.etcd.connect().await? else {
+        let listener = bind(&cfg.listen, "meta service").await?;
+        let coordinator = Arc::new(EmbeddedCoordinator::new());
+        let meta = mooncake_meta::start(cfg, listener, coordinator, stop.clone())
+            .await
+            .map_err(|e| Failure::other(e.into()))?;
+        println!("meta service on {}", meta.addr);
+        stop.cancelled().await;
+        let _ = tokio::time::timeout(STOP_GRACE, meta.join()).await;
+        return Ok(());
+    };
+    // A replica: stand by, lead when elected, stand by again if the lead
+    // is lost. Daemons silent for a lease TTL are dropped.
+    cfg.daemon_ttl = HumanDuration(args.etcd.lease_ttl);
+    let advertise = args.advertise.unwrap_or_else(|| cfg.listen.clone());
+    etcd.register(MemberKind::Meta, advertise.clone())
+        .await
+        .map_err(|e| Failure::connection(e.to_string()))?;
+    while !stop.is_cancelled() {
+        println!("meta replica {advertise}: standing by");
+        let leadership = tokio::select! {
+            won = etcd.campaign(advertise.clone()) => won,
+            _ = stop.cancelled() => break,
+        };
+        let leadership = match leadership {
+            Ok(l) => l,
+            Err(err) => {
+                eprintln!("warning: campaign failed ({err}); retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let listener = bind(&cfg.listen, "meta service").await?;
+        let term = stop.child_token();
+        let meta = mooncake_meta::serve(
+            cfg.clone(),
+            listener,
+            leadership,
+            etcd.clone(),
+            term.clone(),
+        )
+        .map_err(|e| Failure::other(e.into()))?;
+        println!(
+            "meta replica {advertise}: leading on {} (revision {})",
+            meta.addr, meta.leadership.revision
+        );
+        let lost = meta.leadership.lost.clone();
+        tokio::select! {
+            _ = lost.cancelled() => {}
+            _ = stop.cancelled() => {}
+        }
+        term.cancel();
+        let _ = tokio::time::timeout(STOP_GRACE, meta.join()).await;
+    }
+    etcd.close().await;
     Ok(())
 }
 
@@ -144,21 +236,25 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     if let Some(d) = args.dram {
         cfg.dram = d;
     }
-    if cfg.meta.is_none() {
+    let etcd = args.etcd.connect().await?;
+    if cfg.meta.is_none() && etcd.is_none() {
         return Err(Failure::usage(
-            "a daemon needs a meta service: pass --meta ADDR (or use `mooncake-store up` for one host)",
+            "a daemon needs a meta service: pass --meta ADDR or --etcd URL (or use `mooncake-store up` for one host)",
         ));
     }
-    let shutdown = CancellationToken::new();
+    let stop = stop_on_signal();
     let listener = bind(&cfg.listen, "daemon").await?;
     let dram = cfg.dram;
-    let daemon = mooncake_daemon::start(cfg, listener, shutdown.clone())
+    let coordinator = etcd.clone().map(|c| c as Arc<dyn Coordinator>);
+    let daemon = mooncake_daemon::start(cfg, listener, coordinator, stop.clone())
         .await
         .map_err(|e| Failure::other(e.into()))?;
     println!("daemon on {} with {} of DRAM", daemon.addr, dram);
-    wait_for_signal().await;
-    shutdown.cancel();
+    stop.cancelled().await;
     let _ = tokio::time::timeout(STOP_GRACE, daemon.join()).await;
+    if let Some(etcd) = etcd {
+        etcd.close().await;
+    }
     Ok(())
 }
 
