@@ -450,7 +450,13 @@ impl Client {
         let mut retry = Vec::new();
         for (index, read) in first {
             match read {
-                Read::Stale | Read::Missing if from_cache[index] => {
+                // An unreachable daemon too: the block may live elsewhere
+                // now, or nowhere (a miss).
+                Read::Stale
+                | Read::Missing
+                | Read::Failed(ErrorCode::Unavailable | ErrorCode::Timeout)
+                    if from_cache[index] =>
+                {
                     self.locations
                         .forget(&BlockKey::new(namespace.clone(), hashes[index]));
                     retry.push(index);

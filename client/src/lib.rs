@@ -12,7 +12,7 @@ mod locations;
 mod pool;
 
 pub use client::{Client, ClientConfig, GetOutcome, PrefixMatch, PutOutcome};
-pub use conn::Connection;
+pub use conn::{Connection, FrameReader, FrameWriter};
 pub use error::{ClientError, ErrorSource};
 pub use mooncake_proto as proto;
 pub use pool::ConnPool;

@@ -50,6 +50,8 @@ pub struct EtcdCoordinator {
     cfg: EtcdConfig,
     session: Mutex<Session>,
     registrations: Mutex<Vec<(MemberKind, String)>>,
+    /// Cancelled by `close`: the keep-alive task ends for good.
+    closed: CancellationToken,
 }
 
 fn unavailable(err: impl std::fmt::Display) -> CoordinatorError {
@@ -76,14 +78,20 @@ impl EtcdCoordinator {
             cfg: EtcdConfig { ttl, ..cfg },
             session: Mutex::new(session.clone()),
             registrations: Mutex::new(Vec::new()),
+            closed: CancellationToken::new(),
         });
-        tokio::spawn(keep_alive(Arc::downgrade(&this), session));
+        tokio::spawn(keep_alive(
+            Arc::downgrade(&this),
+            session,
+            this.closed.clone(),
+        ));
         Ok(this)
     }
 
     /// Revokes the session: this node's lead and memberships end now
     /// rather than at the lease's expiry (a graceful stop).
     pub async fn close(&self) {
+        self.closed.cancel();
         let session = self.session.lock().clone();
         session.lost.cancel();
         let mut client = self.client.clone();
@@ -133,15 +141,20 @@ async fn open_session(client: &Client, ttl: Duration) -> Result<Session, Coordin
 /// Refreshes the session's lease every third of its TTL. When etcd reports
 /// it expired, the session is lost (its leader must stop) and a new one is
 /// opened, re-registering this node's memberships.
-async fn keep_alive(coordinator: Weak<EtcdCoordinator>, mut session: Session) {
+async fn keep_alive(
+    coordinator: Weak<EtcdCoordinator>,
+    mut session: Session,
+    closed: CancellationToken,
+) {
     loop {
         let Some(this) = coordinator.upgrade() else {
             return;
         };
         let (client, ttl) = (this.client.clone(), this.cfg.ttl);
         drop(this);
-        if refresh_until_lost(client.clone(), &session, ttl).await {
-            return; // closed on purpose
+        refresh_until_lost(client.clone(), &session, ttl).await;
+        if closed.is_cancelled() {
+            return;
         }
         session.lost.cancel();
         tracing::warn!(
@@ -175,20 +188,21 @@ async fn keep_alive(coordinator: Weak<EtcdCoordinator>, mut session: Session) {
     }
 }
 
-/// Keeps one lease alive. Returns `true` if the session was closed on
-/// purpose, `false` once etcd says the lease is gone.
-async fn refresh_until_lost(mut client: Client, session: &Session, ttl: Duration) -> bool {
+/// Keeps one lease alive; returns once etcd says it is gone (or the
+/// session was ended on purpose).
+async fn refresh_until_lost(mut client: Client, session: &Session, ttl: Duration) {
     let period = ttl / 3;
     let mut stream = None;
     let mut unreachable_since: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
-            _ = session.lost.cancelled() => return true,
+            _ = session.lost.cancelled() => return,
         }
         if stream.is_none() {
             match tokio::time::timeout(period, client.lease_keep_alive(session.lease)).await {
                 Ok(Ok(pair)) => stream = Some(pair),
+                Ok(Err(err)) if lease_gone(&err) => return,
                 _ => {
                     note_unreachable(&mut unreachable_since);
                     continue;
@@ -206,13 +220,19 @@ async fn refresh_until_lost(mut client: Client, session: &Session, ttl: Duration
                     tracing::info!("etcd reachable again; session kept");
                 }
             }
-            Ok(Ok(Some(_))) => return false, // TTL 0: the lease expired
+            Ok(Ok(Some(_))) => return, // TTL 0: the lease expired
+            Ok(Err(err)) if lease_gone(&err) => return,
             _ => {
                 stream = None;
                 note_unreachable(&mut unreachable_since);
             }
         }
     }
+}
+
+/// etcd's answer for a lease that expired (or was revoked).
+fn lease_gone(err: &etcd_client::Error) -> bool {
+    err.to_string().contains("lease not found")
 }
 
 fn note_unreachable(since: &mut Option<tokio::time::Instant>) {
@@ -228,7 +248,16 @@ impl Coordinator for EtcdCoordinator {
             let session = self.session.lock().clone();
             let mut client = self.client.clone();
             let won = tokio::select! {
-                won = client.campaign(self.election(), addr.clone(), session.lease) => won.map_err(unavailable)?,
+                won = client.campaign(self.election(), addr.clone(), session.lease) => match won {
+                    Ok(won) => won,
+                    Err(err) => {
+                        if lease_gone(&err) {
+                            // The keep-alive task opens a new session.
+                            session.lost.cancel();
+                        }
+                        return Err(unavailable(err));
+                    }
+                },
                 _ = session.lost.cancelled() => {
                     return Err(unavailable("etcd session expired while campaigning"));
                 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use mooncake_client::{Connection, ErrorSource};
 use mooncake_proto::frame::MAX_BATCH;
+use mooncake_proto::message::Body;
 use mooncake_proto::message::{
     Empty, EventsRequest, HeartbeatRequest, InventoryItem, InventoryRequest, RegisterRequest,
     RegisterResponse,
@@ -53,7 +54,7 @@ pub async fn run(cfg: LinkConfig, pool: Arc<DramPool>, shutdown: CancellationTok
             _ = tokio::time::sleep(backoff) => {}
             _ = shutdown.cancelled() => return,
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        backoff = (backoff * 2).min(Duration::from_millis(250));
     }
 }
 
@@ -121,22 +122,12 @@ async fn session(
     // Removals from before the inventory are already reflected in it.
     pool.take_removed();
     let inventory = pool.inventory();
-    for chunk in inventory.chunks(MAX_BATCH) {
-        let items = chunk
-            .iter()
-            .map(|(key, size, checksum)| InventoryItem {
-                key: key.clone(),
-                size: *size,
-                checksum: *checksum,
-            })
-            .collect();
-        let batch = InventoryRequest { daemon: id, items };
-        with_deadline(
-            deadline,
-            conn.call::<Empty>(Opcode::Inventory, &batch, "inventory"),
-        )
-        .await?;
-    }
+    let batches = inventory.len().div_ceil(MAX_BATCH) as u64;
+    with_deadline(
+        deadline * (1 + batches as u32 / 64),
+        send_inventory(&mut conn, id, &inventory),
+    )
+    .await?;
     tracing::info!(
         daemon = id,
         meta = %addr,
@@ -173,6 +164,49 @@ async fn session(
         )
         .await?;
     }
+}
+
+/// Streams the inventory in batches, pipelined: every batch is written
+/// while the acknowledgements of earlier ones are read.
+async fn send_inventory(
+    conn: &mut Connection,
+    daemon: u32,
+    inventory: &[(mooncake_proto::BlockKey, u32, u64)],
+) -> Result<(), mooncake_client::ClientError> {
+    let (writer, reader) = conn.split();
+    let chunks: Vec<_> = inventory.chunks(MAX_BATCH).collect();
+    let write = async {
+        for chunk in &chunks {
+            let items = chunk
+                .iter()
+                .map(|(key, size, checksum)| InventoryItem {
+                    key: key.clone(),
+                    size: *size,
+                    checksum: *checksum,
+                })
+                .collect();
+            let body = InventoryRequest { daemon, items }.to_bytes();
+            writer.send(Opcode::Inventory, &body, &[]).await?;
+        }
+        writer.flush().await
+    };
+    let read = async {
+        for _ in &chunks {
+            let header = reader.next_header(Opcode::Inventory).await?;
+            reader.discard(header.body_len as usize).await?;
+            if header.status != 0 {
+                return Err(reader.status_error(header.status, "inventory"));
+            }
+        }
+        Ok(())
+    };
+    let (written, read) = tokio::join!(write, read);
+    written.map_err(|err| mooncake_client::ClientError::Io {
+        side: ErrorSource::Meta,
+        addr: String::new(),
+        err,
+    })?;
+    read
 }
 
 async fn with_deadline<T>(

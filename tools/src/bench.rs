@@ -39,6 +39,9 @@ pub struct BenchArgs {
     /// of using a running one.
     #[arg(long)]
     embedded: bool,
+    /// Leave the blocks stored afterwards (to fill a store for other tests).
+    #[arg(long)]
+    keep: bool,
     /// DRAM of the embedded store.
     #[arg(long, default_value = "2GiB")]
     dram: ByteSize,
@@ -146,7 +149,9 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         })
         .await;
         bar.finish_and_clear();
-        let _ = client.remove(&ns, &hashes).await;
+        if !args.keep {
+            let _ = client.remove(&ns, &hashes).await;
+        }
         rows.push(put);
         rows.push(get);
     }

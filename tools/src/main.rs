@@ -3,6 +3,7 @@
 //! errors end as one line on stderr and a distinct exit code.
 
 mod bench;
+mod bench_meta;
 mod blocks;
 mod config;
 mod exit;
@@ -71,6 +72,8 @@ enum Command {
     Hash(hash::HashArgs),
     /// Drive a put/get load and report throughput and latency.
     Bench(bench::BenchArgs),
+    /// Measure the meta service alone: prefix matches and two-phase puts.
+    BenchMeta(bench_meta::BenchMetaArgs),
 }
 
 fn main() {
@@ -104,6 +107,7 @@ fn main() {
             Command::Ls(a) => blocks::ls(a).await,
             Command::Hash(a) => hash::run(a),
             Command::Bench(a) => bench::run(a).await,
+            Command::BenchMeta(a) => bench_meta::run(a).await,
         }
     });
     if let Err(failure) = result {

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what building and testing Mooncake Store need, from Debian's
+# packages, when missing: a C toolchain, protoc (etcd's client is generated
+# from protobuf at build time), etcd (the cluster tests start a real one) and
+# Python (the block-key spec's snippet is run by a test). Idempotent and quick
+# when everything is there.
+set -euo pipefail
+
+need=()
+command -v cc >/dev/null || need+=(build-essential)
+command -v python3 >/dev/null || need+=(python3)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
+[[ -e /usr/include/google/protobuf/descriptor.proto ]] || need+=(libprotobuf-dev)
+command -v etcd >/dev/null || need+=(etcd-server)
+
+if ((${#need[@]})); then
+    echo "installing: ${need[*]}"
+    if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # Debian starts etcd-server as a service on 2379; the tests start their own.
+    if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
+        $SUDO systemctl stop etcd || true
+    fi
+fi

@@ -1,0 +1,191 @@
+//! `bench-meta`: the meta service on its own. Prefix matches of 128-key
+//! chains and two-phase puts, in keys per second: once against the index in
+//! this process on one core (the engine's ceiling), once over the wire
+//! against a meta service (what a scheduler sees). No block data moves.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use mooncake_client::{Client, ClientConfig, Connection, ErrorSource};
+use mooncake_meta::Index;
+use mooncake_proto::message::{
+    CommitItem, PutCommitRequest, PutStartRequest, PutStartResponse, Slot, Statuses,
+};
+use mooncake_proto::{BlockHash, BlockKey, Namespace, Opcode, PrefixHasher};
+use serde_json::json;
+
+use crate::exit::Failure;
+use crate::Target;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchMetaArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Chains stored.
+    #[arg(long, default_value_t = 2000)]
+    chains: usize,
+    /// Keys per chain (blocks per request).
+    #[arg(long, default_value_t = 128)]
+    chain_len: usize,
+    /// Prefix-match requests over the wire.
+    #[arg(long, default_value_t = 20000)]
+    requests: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+fn chains(n: usize, len: usize, salt: u64) -> Vec<Vec<BlockHash>> {
+    (0..n)
+        .map(|c| {
+            let tokens: Vec<u32> = (0..len as u32).collect();
+            PrefixHasher::chain(format!("bench-meta-{salt}-{c}").as_bytes(), &tokens, 1, b"")
+        })
+        .collect()
+}
+
+pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
+    if args.chains == 0 || args.chain_len == 0 || args.concurrency == 0 {
+        return Err(Failure::usage(
+            "--chains, --chain-len and --concurrency must be at least 1",
+        ));
+    }
+    let ns = Namespace::new("bench-meta").expect("valid");
+    let salt: u64 = rand::random();
+    let chains = Arc::new(chains(args.chains, args.chain_len, salt));
+    let keys = args.chains * args.chain_len;
+
+    // 1. The index alone, one core.
+    let index = Index::new();
+    for chain in chains.iter() {
+        for h in chain {
+            index.insert_visible(&BlockKey::new(ns.clone(), *h), 1, 64, 0);
+        }
+    }
+    let start = Instant::now();
+    let mut looked = 0usize;
+    let mut i = 0usize;
+    while start.elapsed() < Duration::from_secs(1) {
+        looked += index.match_prefix(&ns, &chains[i % chains.len()]).len();
+        i += 1;
+    }
+    let local = looked as f64 / start.elapsed().as_secs_f64();
+
+    // 2. Two-phase puts over the wire (reserve, then commit as stored).
+    let client = crate::blocks::client(&args.target).await?;
+    let meta_addr = client.config().meta_addr.clone();
+    let mut conn =
+        Connection::connect(&meta_addr, ErrorSource::Meta, Duration::from_secs(2)).await?;
+    let start = Instant::now();
+    for chain in chains.iter() {
+        let req = PutStartRequest {
+            namespace: ns.clone(),
+            items: chain.iter().map(|h| (*h, 64)).collect(),
+        };
+        let placed: PutStartResponse = conn.call(Opcode::PutStart, &req, "put_start").await?;
+        let items = chain
+            .iter()
+            .zip(&placed.slots)
+            .filter_map(|(h, s)| match s {
+                Slot::Place(d) => Some(CommitItem {
+                    hash: *h,
+                    daemon: *d,
+                    size: 64,
+                    checksum: 0,
+                    stored: true,
+                }),
+                Slot::Skip(_) => None,
+            })
+            .collect();
+        let commit = PutCommitRequest {
+            namespace: ns.clone(),
+            items,
+        };
+        let _: Statuses = conn.call(Opcode::PutCommit, &commit, "put_commit").await?;
+    }
+    let put_rate = keys as f64 / start.elapsed().as_secs_f64();
+
+    // 3. Prefix matches over the wire, from concurrent callers.
+    let client = Arc::new(Client::new(ClientConfig {
+        location_cache: 0,
+        ..client.config().clone()
+    }));
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..args.concurrency)
+        .map(|_| {
+            let (client, chains, next, ns) =
+                (client.clone(), chains.clone(), next.clone(), ns.clone());
+            let total = args.requests;
+            tokio::spawn(async move {
+                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+                let mut matched = 0usize;
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n >= total {
+                        break;
+                    }
+                    let t = Instant::now();
+                    if let Ok(m) = client.match_prefix(&ns, &chains[n % chains.len()]).await {
+                        matched += m.matched;
+                    }
+                    hist.saturating_record(t.elapsed().as_micros() as u64);
+                }
+                (hist, matched)
+            })
+        })
+        .collect();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+    let mut matched = 0;
+    for w in workers {
+        if let Ok((h, m)) = w.await {
+            hist.add(h).expect("same bounds");
+            matched += m;
+        }
+    }
+    let wire = matched as f64 / start.elapsed().as_secs_f64();
+    let expected = args.requests * args.chain_len;
+    let _ = client
+        .remove(&ns, &chains.iter().flatten().copied().collect::<Vec<_>>())
+        .await;
+
+    if args.json {
+        println!(
+            "{}",
+            json!({"keys": keys, "chain_len": args.chain_len,
+                   "index_match_keys_per_sec_one_core": local,
+                   "wire_put_start_commit_keys_per_sec": put_rate,
+                   "wire_match_keys_per_sec": wire, "wire_match_p50_us": hist.value_at_quantile(0.5),
+                   "wire_match_p99_us": hist.value_at_quantile(0.99),
+                   "matched": matched, "expected": expected})
+        );
+    } else {
+        println!(
+            "{} keys in {} chains of {}; {} in flight",
+            keys, args.chains, args.chain_len, args.concurrency
+        );
+        println!(
+            "index, in process, one core   match_prefix   {:>12.0} keys/s",
+            local
+        );
+        println!(
+            "meta over TCP                 put (2 phases) {:>12.0} keys/s",
+            put_rate
+        );
+        println!(
+            "meta over TCP                 match_prefix   {:>12.0} keys/s   p50 {} us  p99 {} us per {}-key request",
+            wire,
+            hist.value_at_quantile(0.5),
+            hist.value_at_quantile(0.99),
+            args.chain_len
+        );
+        if matched != expected {
+            println!("warning: matched {matched} keys of {expected} expected");
+        }
+    }
+    Ok(())
+}

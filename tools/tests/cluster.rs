@@ -1,0 +1,541 @@
+//! A cluster on one machine, as an operator runs it: a real etcd, two meta
+//! replicas and three daemons as separate `mooncake-store` processes, and
+//! faults made by killing and pausing real processes.
+
+use std::collections::HashSet;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mooncake_client::{Client, ClientConfig, GetOutcome, PutOutcome};
+use mooncake_coord::{Coordinator, EtcdConfig, EtcdCoordinator, LeaderResolver};
+use mooncake_proto::{BlockHash, BlockKey, Namespace, PrefixHasher};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mooncake-store");
+const TTL: Duration = Duration::from_secs(2);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mooncake-{name}-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A child process that is killed (SIGKILL) and reaped when dropped.
+struct Proc {
+    child: Child,
+    name: String,
+}
+
+impl Proc {
+    fn spawn(name: &str, program: &str, args: &[&str], logs: &Path) -> Proc {
+        let log = std::fs::File::create(logs.join(format!("{name}.log"))).unwrap();
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+        Proc {
+            child,
+            name: name.to_string(),
+        }
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {}", self.name);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.signal_quietly();
+        self.kill9();
+    }
+}
+
+impl Proc {
+    fn signal_quietly(&self) {
+        // A paused process must be resumed to die promptly.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+    }
+}
+
+struct Cluster {
+    etcd: Proc,
+    etcd_url: String,
+    metas: Vec<(String, Proc)>,
+    daemons: Vec<(String, Proc)>,
+    logs: PathBuf,
+    daemon_config: PathBuf,
+}
+
+impl Cluster {
+    async fn start(metas: usize, daemons: usize) -> Cluster {
+        let logs = scratch_dir("cluster");
+        let (client_port, peer_port) = (free_port(), free_port());
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let data = logs.join("etcd-data");
+        let etcd = Proc::spawn(
+            "etcd",
+            "etcd",
+            &[
+                "--name",
+                "t",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--listen-client-urls",
+                &etcd_url,
+                "--advertise-client-urls",
+                &etcd_url,
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+                "--initial-cluster",
+                &format!("t={peer_url}"),
+            ],
+            &logs,
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", client_port)).is_err() {
+            assert!(Instant::now() < deadline, "etcd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let daemon_config = logs.join("daemon.toml");
+        std::fs::write(
+            &daemon_config,
+            "[daemon]\nhugepages = false\nprefault = false\nheartbeat_interval = \"200ms\"\n",
+        )
+        .unwrap();
+        let mut cluster = Cluster {
+            etcd,
+            etcd_url,
+            metas: Vec::new(),
+            daemons: Vec::new(),
+            logs,
+            daemon_config,
+        };
+        for _ in 0..metas {
+            cluster.spawn_meta();
+        }
+        for _ in 0..daemons {
+            let addr = format!("127.0.0.1:{}", free_port());
+            cluster.spawn_daemon(&addr);
+        }
+        cluster.wait_healthy(daemons, Duration::from_secs(15)).await;
+        cluster
+    }
+
+    fn spawn_meta(&mut self) {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let name = format!("meta-{}", self.metas.len());
+        let p = Proc::spawn(
+            &name,
+            BIN,
+            &[
+                "meta",
+                "--etcd",
+                &self.etcd_url,
+                "--listen",
+                &addr,
+                "--lease-ttl",
+                "2s",
+            ],
+            &self.logs,
+        );
+        self.metas.push((addr, p));
+    }
+
+    fn spawn_daemon(&mut self, addr: &str) -> usize {
+        let name = format!("daemon-{}", self.daemons.len());
+        let p = Proc::spawn(
+            &name,
+            BIN,
+            &[
+                "daemon",
+                "--etcd",
+                &self.etcd_url,
+                "--listen",
+                addr,
+                "--dram",
+                "64MiB",
+                "--lease-ttl",
+                "2s",
+                "--config",
+                self.daemon_config.to_str().unwrap(),
+            ],
+            &self.logs,
+        );
+        self.daemons.push((addr.to_string(), p));
+        self.daemons.len() - 1
+    }
+
+    async fn coordinator(&self) -> Arc<EtcdCoordinator> {
+        EtcdCoordinator::connect(EtcdConfig {
+            ttl: TTL,
+            ..EtcdConfig::new(vec![self.etcd_url.clone()])
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn client(&self, timeout: Duration) -> Client {
+        let resolver = Arc::new(LeaderResolver(self.coordinator().await));
+        let cfg = ClientConfig::new("")
+            .with_timeout(timeout)
+            .with_resolver(resolver)
+            .await
+            .unwrap();
+        Client::new(cfg)
+    }
+
+    /// Waits for a leader with `daemons` live daemons registered.
+    async fn wait_healthy(&self, daemons: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        let coordinator = self.coordinator().await;
+        loop {
+            if let Ok(Some(_)) = coordinator.leader().await {
+                let client = self.client(Duration::from_secs(2)).await;
+                if let Ok(st) = client.cluster_stats().await {
+                    if st.daemons.iter().filter(|d| d.alive).count() == daemons {
+                        return;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster not healthy within {within:?}; logs in {}",
+                self.logs.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn leader_index(&self) -> usize {
+        let leader = self.coordinator().await.leader().await.unwrap().unwrap();
+        self.metas
+            .iter()
+            .position(|(a, _)| *a == leader.addr)
+            .unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.daemons.clear();
+        self.metas.clear();
+        self.etcd.kill9();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.logs);
+        }
+    }
+}
+
+fn ns() -> Namespace {
+    Namespace::new("t/cluster").unwrap()
+}
+
+fn value(i: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i as usize * 31 + j * 7) as u8).collect()
+}
+
+async fn put_blocks(client: &Client, range: std::ops::Range<u64>, len: usize) -> Vec<BlockHash> {
+    let hashes: Vec<BlockHash> = range
+        .clone()
+        .map(|i| BlockHash::from_opaque(&i.to_le_bytes()))
+        .collect();
+    let values: Vec<Vec<u8>> = range.map(|i| value(i, len)).collect();
+    let blocks: Vec<(BlockHash, &[u8])> = hashes
+        .iter()
+        .zip(&values)
+        .map(|(h, v)| (*h, &v[..]))
+        .collect();
+    let out = client.put(&ns(), &blocks).await.unwrap();
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    hashes
+}
+
+async fn all_visible(client: &Client, hashes: &[BlockHash]) -> bool {
+    client
+        .exists(&ns(), hashes)
+        .await
+        .map(|e| e.iter().all(|x| *x))
+        .unwrap_or(false)
+}
+
+async fn eventually<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if check().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_spread_across_three_daemons_and_read_back_right() {
+    let cluster = Cluster::start(2, 3).await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    let hashes = put_blocks(&client, 0..90, 64 << 10).await;
+    let locs = client.lookup(&ns(), &hashes).await.unwrap();
+    let used: HashSet<u32> = locs.items.iter().flatten().map(|l| l.daemon).collect();
+    assert_eq!(used.len(), 3, "blocks spread over every daemon");
+    for (i, h) in hashes.iter().enumerate() {
+        let got = client.get(&BlockKey::new(ns(), *h)).await.unwrap().unwrap();
+        assert!(got == value(i as u64, 64 << 10));
+    }
+    let tokens: Vec<u32> = (0..64).collect();
+    let chain = PrefixHasher::chain(b"", &tokens, 16, b"");
+    let v = vec![1u8; 1000];
+    let head: Vec<(BlockHash, &[u8])> = chain[..3].iter().map(|h| (*h, &v[..])).collect();
+    client.put(&ns(), &head).await.unwrap();
+    assert_eq!(client.match_prefix(&ns(), &chain).await.unwrap().matched, 3);
+    let st = client.cluster_stats().await.unwrap();
+    assert_eq!(st.standbys.len(), 1, "the other replica stands by");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_under_load_loses_no_block_of_live_daemons() {
+    let mut cluster = Cluster::start(2, 3).await;
+    let timeout = Duration::from_secs(3);
+    let client = Arc::new(cluster.client(timeout).await);
+    let hashes = put_blocks(&client, 0..200, 16 << 10).await;
+
+    // A load that verifies every byte and times every call.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (wrong, errors, slowest_ms) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let load = {
+        let (client, hashes, stop) = (client.clone(), hashes.clone(), stop.clone());
+        let (wrong, errors, slowest_ms) = (wrong.clone(), errors.clone(), slowest_ms.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            let mut buf = vec![0u8; 16 << 10];
+            while !stop.load(Ordering::Relaxed) {
+                let n = (i % 200) as usize;
+                let started = Instant::now();
+                match client
+                    .get_into(&ns(), &[hashes[n]], &mut [&mut buf[..]])
+                    .await
+                {
+                    Ok(out) => {
+                        if let GetOutcome::Hit(len) = out[0] {
+                            if buf[..len] != value(n as u64, 16 << 10)[..] {
+                                wrong.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let extra = BlockHash::from_opaque(format!("load-{i}").as_bytes());
+                let _ = client.put(&ns(), &[(extra, &[7u8; 1000][..])]).await;
+                slowest_ms.fetch_max(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                i += 1;
+            }
+            i
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let old = cluster.leader_index().await;
+    let killed_at = Instant::now();
+    cluster.metas[old].1.kill9();
+    let coordinator = cluster.coordinator().await;
+    let old_addr = cluster.metas[old].0.clone();
+    let new_leader = eventually(Duration::from_secs(10), || async {
+        matches!(coordinator.leader().await, Ok(Some(l)) if l.addr != old_addr)
+    })
+    .await
+    .expect("a standby takes over");
+    let visible = eventually(Duration::from_secs(10), || all_visible(&client, &hashes))
+        .await
+        .expect("every block of the live daemons is found again");
+    stop.store(true, Ordering::Relaxed);
+    let rounds = load.await.unwrap();
+    eprintln!(
+        "failover: new leader {:?} after the kill, all {} blocks visible {:?} after the kill; load: {rounds} rounds, {} errors, slowest call {} ms",
+        new_leader,
+        hashes.len(),
+        killed_at.elapsed().min(new_leader + visible),
+        errors.load(Ordering::Relaxed),
+        slowest_ms.load(Ordering::Relaxed),
+    );
+    assert!(
+        new_leader <= TTL * 2,
+        "standby led after {new_leader:?}, more than 2x the lease TTL"
+    );
+    assert_eq!(wrong.load(Ordering::Relaxed), 0, "no wrong bytes, ever");
+    // A round is one get and one put, each under the client deadline.
+    assert!(slowest_ms.load(Ordering::Relaxed) <= 2 * timeout.as_millis() as u64 + 500);
+    assert!(rounds > 10, "the load kept running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_daemon_leaves_the_index_within_its_lease_ttl() {
+    let mut cluster = Cluster::start(1, 3).await;
+    let client = cluster.client(Duration::from_secs(3)).await;
+    let hashes = put_blocks(&client, 0..60, 4096).await;
+    let locs = client.lookup(&ns(), &hashes).await.unwrap();
+    let victim_addr = cluster.daemons[0].0.clone();
+    let st = client.cluster_stats().await.unwrap();
+    let victim = st
+        .daemons
+        .iter()
+        .find(|d| d.addr == victim_addr)
+        .unwrap()
+        .id;
+    let on_victim: Vec<BlockHash> = hashes
+        .iter()
+        .zip(&locs.items)
+        .filter(|(_, l)| l.unwrap().daemon == victim)
+        .map(|(h, _)| *h)
+        .collect();
+    assert!(!on_victim.is_empty());
+    let killed_at = Instant::now();
+    cluster.daemons[0].1.kill9();
+    let gone = eventually(Duration::from_secs(10), || async {
+        client
+            .exists(&ns(), &on_victim)
+            .await
+            .unwrap()
+            .iter()
+            .all(|e| !e)
+    })
+    .await
+    .expect("blocks of the dead daemon leave the index");
+    eprintln!(
+        "dead daemon's {} blocks unindexed {:?} after the kill",
+        on_victim.len(),
+        killed_at.elapsed().min(gone)
+    );
+    assert!(gone <= TTL + Duration::from_millis(800), "took {gone:?}");
+    for h in &on_victim {
+        assert_eq!(
+            client.get(&BlockKey::new(ns(), *h)).await.unwrap(),
+            None,
+            "a miss"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_paused_data_is_served_and_the_cluster_recovers() {
+    let cluster = Cluster::start(2, 2).await;
+    let client = cluster.client(Duration::from_secs(3)).await;
+    let hashes = put_blocks(&client, 0..40, 8192).await;
+    cluster.etcd.signal("-STOP");
+    let paused_at = Instant::now();
+    let mut served = 0;
+    while paused_at.elapsed() < TTL + Duration::from_secs(1) {
+        for (i, h) in hashes.iter().enumerate().step_by(7) {
+            if let Some(bytes) = client.get(&BlockKey::new(ns(), *h)).await.unwrap() {
+                assert!(bytes == value(i as u64, 8192));
+                served += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.etcd.signal("-CONT");
+    assert!(
+        served > 0,
+        "stored data kept being served while etcd was paused"
+    );
+    cluster.wait_healthy(2, Duration::from_secs(20)).await;
+    let client = cluster.client(Duration::from_secs(3)).await;
+    let recovered = eventually(Duration::from_secs(10), || all_visible(&client, &hashes)).await;
+    assert!(
+        recovered.is_some(),
+        "every block visible again after etcd returned"
+    );
+    put_blocks(&client, 1000..1010, 4096).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_registers_again_with_an_empty_pool() {
+    let mut cluster = Cluster::start(1, 2).await;
+    let client = cluster.client(Duration::from_secs(3)).await;
+    let hashes = put_blocks(&client, 0..40, 4096).await;
+    let addr = cluster.daemons[0].0.clone();
+    cluster.daemons[0].1.kill9();
+    let id = {
+        let st = client.cluster_stats().await.unwrap();
+        st.daemons.iter().find(|d| d.addr == addr).unwrap().id
+    };
+    // Back at once, well within its lease TTL: its registration (not its
+    // death) must clear its old entries, with the same id kept.
+    let restarted_at = Instant::now();
+    cluster.spawn_daemon(&addr);
+    let cleared = eventually(TTL, || async {
+        let locs = client.lookup(&ns(), &hashes).await.unwrap();
+        locs.items.iter().flatten().all(|l| l.daemon != id)
+    })
+    .await;
+    assert!(
+        cleared.is_some(),
+        "no block is indexed on the restarted daemon, whose DRAM started empty"
+    );
+    assert!(
+        restarted_at.elapsed() < TTL,
+        "cleared by re-registration, before the TTL"
+    );
+    let st = client.cluster_stats().await.unwrap();
+    let restarted = st.daemons.iter().find(|d| d.addr == addr).unwrap();
+    assert!(restarted.alive);
+    assert_eq!(restarted.id, id, "same address, same id");
+    let mut found = 0;
+    for h in &hashes {
+        if client
+            .get(&BlockKey::new(ns(), *h))
+            .await
+            .unwrap()
+            .is_some()
+        {
+            found += 1;
+        }
+    }
+    assert!(
+        found > 0 && found < hashes.len(),
+        "the other daemon's blocks are still served"
+    );
+    put_blocks(&client, 500..540, 4096).await;
+}
