@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing Mooncake Store need, from Debian's
 # packages, when missing: a C toolchain, protoc (etcd's client is generated
-# from protobuf at build time), etcd (the cluster tests start a real one) and
-# Python (the block-key spec's snippet is run by a test). Idempotent and quick
+# from protobuf at build time), etcd (the cluster tests start a real one),
+# Prometheus (a test scrapes the store with it) and Python (the block-key
+# spec's snippet is run by a test). Idempotent and quick
 # when everything is there.
 set -euo pipefail
 
@@ -12,6 +13,7 @@ command -v python3 >/dev/null || need+=(python3)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 [[ -e /usr/include/google/protobuf/descriptor.proto ]] || need+=(libprotobuf-dev)
 command -v etcd >/dev/null || need+=(etcd-server)
+command -v prometheus >/dev/null || need+=(prometheus)    # scrapes the store in a test
 
 if ((${#need[@]})); then
     echo "installing: ${need[*]}"
@@ -19,8 +21,10 @@ if ((${#need[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-    # Debian starts etcd-server as a service on 2379; the tests start their own.
-    if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
-        $SUDO systemctl stop etcd || true
+    # Debian may start these as services; the tests start their own.
+    if command -v systemctl >/dev/null; then
+        for svc in etcd prometheus; do
+            systemctl is-active --quiet "$svc" 2>/dev/null && { $SUDO systemctl stop "$svc" || true; }
+        done
     fi
 fi

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 pub struct MetaConfig {
     /// Control port. Default `127.0.0.1:7070`.
     pub listen: String,
+    /// Admin port: `/metrics` and `/health` over HTTP (with `up`, for the
+    /// whole process). Default `127.0.0.1:9070`; empty to serve none.
+    pub admin: String,
     /// A daemon silent this long is dead and its blocks leave the index.
     /// Default 5s.
     pub daemon_ttl: HumanDuration,
@@ -27,6 +30,7 @@ impl Default for MetaConfig {
     fn default() -> Self {
         MetaConfig {
             listen: "127.0.0.1:7070".into(),
+            admin: "127.0.0.1:9070".into(),
             daemon_ttl: HumanDuration(Duration::from_secs(5)),
             put_timeout: HumanDuration(Duration::from_secs(30)),
             max_connections: 4096,

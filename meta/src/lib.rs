@@ -10,6 +10,7 @@
 pub mod config;
 mod daemons;
 mod index;
+pub mod metrics;
 mod server;
 
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::MetaConfig;
 pub use index::{Index, PrefixStats};
+pub use metrics::MetaMetrics;
 pub use mooncake_coord::{
     Coordinator, CoordinatorError, EmbeddedCoordinator, Leadership, MemberKind,
 };
@@ -34,6 +36,8 @@ pub enum MetaError {
     Listener(std::io::Error),
     #[error("coordinator: {0}")]
     Coordinator(#[from] CoordinatorError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
 }
 
 /// A running meta service.
@@ -59,11 +63,13 @@ pub async fn start(
     config: MetaConfig,
     listener: TcpListener,
     coordinator: Arc<dyn Coordinator>,
+    registry: &prometheus::Registry,
     shutdown: CancellationToken,
 ) -> Result<MetaHandle, MetaError> {
     let addr = listener.local_addr().map_err(MetaError::Listener)?;
+    let metrics = MetaMetrics::new(registry)?;
     let leadership = coordinator.campaign(addr.to_string()).await?;
-    serve(config, listener, leadership, coordinator, shutdown)
+    serve(config, listener, leadership, coordinator, metrics, shutdown)
 }
 
 /// Serves as the leader on `listener` until `shutdown` is cancelled or the
@@ -74,6 +80,7 @@ pub fn serve(
     listener: TcpListener,
     leadership: Leadership,
     coordinator: Arc<dyn Coordinator>,
+    metrics: Arc<MetaMetrics>,
     shutdown: CancellationToken,
 ) -> Result<MetaHandle, MetaError> {
     config.validate().map_err(MetaError::Config)?;
@@ -87,7 +94,9 @@ pub fn serve(
         addr.to_string(),
         leadership.revision,
         coordinator,
+        stop.clone(),
     ));
+    metrics.set_term(&state);
     let tasks = vec![
         tokio::spawn(async move {
             tokio::select! {
@@ -99,7 +108,7 @@ pub fn serve(
             }
         }),
         tokio::spawn(server::reaper(state.clone(), stop.clone())),
-        tokio::spawn(server::run(listener, state, config, stop)),
+        tokio::spawn(server::run(listener, state, config, metrics, stop)),
     ];
     Ok(MetaHandle {
         addr,

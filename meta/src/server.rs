@@ -25,6 +25,7 @@ use mooncake_coord::{Coordinator, MemberKind};
 use crate::config::MetaConfig;
 use crate::daemons::Daemons;
 use crate::index::{Index, Reservation};
+use crate::metrics::MetaMetrics;
 
 const IO_BUFFER: usize = 64 << 10;
 /// Deadline of a call from the meta service to a daemon.
@@ -40,6 +41,8 @@ pub struct State {
     addr: String,
     revision: u64,
     coordinator: Arc<dyn Coordinator>,
+    /// Cancelled when the term ends.
+    stop: CancellationToken,
 }
 
 impl State {
@@ -48,6 +51,7 @@ impl State {
         addr: String,
         revision: u64,
         coordinator: Arc<dyn Coordinator>,
+        stop: CancellationToken,
     ) -> Self {
         State {
             index: Index::new(),
@@ -58,7 +62,17 @@ impl State {
             addr,
             revision,
             coordinator,
+            stop,
         }
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Whether this term is still being served.
+    pub fn is_serving(&self) -> bool {
+        !self.stop.is_cancelled()
     }
 
     /// Other meta replicas listed by the coordinator (standbys).
@@ -146,6 +160,7 @@ pub async fn run(
     listener: TcpListener,
     state: Arc<State>,
     cfg: MetaConfig,
+    metrics: Arc<MetaMetrics>,
     stop: CancellationToken,
 ) {
     let permits = Arc::new(Semaphore::new(cfg.max_connections));
@@ -166,9 +181,9 @@ pub async fn run(
             tracing::warn!(%peer, "connection refused: max_connections reached");
             continue;
         };
-        let (state, stop) = (state.clone(), stop.clone());
+        let (state, stop, metrics) = (state.clone(), stop.clone(), metrics.clone());
         tokio::spawn(async move {
-            if let Err(err) = serve(stream, &state, request_timeout, &stop).await {
+            if let Err(err) = serve(stream, &state, &metrics, request_timeout, &stop).await {
                 tracing::debug!(%peer, %err, "connection closed");
             }
             drop(permit);
@@ -190,6 +205,7 @@ enum ConnError {
 async fn serve(
     stream: TcpStream,
     state: &State,
+    metrics: &MetaMetrics,
     request_timeout: Duration,
     stop: &CancellationToken,
 ) -> Result<(), ConnError> {
@@ -232,8 +248,9 @@ async fn serve(
         let answer = async {
             let mut body = vec![0u8; header.body_len as usize];
             rd.read_exact(&mut body).await?;
-            Ok::<_, ConnError>(dispatch(state, header.opcode, &body).await)
+            Ok::<_, ConnError>(dispatch(state, metrics, header.opcode, &body).await)
         };
+        let started = Instant::now();
         let (code, reply) = match tokio::time::timeout(request_timeout, answer).await {
             Ok(Ok(Ok(reply))) => (ErrorCode::Ok, reply),
             Ok(Ok(Err(Failure::Code(code)))) => (code, Vec::new()),
@@ -246,6 +263,7 @@ async fn serve(
             Ok(Err(err)) => return Err(err),
             Err(_) => return Err(ConnError::Timeout(request_timeout)),
         };
+        metrics.record(header.opcode, code, started.elapsed().as_secs_f64());
         let h = Header::response(
             header.opcode,
             header.request_id,
@@ -274,7 +292,12 @@ impl From<ProtoError> for Failure {
     }
 }
 
-async fn dispatch(state: &State, op: Opcode, body: &[u8]) -> Result<Vec<u8>, Failure> {
+async fn dispatch(
+    state: &State,
+    metrics: &MetaMetrics,
+    op: Opcode,
+    body: &[u8],
+) -> Result<Vec<u8>, Failure> {
     let now = Instant::now();
     Ok(match op {
         Opcode::Ping => {
@@ -294,11 +317,18 @@ async fn dispatch(state: &State, op: Opcode, body: &[u8]) -> Result<Vec<u8>, Fai
         Opcode::Lookup => {
             let req = KeysRequest::from_bytes(body)?;
             let items = state.index.lookup(&req.namespace, &req.hashes);
+            let hits = items.iter().flatten().count() as u64;
+            metrics.lookup_hits.inc_by(hits);
+            metrics.lookup_misses.inc_by(items.len() as u64 - hits);
             with_daemons(state, items).to_bytes()
         }
         Opcode::MatchPrefix => {
             let req = KeysRequest::from_bytes(body)?;
             let items = state.index.match_prefix(&req.namespace, &req.hashes);
+            metrics.match_hits.inc_by(items.len() as u64);
+            metrics
+                .match_misses
+                .inc_by((req.hashes.len() - items.len()) as u64);
             with_daemons(state, items.into_iter().map(Some).collect()).to_bytes()
         }
         Opcode::MetaRemove => {

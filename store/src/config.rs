@@ -13,6 +13,9 @@ use crate::server::ServerConfig;
 pub struct DaemonConfig {
     /// Data port. Default `127.0.0.1:7071`.
     pub listen: String,
+    /// Admin port: `/metrics` and `/health` over HTTP. Default
+    /// `127.0.0.1:9071`; empty to serve none.
+    pub admin: String,
     /// Address clients are told to use. Default: the bound address.
     pub advertise: Option<String>,
     /// This host's name in the cluster. Default: the hostname.
@@ -50,6 +53,7 @@ impl Default for DaemonConfig {
     fn default() -> Self {
         DaemonConfig {
             listen: "127.0.0.1:7071".into(),
+            admin: "127.0.0.1:9071".into(),
             advertise: None,
             node: hostname(),
             dram: ByteSize(default_dram()),

@@ -9,6 +9,7 @@
 
 pub mod config;
 mod meta_link;
+pub mod metrics;
 pub mod pool;
 mod region;
 mod server;
@@ -35,6 +36,8 @@ pub enum DaemonError {
     Listener(std::io::Error),
     #[error("coordinator: {0}")]
     Coordinator(#[from] mooncake_coord::CoordinatorError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
 }
 
 /// A running daemon.
@@ -73,6 +76,7 @@ pub async fn start(
     config: DaemonConfig,
     listener: TcpListener,
     coordinator: Option<Arc<dyn Coordinator>>,
+    registry: &prometheus::Registry,
     shutdown: CancellationToken,
 ) -> Result<DaemonHandle, DaemonError> {
     config.validate().map_err(DaemonError::Config)?;
@@ -89,10 +93,12 @@ pub async fn start(
         hugepages = pool.uses_hugepages(),
         "storage daemon listening"
     );
+    let metrics = metrics::DaemonMetrics::new(registry, pool.clone())?;
     let mut tasks = vec![tokio::spawn(server::run(
         listener,
         pool.clone(),
         config.server(),
+        metrics,
         shutdown.child_token(),
     ))];
     let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mooncake_proto::message::{Body, KeyRequest, PutHead};
 use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
@@ -13,6 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::DaemonMetrics;
 use crate::pool::DramPool;
 
 const IO_BUFFER: usize = 64 << 10;
@@ -41,6 +42,7 @@ pub async fn run(
     listener: TcpListener,
     pool: Arc<DramPool>,
     cfg: ServerConfig,
+    metrics: Arc<DaemonMetrics>,
     shutdown: CancellationToken,
 ) {
     let permits = Arc::new(Semaphore::new(cfg.max_connections));
@@ -60,14 +62,18 @@ pub async fn run(
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             tracing::warn!(%peer, "connection refused: max_connections reached");
+            metrics.refused_connections.inc();
             tokio::spawn(refuse(stream));
             continue;
         };
         let (pool, cfg, shutdown) = (pool.clone(), cfg.clone(), shutdown.clone());
+        let metrics = metrics.clone();
         tokio::spawn(async move {
-            if let Err(err) = serve(stream, &pool, &cfg, &shutdown).await {
+            metrics.connections.inc();
+            if let Err(err) = serve(stream, &pool, &cfg, &metrics, &shutdown).await {
                 tracing::debug!(%peer, %err, "connection closed");
             }
+            metrics.connections.dec();
             drop(permit);
         });
     }
@@ -86,6 +92,7 @@ async fn serve(
     stream: TcpStream,
     pool: &Arc<DramPool>,
     cfg: &ServerConfig,
+    metrics: &DaemonMetrics,
     shutdown: &CancellationToken,
 ) -> Result<(), ConnError> {
     stream.set_nodelay(true)?;
@@ -117,13 +124,16 @@ async fn serve(
             }
             Err(err) => return Err(reject(&mut wr, &raw, err).await),
         };
+        let started = Instant::now();
+        metrics.in_flight.inc();
         let handled = tokio::time::timeout(
             cfg.request_timeout,
-            handle(header, &mut rd, &mut wr, pool, cfg),
+            handle(header, &mut rd, &mut wr, pool, cfg, metrics),
         )
         .await;
+        metrics.in_flight.dec();
         match handled {
-            Ok(Ok(())) => {}
+            Ok(Ok(code)) => metrics.record(header.opcode, code, started.elapsed().as_secs_f64()),
             Ok(Err(ConnError::Protocol(err))) => return Err(reject(&mut wr, &raw, err).await),
             Ok(Err(err)) => {
                 let _ = wr.flush().await;
@@ -153,16 +163,17 @@ async fn handle<R, W>(
     wr: &mut W,
     pool: &Arc<DramPool>,
     cfg: &ServerConfig,
-) -> Result<(), ConnError>
+    metrics: &DaemonMetrics,
+) -> Result<ErrorCode, ConnError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     match header.opcode {
-        Opcode::Put => handle_put(header, rd, wr, pool).await,
+        Opcode::Put => handle_put(header, rd, wr, pool, metrics).await,
         Opcode::Get => {
             let req: KeyRequest = read_body(header, rd).await?;
-            handle_get(header, req, wr, pool, cfg.verify_on_read).await
+            handle_get(header, req, wr, pool, cfg.verify_on_read, metrics).await
         }
         Opcode::Verify => {
             let req: KeyRequest = read_body(header, rd).await?;
@@ -213,7 +224,7 @@ async fn reply<W: AsyncWrite + Unpin>(
     header: Header,
     code: ErrorCode,
     body: &[u8],
-) -> Result<(), ConnError> {
+) -> Result<ErrorCode, ConnError> {
     let h = Header::response(
         header.opcode,
         header.request_id,
@@ -222,7 +233,7 @@ async fn reply<W: AsyncWrite + Unpin>(
     );
     wr.write_all(&h.encode()).await?;
     wr.write_all(body).await?;
-    Ok(())
+    Ok(code)
 }
 
 async fn handle_put<R, W>(
@@ -230,7 +241,8 @@ async fn handle_put<R, W>(
     rd: &mut R,
     wr: &mut W,
     pool: &Arc<DramPool>,
-) -> Result<(), ConnError>
+    metrics: &DaemonMetrics,
+) -> Result<ErrorCode, ConnError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -255,6 +267,9 @@ where
             // visible and the space is freed at once.
             rd.read_exact(slot.buf_mut()).await?;
             let code = slot.commit().err().map_or(ErrorCode::Ok, |e| e.code());
+            if code == ErrorCode::Ok {
+                metrics.bytes_written.inc_by(value_len as u64);
+            }
             reply(wr, header, code, &[]).await
         }
         Err(crate::PoolError::TooLarge(_)) => {
@@ -275,21 +290,26 @@ async fn handle_get<W: AsyncWrite + Unpin>(
     wr: &mut W,
     pool: &Arc<DramPool>,
     verify: bool,
-) -> Result<(), ConnError> {
+    metrics: &DaemonMetrics,
+) -> Result<ErrorCode, ConnError> {
     let Some(lease) = pool.get(&req.key) else {
+        metrics.misses.inc();
         return reply(wr, header, ErrorCode::NotFound, &[]).await;
     };
     if verify && !lease.verify() {
         pool.drop_corrupt(&lease);
+        metrics.misses.inc();
         return reply(wr, header, ErrorCode::Corrupt, &[]).await;
     }
+    metrics.hits.inc();
     let bytes = lease.bytes();
     let len = (mooncake_proto::message::GET_HEAD_LEN + bytes.len()) as u32;
     let h = Header::response(Opcode::Get, header.request_id, ErrorCode::Ok as u16, len);
     wr.write_all(&h.encode()).await?;
     wr.write_all(&lease.checksum().to_le_bytes()).await?;
     wr.write_all(bytes).await?;
-    Ok(())
+    metrics.bytes_read.inc_by(bytes.len() as u64);
+    Ok(ErrorCode::Ok)
 }
 
 async fn discard<R: AsyncRead + Unpin>(rd: &mut R, mut len: usize) -> io::Result<()> {

@@ -53,6 +53,7 @@ impl TestCluster {
             meta,
             listener,
             Arc::new(EmbeddedCoordinator::new()),
+            &prometheus::Registry::new(),
             shutdown.clone(),
         )
         .await
@@ -73,9 +74,15 @@ impl TestCluster {
         let stop = self.shutdown.child_token();
         cfg.meta = Some(self.meta_addr.clone());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let handle = mooncake_daemon::start(cfg, listener, None, stop.clone())
-            .await
-            .unwrap();
+        let handle = mooncake_daemon::start(
+            cfg,
+            listener,
+            None,
+            &prometheus::Registry::new(),
+            stop.clone(),
+        )
+        .await
+        .unwrap();
         let addr = handle.addr.to_string();
         self.daemons.push(TestDaemon { handle, stop });
         let client = self.client();

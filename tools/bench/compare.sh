@@ -36,7 +36,7 @@ bytes_of() { # 16KiB -> 16384
 redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
     --proto-max-bulk-len 1gb --daemonize no >"$tmp/redis.log" 2>&1 &
 RPID=$!
-"$BIN" up --meta-listen "127.0.0.1:$MPORT" --listen "127.0.0.1:$DPORT" --dram 4GiB >"$tmp/up.log" 2>&1 &
+"$BIN" up --meta-listen "127.0.0.1:$MPORT" --listen "127.0.0.1:$DPORT" --admin "" --dram 4GiB >"$tmp/up.log" 2>&1 &
 MPID=$!
 for _ in $(seq 100); do
     redis-cli -p "$RPORT" ping >/dev/null 2>&1 && "$BIN" stat --meta "127.0.0.1:$MPORT" --json 2>/dev/null | grep -q '"alive":true' && break

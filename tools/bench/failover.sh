@@ -27,10 +27,10 @@ etcd --name f --data-dir "$tmp/etcd" --listen-client-urls "$ETCD" --advertise-cl
 pids+=($!)
 M1="127.0.0.1:$(free_port)"; M2="127.0.0.1:$(free_port)"; D="127.0.0.1:$(free_port)"
 sleep 1
-"$BIN" meta --etcd "$ETCD" --listen "$M1" --lease-ttl "$TTL" >"$tmp/m1.log" 2>&1 & pids+=($!); P1=$!
+"$BIN" meta --etcd "$ETCD" --listen "$M1" --lease-ttl "$TTL" --admin "" >"$tmp/m1.log" 2>&1 & pids+=($!); P1=$!
 sleep 0.5
-"$BIN" meta --etcd "$ETCD" --listen "$M2" --lease-ttl "$TTL" >"$tmp/m2.log" 2>&1 & pids+=($!); P2=$!
-"$BIN" daemon --etcd "$ETCD" --listen "$D" --dram 2GiB --lease-ttl "$TTL" >"$tmp/d.log" 2>&1 & pids+=($!)
+"$BIN" meta --etcd "$ETCD" --listen "$M2" --lease-ttl "$TTL" --admin "" >"$tmp/m2.log" 2>&1 & pids+=($!); P2=$!
+"$BIN" daemon --etcd "$ETCD" --listen "$D" --dram 2GiB --lease-ttl "$TTL" --admin "" >"$tmp/d.log" 2>&1 & pids+=($!)
 until "$BIN" stat --etcd "$ETCD" --json 2>/dev/null | grep -q '"alive":true'; do sleep 0.2; done
 
 echo "filling the index with $BLOCKS blocks of 64 bytes"

@@ -167,6 +167,7 @@ async fn start_embedded(dram: ByteSize, shutdown: &CancellationToken) -> Result<
         mooncake_meta::MetaConfig::default(),
         meta_listener,
         Arc::new(mooncake_meta::EmbeddedCoordinator::new()),
+        &prometheus::Registry::new(),
         shutdown.clone(),
     )
     .await
@@ -176,9 +177,15 @@ async fn start_embedded(dram: ByteSize, shutdown: &CancellationToken) -> Result<
         meta: Some(meta.addr.to_string()),
         ..Default::default()
     };
-    mooncake_daemon::start(cfg, daemon_listener, None, shutdown.clone())
-        .await
-        .map_err(|e| Failure::other(e.into()))?;
+    mooncake_daemon::start(
+        cfg,
+        daemon_listener,
+        None,
+        &prometheus::Registry::new(),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|e| Failure::other(e.into()))?;
     // Wait until the daemon has registered.
     let client = Client::new(ClientConfig::new(meta.addr.to_string()));
     for _ in 0..100 {

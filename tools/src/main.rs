@@ -2,6 +2,7 @@
 //! parses arguments, starts logging and hands over to a command module;
 //! errors end as one line on stderr and a distinct exit code.
 
+mod admin;
 mod bench;
 mod bench_meta;
 mod blocks;

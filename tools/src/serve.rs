@@ -12,9 +12,11 @@ use anyhow::Context;
 use mooncake_coord::{Coordinator, EtcdConfig, EtcdCoordinator, MemberKind};
 use mooncake_meta::EmbeddedCoordinator;
 use mooncake_proto::units::{parse_duration, ByteSize, HumanDuration};
+use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::{self, Health};
 use crate::config::FileConfig;
 use crate::exit::Failure;
 
@@ -64,10 +66,16 @@ pub struct UpArgs {
     /// DRAM pool size, e.g. 8GiB.
     #[arg(long)]
     dram: Option<ByteSize>,
+    /// Admin address (/metrics, /health) of the process; "" for none.
+    #[arg(long)]
+    admin: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct MetaArgs {
+    /// Admin address (/metrics, /health); "" for none.
+    #[arg(long)]
+    admin: Option<String>,
     #[arg(long)]
     config: Option<PathBuf>,
     /// Control address.
@@ -82,6 +90,9 @@ pub struct MetaArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct DaemonArgs {
+    /// Admin address (/metrics, /health); "" for none.
+    #[arg(long)]
+    admin: Option<String>,
     #[arg(long)]
     config: Option<PathBuf>,
     /// Meta service to register with (without --etcd).
@@ -107,6 +118,27 @@ async fn bind(addr: &str, role: &str) -> Result<TcpListener, Failure> {
         .map_err(Failure::other)
 }
 
+/// Serves `/metrics` and `/health` on `addr` (none when empty); returns
+/// the bound address.
+async fn start_admin(
+    addr: &str,
+    registry: Registry,
+    health: Health,
+    stop: &CancellationToken,
+) -> Result<Option<std::net::SocketAddr>, Failure> {
+    if addr.is_empty() {
+        return Ok(None);
+    }
+    let listener = bind(addr, "admin endpoint").await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(admin::serve(listener, registry, health, stop.clone()));
+    Ok(Some(bound))
+}
+
+fn admin_note(addr: Option<std::net::SocketAddr>) -> String {
+    addr.map_or_else(String::new, |a| format!("; metrics on http://{a}/metrics"))
+}
+
 /// A token cancelled by the first SIGINT or SIGTERM.
 fn stop_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
@@ -129,21 +161,43 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     if let Some(d) = args.dram {
         cfg.daemon.dram = d;
     }
+    if let Some(a) = args.admin {
+        cfg.meta.admin = a;
+    }
     let shutdown = CancellationToken::new();
+    let registry = Registry::new();
     let meta_listener = bind(&cfg.meta.listen, "meta service").await?;
     let daemon_listener = bind(&cfg.daemon.listen, "daemon").await?;
+    let admin_addr = cfg.meta.admin.clone();
     let coordinator = Arc::new(EmbeddedCoordinator::new());
-    let meta = mooncake_meta::start(cfg.meta, meta_listener, coordinator, shutdown.clone())
-        .await
-        .map_err(|e| Failure::other(e.into()))?;
+    let meta = mooncake_meta::start(
+        cfg.meta,
+        meta_listener,
+        coordinator,
+        &registry,
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|e| Failure::other(e.into()))?;
     cfg.daemon.meta = Some(meta.addr.to_string());
     let dram = cfg.daemon.dram;
-    let daemon = mooncake_daemon::start(cfg.daemon, daemon_listener, None, shutdown.clone())
-        .await
-        .map_err(|e| Failure::other(e.into()))?;
+    let daemon = mooncake_daemon::start(
+        cfg.daemon,
+        daemon_listener,
+        None,
+        &registry,
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|e| Failure::other(e.into()))?;
+    let health: Health = Arc::new(|| (true, "ok: meta service and daemon serving".into()));
+    let admin = start_admin(&admin_addr, registry, health, &shutdown).await?;
     println!(
-        "mooncake-store up: meta service on {}, daemon on {} with {} of DRAM. Ctrl-C stops it.",
-        meta.addr, daemon.addr, dram
+        "mooncake-store up: meta service on {}, daemon on {} with {} of DRAM{}. Ctrl-C stops it.",
+        meta.addr,
+        daemon.addr,
+        dram,
+        admin_note(admin)
     );
     wait_for_signal().await;
     println!("stopping: finishing in-flight requests");
@@ -163,14 +217,21 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
     if let Some(l) = args.listen {
         cfg.listen = l;
     }
+    if let Some(a) = args.admin {
+        cfg.admin = a;
+    }
     let stop = stop_on_signal();
+    let registry = Registry::new();
     let Some(etcd) = args.etcd.connect().await? else {
         let listener = bind(&cfg.listen, "meta service").await?;
         let coordinator = Arc::new(EmbeddedCoordinator::new());
-        let meta = mooncake_meta::start(cfg, listener, coordinator, stop.clone())
+        let admin_addr = cfg.admin.clone();
+        let meta = mooncake_meta::start(cfg, listener, coordinator, &registry, stop.clone())
             .await
             .map_err(|e| Failure::other(e.into()))?;
-        println!("meta service on {}", meta.addr);
+        let health: Health = Arc::new(|| (true, "ok: leader".into()));
+        let admin = start_admin(&admin_addr, registry, health, &stop).await?;
+        println!("meta service on {}{}", meta.addr, admin_note(admin));
         stop.cancelled().await;
         let _ = tokio::time::timeout(STOP_GRACE, meta.join()).await;
         return Ok(());
@@ -182,6 +243,24 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
     etcd.register(MemberKind::Meta, advertise.clone())
         .await
         .map_err(|e| Failure::connection(e.to_string()))?;
+    let metrics =
+        mooncake_meta::MetaMetrics::new(&registry).map_err(|e| Failure::other(e.into()))?;
+    let leading = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let health: Health = {
+        let leading = leading.clone();
+        Arc::new(move || {
+            let role = if leading.load(std::sync::atomic::Ordering::Relaxed) {
+                "leader"
+            } else {
+                "standby"
+            };
+            (true, format!("ok: {role}"))
+        })
+    };
+    let admin = start_admin(&cfg.admin, registry, health, &stop).await?;
+    if let Some(a) = admin {
+        println!("meta replica {advertise}: metrics on http://{a}/metrics");
+    }
     while !stop.is_cancelled() {
         println!("meta replica {advertise}: standing by");
         let leadership = tokio::select! {
@@ -203,9 +282,11 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
             listener,
             leadership,
             etcd.clone(),
+            metrics.clone(),
             term.clone(),
         )
         .map_err(|e| Failure::other(e.into()))?;
+        leading.store(true, std::sync::atomic::Ordering::Relaxed);
         println!(
             "meta replica {advertise}: leading on {} (revision {})",
             meta.addr, meta.leadership.revision
@@ -216,6 +297,7 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
             _ = stop.cancelled() => {}
         }
         term.cancel();
+        leading.store(false, std::sync::atomic::Ordering::Relaxed);
         let _ = tokio::time::timeout(STOP_GRACE, meta.join()).await;
     }
     etcd.close().await;
@@ -236,6 +318,9 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     if let Some(d) = args.dram {
         cfg.dram = d;
     }
+    if let Some(a) = args.admin {
+        cfg.admin = a;
+    }
     let etcd = args.etcd.connect().await?;
     if cfg.meta.is_none() && etcd.is_none() {
         return Err(Failure::usage(
@@ -246,10 +331,19 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     let listener = bind(&cfg.listen, "daemon").await?;
     let dram = cfg.dram;
     let coordinator = etcd.clone().map(|c| c as Arc<dyn Coordinator>);
-    let daemon = mooncake_daemon::start(cfg, listener, coordinator, stop.clone())
+    let registry = Registry::new();
+    let admin_addr = cfg.admin.clone();
+    let daemon = mooncake_daemon::start(cfg, listener, coordinator, &registry, stop.clone())
         .await
         .map_err(|e| Failure::other(e.into()))?;
-    println!("daemon on {} with {} of DRAM", daemon.addr, dram);
+    let health: Health = Arc::new(|| (true, "ok: daemon serving".into()));
+    let admin = start_admin(&admin_addr, registry, health, &stop).await?;
+    println!(
+        "daemon on {} with {} of DRAM{}",
+        daemon.addr,
+        dram,
+        admin_note(admin)
+    );
     stop.cancelled().await;
     let _ = tokio::time::timeout(STOP_GRACE, daemon.join()).await;
     if let Some(etcd) = etcd {

@@ -34,6 +34,8 @@ impl Store {
                 &daemon,
                 "--dram",
                 "64MiB",
+                "--admin",
+                "",
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -169,6 +169,8 @@ impl Cluster {
                 &addr,
                 "--lease-ttl",
                 "2s",
+                "--admin",
+                "",
             ],
             &self.logs,
         );
@@ -192,6 +194,8 @@ impl Cluster {
                 "2s",
                 "--config",
                 self.daemon_config.to_str().unwrap(),
+                "--admin",
+                "",
             ],
             &self.logs,
         );

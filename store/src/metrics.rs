@@ -1,0 +1,257 @@
+//! The daemon's Prometheus metrics, built once with every label handle
+//! resolved up front, so that the hot path only bumps atomics. Pool gauges
+//! are read from the pool at scrape time.
+
+use std::sync::Arc;
+
+use mooncake_proto::{ErrorCode, Opcode};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{
+    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::pool::DramPool;
+
+/// Every opcode a daemon serves, in the order of the counters below.
+const OPS: [Opcode; 8] = [
+    Opcode::Put,
+    Opcode::Get,
+    Opcode::Remove,
+    Opcode::Pin,
+    Opcode::Unpin,
+    Opcode::DaemonStats,
+    Opcode::Ping,
+    Opcode::Verify,
+];
+const CODES: usize = 15;
+
+pub struct DaemonMetrics {
+    requests: Vec<IntCounter>,
+    get_seconds: Histogram,
+    put_seconds: Histogram,
+    pub bytes_read: IntCounter,
+    pub bytes_written: IntCounter,
+    pub hits: IntCounter,
+    pub misses: IntCounter,
+    pub connections: IntGauge,
+    pub in_flight: IntGauge,
+    pub refused_connections: IntCounter,
+}
+
+/// Latency buckets from 50 us to about 6.5 s.
+pub fn latency_buckets() -> Vec<f64> {
+    exponential_buckets(0.000_05, 2.0, 18).expect("valid buckets")
+}
+
+fn code_name(i: usize) -> &'static str {
+    ErrorCode::from_u16(i as u16).map_or("unknown", ErrorCode::name)
+}
+
+impl DaemonMetrics {
+    /// Registers the daemon's metrics (and its pool's) in `registry`.
+    pub fn new(registry: &Registry, pool: Arc<DramPool>) -> prometheus::Result<Arc<Self>> {
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_requests_total",
+                "Requests answered, by operation and status code.",
+            ),
+            &["op", "code"],
+        )?;
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "mooncake_daemon_request_duration_seconds",
+                "Time to serve a request, header to answer.",
+            )
+            .buckets(latency_buckets()),
+            &["op"],
+        )?;
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_bytes_total",
+                "Block bytes moved, by direction, tier and transport.",
+            ),
+            &["direction", "tier", "transport"],
+        )?;
+        let lookups = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_gets_total",
+                "Gets by result (hit or miss) and tier.",
+            ),
+            &["result", "tier"],
+        )?;
+        let connections = IntGauge::new("mooncake_daemon_connections", "Open client connections.")?;
+        let in_flight = IntGauge::new(
+            "mooncake_daemon_requests_in_flight",
+            "Requests being served.",
+        )?;
+        let refused = IntCounter::new(
+            "mooncake_daemon_refused_connections_total",
+            "Connections refused because max_connections was reached.",
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(latency.clone()))?;
+        registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(lookups.clone()))?;
+        registry.register(Box::new(connections.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
+        registry.register(Box::new(refused.clone()))?;
+        registry.register(Box::new(PoolCollector::new(pool)?))?;
+        let handles = OPS
+            .iter()
+            .flat_map(|op| {
+                let requests = &requests;
+                (0..CODES).map(move |c| {
+                    requests.with_label_values(&[&op.name().to_lowercase(), code_name(c)])
+                })
+            })
+            .collect();
+        Ok(Arc::new(DaemonMetrics {
+            requests: handles,
+            get_seconds: latency.with_label_values(&["get"]),
+            put_seconds: latency.with_label_values(&["put"]),
+            bytes_read: bytes.with_label_values(&["read", "dram", "tcp"]),
+            bytes_written: bytes.with_label_values(&["written", "dram", "tcp"]),
+            hits: lookups.with_label_values(&["hit", "dram"]),
+            misses: lookups.with_label_values(&["miss", "dram"]),
+            connections,
+            in_flight,
+            refused_connections: refused,
+        }))
+    }
+
+    /// Counts one answered request, and its latency for gets and puts.
+    pub fn record(&self, op: Opcode, code: ErrorCode, seconds: f64) {
+        if let Some(i) = OPS.iter().position(|o| *o == op) {
+            self.requests[i * CODES + (code as usize).min(CODES - 1)].inc();
+        }
+        match op {
+            Opcode::Get => self.get_seconds.observe(seconds),
+            Opcode::Put => self.put_seconds.observe(seconds),
+            _ => {}
+        }
+    }
+}
+
+/// Pool capacity and use, read from the pool when Prometheus scrapes.
+struct PoolCollector {
+    pool: Arc<DramPool>,
+    capacity: IntGaugeVec,
+    used: IntGaugeVec,
+    free: IntGaugeVec,
+    blocks: IntGaugeVec,
+    pinned: IntGaugeVec,
+    evictions: IntCounterVec,
+    corrupt: IntCounter,
+    descs: Vec<Desc>,
+}
+
+impl PoolCollector {
+    fn new(pool: Arc<DramPool>) -> prometheus::Result<Self> {
+        let gauge = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &["tier"]);
+        let capacity = gauge("mooncake_daemon_pool_capacity_bytes", "Pool size.")?;
+        let used = gauge(
+            "mooncake_daemon_pool_used_bytes",
+            "Pool bytes allocated to blocks.",
+        )?;
+        let free = gauge("mooncake_daemon_pool_free_bytes", "Pool bytes free.")?;
+        let blocks = gauge("mooncake_daemon_pool_blocks", "Blocks stored.")?;
+        let pinned = gauge(
+            "mooncake_daemon_pool_pinned_blocks",
+            "Blocks pinned against eviction.",
+        )?;
+        let evictions = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_evictions_total",
+                "Blocks evicted to make room.",
+            ),
+            &["tier"],
+        )?;
+        let corrupt = IntCounter::new(
+            "mooncake_daemon_corrupt_blocks_total",
+            "Blocks found corrupt (checksum mismatch) and dropped.",
+        )?;
+        let mut descs = Vec::new();
+        for c in [&capacity, &used, &free, &blocks, &pinned] {
+            descs.extend(c.desc().into_iter().cloned());
+        }
+        descs.extend(evictions.desc().into_iter().cloned());
+        descs.extend(corrupt.desc().into_iter().cloned());
+        Ok(PoolCollector {
+            pool,
+            capacity,
+            used,
+            free,
+            blocks,
+            pinned,
+            evictions,
+            corrupt,
+            descs,
+        })
+    }
+}
+
+impl Collector for PoolCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let st = self.pool.stats();
+        let t = ["dram"];
+        self.capacity.with_label_values(&t).set(st.capacity as i64);
+        self.used.with_label_values(&t).set(st.used as i64);
+        self.free
+            .with_label_values(&t)
+            .set(st.capacity.saturating_sub(st.used) as i64);
+        self.blocks.with_label_values(&t).set(st.blocks as i64);
+        self.pinned.with_label_values(&t).set(st.pinned as i64);
+        let ev = self.evictions.with_label_values(&t);
+        ev.inc_by(st.evictions.saturating_sub(ev.get()));
+        self.corrupt.inc_by(
+            self.pool
+                .corrupt_blocks()
+                .saturating_sub(self.corrupt.get()),
+        );
+        let mut out = Vec::new();
+        for c in [
+            &self.capacity,
+            &self.used,
+            &self.free,
+            &self.blocks,
+            &self.pinned,
+        ] {
+            out.extend(c.collect());
+        }
+        out.extend(self.evictions.collect());
+        out.extend(self.corrupt.collect());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::PoolConfig;
+    use prometheus::Encoder;
+
+    #[test]
+    fn metrics_render_with_pool_gauges_read_at_scrape() {
+        let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
+        let registry = Registry::new();
+        let m = DaemonMetrics::new(&registry, pool).unwrap();
+        m.record(Opcode::Get, ErrorCode::NotFound, 0.001);
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&registry.gather(), &mut out)
+            .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("mooncake_daemon_requests_total{code=\"not_found\",op=\"get\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("mooncake_daemon_pool_capacity_bytes{tier=\"dram\"} 1048576"));
+        assert!(text.contains("mooncake_daemon_request_duration_seconds_bucket{op=\"get\""));
+    }
+}
