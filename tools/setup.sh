@@ -28,3 +28,10 @@ if ((${#need[@]})); then
         done
     fi
 fi
+
+# Schemas of the Kubernetes API, offline, and PyYAML, for tools/check-deploy.sh.
+if ! command -v kubernetes-validate >/dev/null || ! python3 -c 'import yaml' 2>/dev/null; then
+    echo "installing: kubernetes-validate (PyPI)"
+    pip_install() { python3 -m pip install -q --disable-pip-version-check "$@"; }
+    pip_install kubernetes-validate || pip_install --break-system-packages kubernetes-validate
+fi

@@ -2,8 +2,9 @@
 # The project's test command: what the README tells a newcomer to run, and
 # what CI runs. It installs what the build and the tests need, runs every
 # test of the workspace (unit, integration, the CLI through the built binary,
-# and a cluster of real processes around a real etcd, each test starting and
-# stopping its own on free loopback ports), and leaves nothing running.
+# a cluster of real processes around a real etcd, a real Prometheus scraping
+# the store; each test starts and stops its own on free loopback ports),
+# validates deploy/, and leaves nothing running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,8 @@ tools/setup.sh
 
 # A build cache outside the clone survives fresh clones on the same machine.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
+
+tools/check-deploy.sh
 
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast --failure-output final

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 pub struct MetaConfig {
     /// Control port. Default `127.0.0.1:7070`.
     pub listen: String,
+    /// Address clients and daemons are told to use (with etcd). Default:
+    /// `listen`.
+    pub advertise: Option<String>,
     /// Admin port: `/metrics` and `/health` over HTTP (with `up`, for the
     /// whole process). Default `127.0.0.1:9070`; empty to serve none.
     pub admin: String,
@@ -30,6 +33,7 @@ impl Default for MetaConfig {
     fn default() -> Self {
         MetaConfig {
             listen: "127.0.0.1:7070".into(),
+            advertise: None,
             admin: "127.0.0.1:9070".into(),
             daemon_ttl: HumanDuration(Duration::from_secs(5)),
             put_timeout: HumanDuration(Duration::from_secs(30)),

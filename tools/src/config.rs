@@ -1,18 +1,48 @@
 //! The config file shared by every role: a `[meta]` and a `[daemon]` table,
 //! each optional and fully defaulted. Command-line flags override it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use mooncake_daemon::DaemonConfig;
 use mooncake_meta::MetaConfig;
 use serde::{Deserialize, Serialize};
 
+use crate::exit::Failure;
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FileConfig {
     pub meta: MetaConfig,
     pub daemon: DaemonConfig,
+}
+
+/// `config` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum ConfigCommand {
+    /// Print the effective configuration (the file's values over the
+    /// defaults) as TOML; with no file, every default.
+    Print {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+pub fn run(cmd: ConfigCommand) -> Result<(), Failure> {
+    match cmd {
+        ConfigCommand::Print { config } => {
+            let cfg = FileConfig::load(config.as_deref())?;
+            cfg.meta
+                .validate()
+                .map_err(|e| Failure::usage(format!("[meta] {e}")))?;
+            cfg.daemon
+                .validate()
+                .map_err(|e| Failure::usage(format!("[daemon] {e}")))?;
+            let text = toml::to_string(&cfg).map_err(|e| Failure::other(e.into()))?;
+            print!("{text}");
+            Ok(())
+        }
+    }
 }
 
 impl FileConfig {

@@ -75,6 +75,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Measure the meta service alone: prefix matches and two-phase puts.
     BenchMeta(bench_meta::BenchMetaArgs),
+    /// Show the configuration.
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
 }
 
 fn main() {
@@ -109,6 +112,7 @@ fn main() {
             Command::Hash(a) => hash::run(a),
             Command::Bench(a) => bench::run(a).await,
             Command::BenchMeta(a) => bench_meta::run(a).await,
+            Command::Config(c) => config::run(c),
         }
     });
     if let Err(failure) = result {

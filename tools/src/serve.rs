@@ -239,7 +239,10 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
     // A replica: stand by, lead when elected, stand by again if the lead
     // is lost. Daemons silent for a lease TTL are dropped.
     cfg.daemon_ttl = HumanDuration(args.etcd.lease_ttl);
-    let advertise = args.advertise.unwrap_or_else(|| cfg.listen.clone());
+    let advertise = args
+        .advertise
+        .or_else(|| cfg.advertise.clone())
+        .unwrap_or_else(|| cfg.listen.clone());
     etcd.register(MemberKind::Meta, advertise.clone())
         .await
         .map_err(|e| Failure::connection(e.to_string()))?;
