@@ -170,6 +170,11 @@ fn a_real_prometheus_scrapes_the_store_with_the_shipped_config() {
             ) == Some((64u64 << 20) as f64)
         },
     );
+    wait_for(
+        "the meta job's first scrape",
+        Duration::from_secs(15),
+        || query(&prom, "up{job=\"mooncake-meta\"}") == Some(1.0),
+    );
     assert_eq!(
         query(
             &prom,
@@ -190,5 +195,31 @@ fn a_real_prometheus_scrapes_the_store_with_the_shipped_config() {
         rules.contains("MooncakeNoMetaLeader"),
         "the shipped alert rules load: {rules}"
     );
+
+    // Every query of the shipped Grafana dashboard runs in Prometheus.
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/grafana/mooncake-store.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(exprs.len() >= 15);
+    for expr in &exprs {
+        let (status, body) =
+            http_get(&prom, &format!("/api/v1/query?query={}", encode(expr))).unwrap();
+        assert_eq!(status, 200, "dashboard query {expr:?} failed: {body}");
+    }
+    // The panels an on-call engineer reads first show data.
+    assert_eq!(query(&prom, "max(mooncake_meta_daemons_alive)"), Some(1.0));
+    assert_eq!(query(&prom, "max(mooncake_meta_leader)"), Some(1.0));
     let _ = std::fs::remove_dir_all(&dir);
 }
