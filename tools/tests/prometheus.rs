@@ -119,15 +119,57 @@ fn a_real_prometheus_scrapes_the_store_with_the_shipped_config() {
         .unwrap();
     assert!(put.success());
 
+    // A short load: 40 puts and 40 gets of 4 KiB blocks, all verified.
+    let bench = Command::new(BIN)
+        .args([
+            "bench",
+            "--meta",
+            &meta,
+            "--sizes",
+            "4KiB",
+            "--ops",
+            "40",
+            "--concurrency",
+            "2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        bench.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+
     let (status, body) = http_get(&admin, "/health").unwrap();
     assert_eq!(status, 200, "{body}");
     let (status, body) = http_get(&admin, "/metrics").unwrap();
     assert_eq!(status, 200);
     assert!(
-        body.contains("mooncake_daemon_requests_total{code=\"ok\",op=\"put\"} 1"),
+        body.contains("mooncake_daemon_requests_total{code=\"ok\",op=\"put\"} 41"),
         "{body}"
     );
     assert_eq!(http_get(&admin, "/nope").unwrap().0, 404);
+    // The exposition passes Prometheus's own linter.
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let lint = lint.wait_with_output().unwrap();
+    assert!(
+        lint.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
 
     // The shipped config, pointed at this store, scraping every second.
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus");
@@ -175,12 +217,43 @@ fn a_real_prometheus_scrapes_the_store_with_the_shipped_config() {
         Duration::from_secs(15),
         || query(&prom, "up{job=\"mooncake-meta\"}") == Some(1.0),
     );
+    // The counters moved by exactly the load: 1 + 40 puts, 40 gets, all hits.
+    let daemon = |m: &str| query(&prom, &format!("sum({m}{{job=\"mooncake-daemon\"}})"));
     assert_eq!(
         query(
             &prom,
-            "mooncake_daemon_requests_total{job=\"mooncake-daemon\",op=\"put\",code=\"ok\"}"
+            "sum(mooncake_daemon_requests_total{job=\"mooncake-daemon\",op=\"put\",code=\"ok\"})"
         ),
-        Some(1.0)
+        Some(41.0)
+    );
+    assert_eq!(
+        query(
+            &prom,
+            "sum(mooncake_daemon_requests_total{job=\"mooncake-daemon\",op=\"get\",code=\"ok\"})"
+        ),
+        Some(40.0)
+    );
+    assert_eq!(daemon("mooncake_daemon_gets_total"), Some(40.0));
+    assert_eq!(
+        query(
+            &prom,
+            "sum(mooncake_daemon_gets_total{job=\"mooncake-daemon\",result=\"hit\"})"
+        ),
+        Some(40.0)
+    );
+    assert_eq!(
+        query(
+            &prom,
+            "sum(mooncake_daemon_bytes_total{job=\"mooncake-daemon\",direction=\"read\"})"
+        ),
+        Some((40 * 4096) as f64)
+    );
+    assert_eq!(
+        query(
+            &prom,
+            "sum(mooncake_daemon_bytes_total{job=\"mooncake-daemon\",direction=\"written\"})"
+        ),
+        Some((16 + 40 * 4096) as f64)
     );
     assert_eq!(
         query(&prom, "mooncake_meta_leader{job=\"mooncake-meta\"}"),
