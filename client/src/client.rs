@@ -766,6 +766,14 @@ impl Client {
         Ok(out)
     }
 
+    /// Stops (or resumes) placing new blocks on a daemon.
+    pub async fn drain(&self, daemon: u32, drain: bool) -> Result<(), ClientError> {
+        let req = mooncake_proto::message::DrainRequest { daemon, drain };
+        self.meta_call::<Empty>(Opcode::Drain, &req, "drain")
+            .await?;
+        Ok(())
+    }
+
     /// The cluster at a glance: daemons, capacity, use, block count.
     pub async fn cluster_stats(&self) -> Result<ClusterStats, ClientError> {
         self.meta_call(Opcode::ClusterStat, &Empty, "stat").await

@@ -15,6 +15,8 @@ struct Member {
     placed: u64,
     last_seen: Instant,
     alive: bool,
+    /// Takes no new blocks (an operator is taking it out).
+    draining: bool,
 }
 
 #[derive(Default)]
@@ -58,6 +60,7 @@ impl Daemons {
                 placed: 0,
                 last_seen: now,
                 alive: true,
+                draining: false,
             },
         );
         id
@@ -97,7 +100,7 @@ impl Daemons {
         let mut members = self.members.write();
         let (id, member) = members
             .iter_mut()
-            .filter(|(_, m)| m.alive && m.stats.capacity >= size)
+            .filter(|(_, m)| m.alive && !m.draining && m.stats.capacity >= size)
             .max_by_key(|(id, m)| {
                 let free = m.stats.capacity.saturating_sub(m.stats.used + m.placed);
                 (free, std::cmp::Reverse(**id))
@@ -136,6 +139,18 @@ impl Daemons {
         self.members.read().get(&id).map(|m| m.addr.clone())
     }
 
+    /// Marks a daemon draining (no new placements) or not; `false` if
+    /// there is no such daemon.
+    pub fn set_draining(&self, id: u32, draining: bool) -> bool {
+        match self.members.write().get_mut(&id) {
+            Some(m) => {
+                m.draining = draining;
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn infos(&self) -> Vec<DaemonInfo> {
         let members = self.members.read();
         let mut out: Vec<DaemonInfo> = members
@@ -145,9 +160,12 @@ impl Daemons {
                 node: m.node.clone(),
                 addr: m.addr.clone(),
                 alive: m.alive,
+                draining: m.draining,
                 capacity: m.stats.capacity,
                 used: m.stats.used,
                 blocks: m.stats.blocks,
+                hits: m.stats.hits,
+                misses: m.stats.misses,
             })
             .collect();
         out.sort_by_key(|d| d.id);
@@ -202,6 +220,18 @@ mod tests {
             "same address, same id"
         );
         assert_eq!(d.place(500), None, "too large for every pool");
+    }
+
+    #[test]
+    fn a_draining_daemon_gets_no_new_blocks() {
+        let d = Daemons::default();
+        let t = Instant::now();
+        let a = d.register("n1".into(), "a:1".into(), 100, 0, t);
+        let b = d.register("n2".into(), "b:1".into(), 100, 0, t);
+        assert!(d.set_draining(a, true));
+        assert!((0..5).all(|_| d.place(1) == Some(b)));
+        assert!(!d.set_draining(99, true));
+        assert!(d.infos().iter().any(|i| i.id == a && i.draining));
     }
 
     #[test]

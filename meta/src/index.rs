@@ -66,6 +66,15 @@ struct Entry {
 
 type Shard = HashMap<IdxKey, Entry, BuildHasherDefault<PassThrough>>;
 
+/// Which visible blocks `list` returns beyond the namespace.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ListFilter<'a> {
+    /// Hashes starting with these bytes.
+    pub prefix: &'a [u8],
+    /// On this daemon only (None: any).
+    pub daemon: Option<u32>,
+}
+
 /// Counts for `stat`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PrefixStats {
@@ -307,6 +316,7 @@ impl Index {
         &self,
         ns: Option<&Namespace>,
         after: Option<&BlockKey>,
+        filter: ListFilter<'_>,
         limit: usize,
     ) -> (Vec<ListEntry>, bool) {
         let names = self.namespaces.read();
@@ -321,7 +331,11 @@ impl Index {
         for s in &self.shards {
             let shard = s.read();
             for (k, e) in shard.iter() {
-                if !matches!(e.state, State::Visible) || wanted.is_some_and(|w| w != k.ns) {
+                if !matches!(e.state, State::Visible)
+                    || wanted.is_some_and(|w| w != k.ns)
+                    || !k.hash.0.starts_with(filter.prefix)
+                    || filter.daemon.is_some_and(|d| d != e.daemon)
+                {
                     continue;
                 }
                 let key = BlockKey::new(names.names[k.ns as usize].clone(), k.hash);
@@ -469,12 +483,24 @@ mod tests {
             idx.reserve(&ns(), h(i), 10, 1, Instant::now());
             commit(&idx, i, 1);
         }
-        let (page, more) = idx.list(None, None, 4);
+        let (page, more) = idx.list(None, None, ListFilter::default(), 4);
         assert!(more);
         assert_eq!(page.len(), 4);
-        let (rest, more) = idx.list(Some(&ns()), Some(&page[3].key), 100);
+        let (rest, more) = idx.list(Some(&ns()), Some(&page[3].key), ListFilter::default(), 100);
         assert!(!more);
         assert_eq!(rest.len(), 6);
         assert!(rest[0].key > page[3].key);
+        let three = ListFilter {
+            prefix: &[3, 3],
+            daemon: Some(1),
+        };
+        let (only, _) = idx.list(None, None, three, 100);
+        assert_eq!(only.len(), 1);
+        assert_eq!(only[0].key.hash, h(3));
+        let elsewhere = ListFilter {
+            daemon: Some(2),
+            ..ListFilter::default()
+        };
+        assert!(idx.list(None, None, elsewhere, 100).0.is_empty());
     }
 }

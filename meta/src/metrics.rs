@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Weak};
 
+use mooncake_proto::message::ErrorCount;
 use mooncake_proto::{ErrorCode, Opcode};
 use parking_lot::RwLock;
 use prometheus::core::{Collector, Desc};
@@ -16,7 +17,7 @@ use prometheus::{
 
 use crate::server::State;
 
-const OPS: [Opcode; 13] = [
+const OPS: [Opcode; 14] = [
     Opcode::Ping,
     Opcode::PutStart,
     Opcode::PutCommit,
@@ -30,6 +31,7 @@ const OPS: [Opcode; 13] = [
     Opcode::Heartbeat,
     Opcode::Events,
     Opcode::Inventory,
+    Opcode::Drain,
 ];
 const CODES: usize = 15;
 /// Operations timed in a histogram.
@@ -129,6 +131,34 @@ impl MetaMetrics {
         if let Some(i) = TIMED.iter().position(|o| *o == op) {
             self.latency[i].observe(seconds);
         }
+    }
+
+    /// The most frequent error answers (not misses, which are normal).
+    pub fn top_errors(&self, n: usize) -> Vec<ErrorCount> {
+        let mut errors: Vec<ErrorCount> = OPS
+            .iter()
+            .enumerate()
+            .flat_map(|(i, op)| (0..CODES).map(move |c| (i, *op, c)))
+            .filter(|(_, _, c)| {
+                !matches!(
+                    ErrorCode::from_u16(*c as u16),
+                    Some(ErrorCode::Ok | ErrorCode::NotFound | ErrorCode::AlreadyExists)
+                )
+            })
+            .filter_map(|(i, op, c)| {
+                let count = self.requests[i * CODES + c].get();
+                (count > 0).then(|| ErrorCount {
+                    op: op_label(op),
+                    code: ErrorCode::from_u16(c as u16)
+                        .map_or("unknown", ErrorCode::name)
+                        .to_string(),
+                    count,
+                })
+            })
+            .collect();
+        errors.sort_by_key(|e| std::cmp::Reverse(e.count));
+        errors.truncate(n);
+        errors
     }
 
     /// The state of the term now being served (read at scrape time).

@@ -24,7 +24,7 @@ use mooncake_coord::{Coordinator, MemberKind};
 
 use crate::config::MetaConfig;
 use crate::daemons::Daemons;
-use crate::index::{Index, Reservation};
+use crate::index::{Index, ListFilter, Reservation};
 use crate::metrics::MetaMetrics;
 
 const IO_BUFFER: usize = 64 << 10;
@@ -380,17 +380,34 @@ async fn dispatch(
                 bytes: st.bytes,
                 pending: st.pending,
                 daemons: state.daemons.infos(),
+                errors: metrics.top_errors(5),
             }
             .to_bytes()
         }
         Opcode::List => {
             let req = ListRequest::from_bytes(body)?;
             let limit = (req.limit as usize).clamp(1, MAX_BATCH);
+            let filter = ListFilter {
+                prefix: &req.prefix,
+                daemon: (req.daemon != 0).then_some(req.daemon),
+            };
             let (entries, more) =
                 state
                     .index
-                    .list(req.namespace.as_ref(), req.after.as_ref(), limit);
+                    .list(req.namespace.as_ref(), req.after.as_ref(), filter, limit);
             ListResponse { entries, more }.to_bytes()
+        }
+        Opcode::Drain => {
+            let req = mooncake_proto::message::DrainRequest::from_bytes(body)?;
+            if !state.daemons.set_draining(req.daemon, req.drain) {
+                return Err(Failure::Code(ErrorCode::NotFound));
+            }
+            tracing::info!(
+                daemon = req.daemon,
+                draining = req.drain,
+                "daemon drain changed"
+            );
+            Vec::new()
         }
         Opcode::Register => {
             let req = RegisterRequest::from_bytes(body)?;
@@ -437,7 +454,8 @@ async fn dispatch(
         | Opcode::Pin
         | Opcode::Unpin
         | Opcode::DaemonStats
-        | Opcode::Verify => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
+        | Opcode::Verify
+        | Opcode::Evict => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
     })
 }
 

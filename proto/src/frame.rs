@@ -63,6 +63,8 @@ opcodes! {
     /// Re-check one block's checksum (a client read bytes that did not
     /// match); a corrupt block is dropped and `Corrupt` answered.
     Verify = 0x08,
+    /// Evict the coldest blocks now, up to a number of bytes (admin).
+    Evict = 0x09,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).
@@ -81,6 +83,8 @@ opcodes! {
     List = 0x26,
     /// Pin or unpin a batch of keys wherever they are stored.
     MetaPin = 0x27,
+    /// Stop or resume placing blocks on a daemon (before taking it out).
+    Drain = 0x28,
 
     // Daemon to meta service.
     /// A daemon joins and gets its id.

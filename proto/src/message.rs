@@ -118,15 +118,24 @@ pub struct PoolStats {
     pub blocks: u64,
     pub pinned: u64,
     pub evictions: u64,
+    /// Gets answered with the block, and gets that missed, since start.
+    pub hits: u64,
+    pub misses: u64,
 }
 
 impl Body for PoolStats {
     fn encode(&self, w: &mut Writer) {
-        w.u64(self.capacity);
-        w.u64(self.used);
-        w.u64(self.blocks);
-        w.u64(self.pinned);
-        w.u64(self.evictions);
+        for v in [
+            self.capacity,
+            self.used,
+            self.blocks,
+            self.pinned,
+            self.evictions,
+            self.hits,
+            self.misses,
+        ] {
+            w.u64(v);
+        }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         Ok(PoolStats {
@@ -135,6 +144,63 @@ impl Body for PoolStats {
             blocks: r.u64()?,
             pinned: r.u64()?,
             evictions: r.u64()?,
+            hits: r.u64()?,
+            misses: r.u64()?,
+        })
+    }
+}
+
+/// A daemon evicts its coldest blocks now (an operator freeing memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictRequest {
+    pub bytes: u64,
+}
+
+impl Body for EvictRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.bytes);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(EvictRequest { bytes: r.u64()? })
+    }
+}
+
+/// What an eviction freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictResponse {
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+impl Body for EvictResponse {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.bytes);
+        w.u64(self.blocks);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(EvictResponse {
+            bytes: r.u64()?,
+            blocks: r.u64()?,
+        })
+    }
+}
+
+/// Stop (or resume) placing new blocks on a daemon, before taking it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainRequest {
+    pub daemon: u32,
+    pub drain: bool,
+}
+
+impl Body for DrainRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+        w.u8(self.drain as u8);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(DrainRequest {
+            daemon: r.u32()?,
+            drain: r.u8()? != 0,
         })
     }
 }
@@ -436,9 +502,21 @@ pub struct DaemonInfo {
     pub node: String,
     pub addr: String,
     pub alive: bool,
+    /// No new blocks are placed on it.
+    pub draining: bool,
     pub capacity: u64,
     pub used: u64,
     pub blocks: u64,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// How often one operation failed with one code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorCount {
+    pub op: String,
+    pub code: String,
+    pub count: u64,
 }
 
 /// The whole cluster at a glance.
@@ -453,6 +531,8 @@ pub struct ClusterStats {
     pub bytes: u64,
     pub pending: u64,
     pub daemons: Vec<DaemonInfo>,
+    /// The meta service's most frequent error answers since it leads.
+    pub errors: Vec<ErrorCount>,
 }
 
 impl Body for ClusterStats {
@@ -472,9 +552,18 @@ impl Body for ClusterStats {
             w.str(&d.node);
             w.str(&d.addr);
             w.u8(d.alive as u8);
+            w.u8(d.draining as u8);
             w.u64(d.capacity);
             w.u64(d.used);
             w.u64(d.blocks);
+            w.u64(d.hits);
+            w.u64(d.misses);
+        }
+        w.count(self.errors.len());
+        for e in &self.errors {
+            w.str(&e.op);
+            w.str(&e.code);
+            w.u64(e.count);
         }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
@@ -495,9 +584,22 @@ impl Body for ClusterStats {
                     node: r.str()?.to_string(),
                     addr: r.str()?.to_string(),
                     alive: r.u8()? != 0,
+                    draining: r.u8()? != 0,
                     capacity: r.u64()?,
                     used: r.u64()?,
                     blocks: r.u64()?,
+                    hits: r.u64()?,
+                    misses: r.u64()?,
+                })
+            })
+            .collect::<Result<_, ProtoError>>()?;
+        let n = r.count(12)?;
+        let errors = (0..n)
+            .map(|_| {
+                Ok(ErrorCount {
+                    op: r.str()?.to_string(),
+                    code: r.str()?.to_string(),
+                    count: r.u64()?,
                 })
             })
             .collect::<Result<_, ProtoError>>()?;
@@ -509,6 +611,7 @@ impl Body for ClusterStats {
             bytes,
             pending,
             daemons,
+            errors,
         })
     }
 }
@@ -520,6 +623,10 @@ pub struct ListRequest {
     pub namespace: Option<Namespace>,
     /// Start after this key (the last key of the previous page).
     pub after: Option<BlockKey>,
+    /// Only hashes starting with these bytes (at most 32).
+    pub prefix: Vec<u8>,
+    /// Only blocks on this daemon (0: any).
+    pub daemon: u32,
     pub limit: u32,
 }
 
@@ -533,6 +640,10 @@ impl Body for ListRequest {
                 encode_key(w, k);
             }
         }
+        w.u8(self.prefix.len().min(32) as u8);
+        w.buf
+            .extend_from_slice(&self.prefix[..self.prefix.len().min(32)]);
+        w.u32(self.daemon);
         w.u32(self.limit);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
@@ -546,9 +657,19 @@ impl Body for ListRequest {
             0 => None,
             _ => Some(decode_key(r)?),
         };
+        let n = r.u8()? as usize;
+        if n > 32 {
+            return Err(ProtoError::Invalid {
+                field: "prefix",
+                why: format!("{n} bytes, at most 32"),
+            });
+        }
+        let prefix = r.take(n)?.to_vec();
         Ok(ListRequest {
             namespace,
             after,
+            prefix,
+            daemon: r.u32()?,
             limit: r.u32()?,
         })
     }
@@ -820,14 +941,33 @@ mod tests {
                 node: "n".into(),
                 addr: "a".into(),
                 alive: true,
+                draining: false,
                 capacity: 4,
                 used: 5,
                 blocks: 6,
+                hits: 7,
+                misses: 8,
             }],
+            errors: vec![ErrorCount {
+                op: "put_commit".into(),
+                code: "no_reservation".into(),
+                count: 3,
+            }],
+        });
+        round_trip(EvictRequest { bytes: 9 });
+        round_trip(EvictResponse {
+            bytes: 9,
+            blocks: 1,
+        });
+        round_trip(DrainRequest {
+            daemon: 2,
+            drain: true,
         });
         round_trip(ListRequest {
             namespace: Some(ns()),
             after: Some(BlockKey::new(ns(), h)),
+            prefix: vec![3, 3],
+            daemon: 1,
             limit: 7,
         });
         round_trip(ListResponse {

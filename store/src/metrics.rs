@@ -15,7 +15,7 @@ use prometheus::{
 use crate::pool::DramPool;
 
 /// Every opcode a daemon serves, in the order of the counters below.
-const OPS: [Opcode; 8] = [
+const OPS: [Opcode; 9] = [
     Opcode::Put,
     Opcode::Get,
     Opcode::Remove,
@@ -24,6 +24,7 @@ const OPS: [Opcode; 8] = [
     Opcode::DaemonStats,
     Opcode::Ping,
     Opcode::Verify,
+    Opcode::Evict,
 ];
 const CODES: usize = 15;
 
@@ -33,8 +34,6 @@ pub struct DaemonMetrics {
     put_seconds: Histogram,
     pub bytes_read: IntCounter,
     pub bytes_written: IntCounter,
-    pub hits: IntCounter,
-    pub misses: IntCounter,
     pub connections: IntGauge,
     pub in_flight: IntGauge,
     pub refused_connections: IntCounter,
@@ -74,13 +73,6 @@ impl DaemonMetrics {
             ),
             &["direction", "tier", "transport"],
         )?;
-        let lookups = IntCounterVec::new(
-            Opts::new(
-                "mooncake_daemon_gets_total",
-                "Gets by result (hit or miss) and tier.",
-            ),
-            &["result", "tier"],
-        )?;
         let connections = IntGauge::new("mooncake_daemon_connections", "Open client connections.")?;
         let in_flight = IntGauge::new(
             "mooncake_daemon_requests_in_flight",
@@ -93,7 +85,6 @@ impl DaemonMetrics {
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
-        registry.register(Box::new(lookups.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(refused.clone()))?;
@@ -113,8 +104,6 @@ impl DaemonMetrics {
             put_seconds: latency.with_label_values(&["put"]),
             bytes_read: bytes.with_label_values(&["read", "dram", "tcp"]),
             bytes_written: bytes.with_label_values(&["written", "dram", "tcp"]),
-            hits: lookups.with_label_values(&["hit", "dram"]),
-            misses: lookups.with_label_values(&["miss", "dram"]),
             connections,
             in_flight,
             refused_connections: refused,
@@ -143,6 +132,7 @@ struct PoolCollector {
     blocks: IntGaugeVec,
     pinned: IntGaugeVec,
     evictions: IntCounterVec,
+    gets: IntCounterVec,
     corrupt: IntCounter,
     descs: Vec<Desc>,
 }
@@ -168,6 +158,13 @@ impl PoolCollector {
             ),
             &["tier"],
         )?;
+        let gets = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_gets_total",
+                "Gets by result (hit or miss) and tier.",
+            ),
+            &["result", "tier"],
+        )?;
         let corrupt = IntCounter::new(
             "mooncake_daemon_corrupt_blocks_total",
             "Blocks found corrupt (checksum mismatch) and dropped.",
@@ -177,6 +174,7 @@ impl PoolCollector {
             descs.extend(c.desc().into_iter().cloned());
         }
         descs.extend(evictions.desc().into_iter().cloned());
+        descs.extend(gets.desc().into_iter().cloned());
         descs.extend(corrupt.desc().into_iter().cloned());
         Ok(PoolCollector {
             pool,
@@ -186,6 +184,7 @@ impl PoolCollector {
             blocks,
             pinned,
             evictions,
+            gets,
             corrupt,
             descs,
         })
@@ -209,6 +208,10 @@ impl Collector for PoolCollector {
         self.pinned.with_label_values(&t).set(st.pinned as i64);
         let ev = self.evictions.with_label_values(&t);
         ev.inc_by(st.evictions.saturating_sub(ev.get()));
+        for (result, now) in [("hit", st.hits), ("miss", st.misses)] {
+            let c = self.gets.with_label_values(&[result, "dram"]);
+            c.inc_by(now.saturating_sub(c.get()));
+        }
         self.corrupt.inc_by(
             self.pool
                 .corrupt_blocks()
@@ -225,6 +228,7 @@ impl Collector for PoolCollector {
             out.extend(c.collect());
         }
         out.extend(self.evictions.collect());
+        out.extend(self.gets.collect());
         out.extend(self.corrupt.collect());
         out
     }

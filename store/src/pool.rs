@@ -86,6 +86,8 @@ pub struct DramPool {
     removed_notify: Notify,
     evictions: AtomicU64,
     corrupt: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
 }
 
 struct Inner {
@@ -143,6 +145,8 @@ impl DramPool {
             removed_notify: Notify::new(),
             evictions: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
         })
     }
 
@@ -413,7 +417,27 @@ impl DramPool {
             blocks: inner.blocks.values().filter(|b| b.ready).count() as u64,
             pinned: inner.pinned,
             evictions: self.evictions.load(Ordering::Relaxed),
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts a client's get as a hit or a miss (for stats and metrics).
+    pub fn note_get(&self, hit: bool) {
+        let counter = if hit { &self.hits } else { &self.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Evicts the coldest evictable blocks until `bytes` are freed (or none
+    /// is left); returns the bytes and blocks freed.
+    pub fn evict_bytes(&self, bytes: u64) -> (u64, u64) {
+        let mut inner = self.inner.lock();
+        let start = inner.used_units;
+        let mut blocks = 0;
+        while (start - inner.used_units) * UNIT < bytes && self.evict_one(&mut inner) {
+            blocks += 1;
+        }
+        ((start - inner.used_units) * UNIT, blocks)
     }
 
     /// Blocks found corrupt on read since start.
@@ -657,6 +681,19 @@ mod tests {
         let inv = p.inventory();
         assert_eq!(inv.len(), 1);
         assert_eq!((inv[0].0.clone(), inv[0].1), (key(1), 100));
+    }
+
+    #[test]
+    fn evict_bytes_frees_the_coldest_first_and_reports_them() {
+        let p = pool(1 << 20);
+        for i in 0..4 {
+            put(&p, key(i), 0, 10 << 10).unwrap();
+        }
+        let (freed, blocks) = p.evict_bytes(15 << 10);
+        assert_eq!(blocks, 2);
+        assert!(freed >= 15 << 10);
+        assert!(!p.contains(&key(0)) && !p.contains(&key(1)) && p.contains(&key(2)));
+        assert_eq!(p.take_removed(), vec![key(0), key(1)]);
     }
 
     #[test]

@@ -187,6 +187,13 @@ where
             };
             reply(wr, header, code, &[]).await
         }
+        Opcode::Evict => {
+            let req: mooncake_proto::message::EvictRequest = read_body(header, rd).await?;
+            let (bytes, blocks) = pool.evict_bytes(req.bytes);
+            tracing::info!(bytes, blocks, "evicted on an operator's request");
+            let answer = mooncake_proto::message::EvictResponse { bytes, blocks };
+            reply(wr, header, ErrorCode::Ok, &answer.to_bytes()).await
+        }
         Opcode::Remove | Opcode::Pin | Opcode::Unpin => {
             let req: KeyRequest = read_body(header, rd).await?;
             let result = match header.opcode {
@@ -293,15 +300,15 @@ async fn handle_get<W: AsyncWrite + Unpin>(
     metrics: &DaemonMetrics,
 ) -> Result<ErrorCode, ConnError> {
     let Some(lease) = pool.get(&req.key) else {
-        metrics.misses.inc();
+        pool.note_get(false);
         return reply(wr, header, ErrorCode::NotFound, &[]).await;
     };
     if verify && !lease.verify() {
         pool.drop_corrupt(&lease);
-        metrics.misses.inc();
+        pool.note_get(false);
         return reply(wr, header, ErrorCode::Corrupt, &[]).await;
     }
-    metrics.hits.inc();
+    pool.note_get(true);
     let bytes = lease.bytes();
     let len = (mooncake_proto::message::GET_HEAD_LEN + bytes.len()) as u32;
     let h = Header::response(Opcode::Get, header.request_id, ErrorCode::Ok as u16, len);

@@ -21,7 +21,7 @@ use crate::Target;
 pub struct KeyArgs {
     /// Namespace (tenant/model) of the keys.
     #[arg(short, long, default_value = "default")]
-    namespace: String,
+    pub namespace: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -76,6 +76,12 @@ pub struct LsArgs {
     /// Only this namespace.
     #[arg(short, long)]
     namespace: Option<String>,
+    /// Only keys whose hash starts with these hex bytes.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Only blocks on this daemon (its id in `stat`).
+    #[arg(long)]
+    daemon: Option<u32>,
     /// Most blocks to list.
     #[arg(long, default_value_t = 1000)]
     limit: usize,
@@ -189,68 +195,119 @@ pub async fn rm(args: RmArgs) -> Result<(), Failure> {
 
 pub async fn stat(args: StatArgs) -> Result<(), Failure> {
     let st = client(&args.target).await?.cluster_stats().await?;
+    let (hits, misses) = st
+        .daemons
+        .iter()
+        .fold((0, 0), |(h, m), d| (h + d.hits, m + d.misses));
     if args.json {
         let daemons: Vec<_> = st
             .daemons
             .iter()
             .map(|d| {
                 json!({"id": d.id, "node": d.node, "addr": d.addr, "alive": d.alive,
-                       "capacity": d.capacity, "used": d.used, "blocks": d.blocks})
+                       "draining": d.draining, "tier": "dram", "capacity": d.capacity,
+                       "used": d.used, "blocks": d.blocks, "hits": d.hits, "misses": d.misses})
             })
+            .collect();
+        let errors: Vec<_> = st
+            .errors
+            .iter()
+            .map(|e| json!({"op": e.op, "code": e.code, "count": e.count}))
             .collect();
         println!(
             "{}",
             json!({"leader": st.leader, "revision": st.revision, "standbys": st.standbys,
                    "blocks": st.blocks, "bytes": st.bytes, "pending": st.pending,
-                   "daemons": daemons})
+                   "hits": hits, "misses": misses, "daemons": daemons, "errors": errors})
         );
         return Ok(());
     }
     let alive = st.daemons.iter().filter(|d| d.alive).count();
-    println!("leader   {} (election revision {})", st.leader, st.revision);
+    println!(
+        "leader    {} (election revision {})",
+        st.leader, st.revision
+    );
     if st.standbys.is_empty() {
-        println!("standbys none");
+        println!("standbys  none");
     } else {
-        println!("standbys {}", st.standbys.join(", "));
+        println!("standbys  {}", st.standbys.join(", "));
     }
     println!(
-        "blocks   {} ({}), {} puts in progress",
+        "blocks    {} ({}), {} puts in progress",
         st.blocks,
         ByteSize(st.bytes),
         st.pending
     );
-    println!("daemons  {alive} alive of {}", st.daemons.len());
-    if st.daemons.is_empty() {
-        return Ok(());
+    println!(
+        "hit rate  {} ({hits} hits, {misses} misses since the daemons started)",
+        percent(hits, misses)
+    );
+    println!("daemons   {alive} alive of {}", st.daemons.len());
+    if !st.daemons.is_empty() {
+        println!();
+        println!(
+            "{:<4} {:<14} {:<22} {:<8} {:<5} {:>9} {:>9} {:>6} {:>9} {:>6}",
+            "ID", "NODE", "ADDRESS", "STATE", "TIER", "CAPACITY", "USED", "USE%", "BLOCKS", "HIT%"
+        );
+        for d in &st.daemons {
+            let state = match (d.alive, d.draining) {
+                (false, _) => "dead",
+                (true, true) => "draining",
+                (true, false) => "alive",
+            };
+            let use_pct = if d.capacity == 0 {
+                0.0
+            } else {
+                100.0 * d.used as f64 / d.capacity as f64
+            };
+            println!(
+                "{:<4} {:<14} {:<22} {:<8} {:<5} {:>9} {:>9} {:>6.1} {:>9} {:>6}",
+                d.id,
+                d.node,
+                d.addr,
+                state,
+                "dram",
+                ByteSize(d.capacity).to_string(),
+                ByteSize(d.used).to_string(),
+                use_pct,
+                d.blocks,
+                percent(d.hits, d.misses)
+            );
+        }
     }
     println!();
-    println!(
-        "{:<4} {:<16} {:<22} {:<6} {:>10} {:>10} {:>6} {:>10}",
-        "ID", "NODE", "ADDRESS", "STATE", "CAPACITY", "USED", "USE%", "BLOCKS"
-    );
-    for d in &st.daemons {
-        let pct = if d.capacity == 0 {
-            0.0
-        } else {
-            100.0 * d.used as f64 / d.capacity as f64
-        };
-        println!(
-            "{:<4} {:<16} {:<22} {:<6} {:>10} {:>10} {:>6.1} {:>10}",
-            d.id,
-            d.node,
-            d.addr,
-            if d.alive { "alive" } else { "dead" },
-            ByteSize(d.capacity).to_string(),
-            ByteSize(d.used).to_string(),
-            pct,
-            d.blocks
-        );
+    if st.errors.is_empty() {
+        println!("errors    none since this leader was elected");
+    } else {
+        println!("top errors since this leader was elected:");
+        for e in &st.errors {
+            println!("  {:>8}  {} {}", e.count, e.op, e.code);
+        }
     }
     Ok(())
 }
 
+fn percent(hits: u64, misses: u64) -> String {
+    if hits + misses == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", 100.0 * hits as f64 / (hits + misses) as f64)
+    }
+}
+
 pub async fn ls(args: LsArgs) -> Result<(), Failure> {
     let ns = args.namespace.as_deref().map(namespace).transpose()?;
+    let prefix = match &args.prefix {
+        None => Vec::new(),
+        Some(p) => hex::decode(p)
+            .ok()
+            .filter(|b| b.len() <= 32)
+            .ok_or_else(|| {
+                Failure::usage(format!(
+                    "--prefix {p:?}: expected whole bytes in hex, e.g. 3fa2"
+                ))
+            })?,
+    };
     let client = client(&args.target).await?;
     let mut after = None;
     let mut shown = 0;
@@ -259,6 +316,8 @@ pub async fn ls(args: LsArgs) -> Result<(), Failure> {
             .list(&ListRequest {
                 namespace: ns.clone(),
                 after: after.clone(),
+                prefix: prefix.clone(),
+                daemon: args.daemon.unwrap_or(0),
                 limit: (args.limit - shown).min(1024) as u32,
             })
             .await?;

@@ -9,6 +9,7 @@ mod blocks;
 mod config;
 mod exit;
 mod hash;
+mod operate;
 mod serve;
 
 use std::time::Duration;
@@ -69,6 +70,14 @@ enum Command {
     Stat(blocks::StatArgs),
     /// List stored blocks.
     Ls(blocks::LsArgs),
+    /// Keep blocks from eviction.
+    Pin(operate::PinArgs),
+    /// Let pinned blocks be evicted again.
+    Unpin(operate::PinArgs),
+    /// Make a daemon evict its coldest blocks now (admin).
+    Evict(operate::EvictArgs),
+    /// Stop placing blocks on a daemon before taking its host out.
+    Drain(operate::DrainArgs),
     /// Print the block keys of a token sequence.
     Hash(hash::HashArgs),
     /// Drive a put/get load and report throughput and latency.
@@ -110,6 +119,10 @@ fn main() {
             Command::Stat(a) => blocks::stat(a).await,
             Command::Ls(a) => blocks::ls(a).await,
             Command::Hash(a) => hash::run(a),
+            Command::Pin(a) => operate::pin(a, true).await,
+            Command::Unpin(a) => operate::pin(a, false).await,
+            Command::Evict(a) => operate::evict(a).await,
+            Command::Drain(a) => operate::drain(a).await,
             Command::Bench(a) => bench::run(a).await,
             Command::BenchMeta(a) => bench_meta::run(a).await,
             Command::Config(c) => config::run(c),

@@ -260,3 +260,83 @@ fn bench_runs_against_an_embedded_store_and_reports_json() {
         assert!(row.contains("\"p99_us\""));
     }
 }
+
+#[test]
+fn operators_pin_evict_drain_and_list_by_prefix() {
+    let store = Store::up();
+    let meta = store.meta.clone();
+    let mut hashes = Vec::new();
+    for i in 0..5 {
+        let out = run(
+            &meta,
+            &["put", "--json", &format!("op-{i}")],
+            Some(&vec![i as u8; 50_000]),
+        );
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        let key = line.split("\"key\":\"").nth(1).unwrap()[..64].to_string();
+        hashes.push(key);
+    }
+    // A get that the daemon serves counts in its hit rate; one the index
+    // already answers as a miss never reaches a daemon.
+    assert!(run(&meta, &["get", "op-0"], None).status.success());
+    assert!(!run(&meta, &["get", "never-stored"], None).status.success());
+
+    let out = run(&meta, &["ls", "--prefix", &hashes[3][..4]], None);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains(&hashes[3]), "{listed}");
+    assert!(run(&meta, &["ls", "--prefix", "xyz"], None).status.code() == Some(2));
+
+    let out = run(&meta, &["pin", "op-2"], None);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("pinned"));
+    let out = run(&meta, &["evict", "1", "--bytes", "1GiB", "--json"], None);
+    let evicted = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        evicted.contains("\"blocks\":4"),
+        "all but the pinned block: {evicted}"
+    );
+    // The daemon reports its evictions; the index follows.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = run(&meta, &["ls", "--json"], None);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if text.lines().count() == 1 && text.contains(&hashes[2]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "index still lists evicted blocks: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = run(&meta, &["unpin", "op-2"], None);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("unpinned"));
+
+    let out = run(&meta, &["drain", "1", "--evict"], None);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 of its 1 blocks evicted"),
+        "{out:?}"
+    );
+    let out = run(&meta, &["stat"], None);
+    let stat = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(stat.contains("draining"), "{stat}");
+    assert!(
+        stat.contains("hit rate  100.0% (1 hits, 0 misses"),
+        "{stat}"
+    );
+    let out = run(&meta, &["put", "new-block"], Some(b"x"));
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "no daemon takes blocks while draining"
+    );
+    let out = run(&meta, &["stat", "--json"], None);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        json.contains("\"draining\":true") && json.contains("\"hits\":1"),
+        "{json}"
+    );
+    assert!(run(&meta, &["drain", "1", "--undo"], None).status.success());
+    assert!(run(&meta, &["put", "new-block"], Some(b"x"))
+        .status
+        .success());
+}

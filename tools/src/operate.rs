@@ -1,0 +1,177 @@
+//! Operator commands: `pin` / `unpin` blocks, `evict` from a daemon now,
+//! and `drain` a daemon before taking its host out.
+
+use std::time::Duration;
+
+use mooncake_client::{Client, Connection, ErrorSource};
+use mooncake_proto::message::{EvictRequest, EvictResponse, ListRequest};
+use mooncake_proto::units::ByteSize;
+use mooncake_proto::{BlockHash, ErrorCode, Namespace, Opcode};
+use serde_json::json;
+
+use crate::blocks::{client, parse_key, KeyArgs};
+use crate::exit::Failure;
+use crate::Target;
+
+#[derive(clap::Args, Debug)]
+pub struct PinArgs {
+    #[command(flatten)]
+    target: Target,
+    #[command(flatten)]
+    ns: KeyArgs,
+    #[arg(required = true)]
+    keys: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EvictArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The daemon: its id (from `stat`) or its address.
+    daemon: String,
+    /// How much to free, coldest blocks first (e.g. 10GiB).
+    #[arg(long)]
+    bytes: ByteSize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DrainArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The daemon: its id (from `stat`) or its address.
+    daemon: String,
+    /// Also drop its blocks from the cache now (workers recompute them and
+    /// the new copies land on other daemons), instead of letting the host
+    /// go with them.
+    #[arg(long)]
+    evict: bool,
+    /// Take the daemon back: place new blocks on it again.
+    #[arg(long, conflicts_with = "evict")]
+    undo: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+/// A daemon named by id or address, as (id, address).
+async fn find_daemon(client: &Client, name: &str) -> Result<(u32, String), Failure> {
+    let st = client.cluster_stats().await?;
+    st.daemons
+        .iter()
+        .find(|d| d.addr == name || d.id.to_string() == name)
+        .map(|d| (d.id, d.addr.clone()))
+        .ok_or_else(|| {
+            let known: Vec<String> = st
+                .daemons
+                .iter()
+                .map(|d| format!("{} ({})", d.id, d.addr))
+                .collect();
+            Failure::usage(format!("no daemon {name:?}; known: {}", known.join(", ")))
+        })
+}
+
+pub async fn pin(args: PinArgs, pin: bool) -> Result<(), Failure> {
+    let ns = Namespace::new(&args.ns.namespace).map_err(|e| Failure::usage(e.to_string()))?;
+    let hashes: Vec<BlockHash> = args.keys.iter().map(|k| parse_key(&ns, k).hash).collect();
+    let codes = client(&args.target).await?.pin(&ns, &hashes, pin).await?;
+    let verb = if pin { "pinned" } else { "unpinned" };
+    for (hash, code) in hashes.iter().zip(codes) {
+        match code {
+            ErrorCode::Ok => println!("{verb} {hash}"),
+            ErrorCode::NotFound => println!("not found {hash}"),
+            other => println!("failed {hash}: {other}"),
+        }
+    }
+    Ok(())
+}
+
+pub async fn evict(args: EvictArgs) -> Result<(), Failure> {
+    let client = client(&args.target).await?;
+    let (id, addr) = find_daemon(&client, &args.daemon).await?;
+    let mut conn = Connection::connect(&addr, ErrorSource::Daemon, Duration::from_secs(2)).await?;
+    let request = EvictRequest {
+        bytes: args.bytes.0,
+    };
+    let call = conn.call::<EvictResponse>(Opcode::Evict, &request, "evict");
+    let freed = tokio::time::timeout(args.target.timeout, call)
+        .await
+        .map_err(|_| {
+            Failure::connection(format!(
+                "daemon {addr} did not answer within {:?}",
+                args.target.timeout
+            ))
+        })??;
+    if args.json {
+        println!(
+            "{}",
+            json!({"daemon": id, "freed_bytes": freed.bytes, "blocks": freed.blocks})
+        );
+    } else {
+        println!(
+            "daemon {id} ({addr}): evicted {} blocks, {} freed",
+            freed.blocks,
+            ByteSize(freed.bytes)
+        );
+    }
+    Ok(())
+}
+
+pub async fn drain(args: DrainArgs) -> Result<(), Failure> {
+    let client = client(&args.target).await?;
+    let (id, addr) = find_daemon(&client, &args.daemon).await?;
+    client.drain(id, !args.undo).await?;
+    if args.undo {
+        println!("daemon {id} ({addr}) takes new blocks again");
+        return Ok(());
+    }
+    // Its blocks, namespace by namespace, as the index lists them.
+    let mut keys: Vec<(Namespace, BlockHash)> = Vec::new();
+    let mut after = None;
+    loop {
+        let page = client
+            .list(&ListRequest {
+                namespace: None,
+                after: after.clone(),
+                prefix: Vec::new(),
+                daemon: id,
+                limit: 4096,
+            })
+            .await?;
+        keys.extend(
+            page.entries
+                .iter()
+                .map(|e| (e.key.namespace.clone(), e.key.hash)),
+        );
+        after = page.entries.last().map(|e| e.key.clone());
+        if !page.more || after.is_none() {
+            break;
+        }
+    }
+    let mut evicted = 0;
+    if args.evict {
+        for chunk in keys.chunk_by(|a, b| a.0 == b.0) {
+            let hashes: Vec<BlockHash> = chunk.iter().map(|(_, h)| *h).collect();
+            evicted += client
+                .remove(&chunk[0].0, &hashes)
+                .await?
+                .iter()
+                .filter(|r| **r)
+                .count();
+        }
+    }
+    if args.json {
+        println!(
+            "{}",
+            json!({"daemon": id, "draining": true, "blocks": keys.len(), "evicted": evicted})
+        );
+    } else if args.evict {
+        println!("daemon {id} ({addr}) is draining: no new blocks; {evicted} of its {} blocks evicted. It can be stopped now.", keys.len());
+    } else {
+        println!(
+            "daemon {id} ({addr}) is draining: no new blocks. It still holds {} blocks; stop it when you like (they become misses), or run again with --evict first.",
+            keys.len()
+        );
+    }
+    Ok(())
+}
