@@ -19,6 +19,7 @@ use parking_lot::RwLock;
 
 use crate::error::{ClientError, ErrorSource};
 use crate::locations::LocationCache;
+use crate::metrics::ClientMetrics;
 use crate::pool::ConnPool;
 use crate::MetaResolver;
 
@@ -27,6 +28,7 @@ impl std::fmt::Debug for ClientConfig {
         f.debug_struct("ClientConfig")
             .field("meta_addr", &self.meta_addr)
             .field("follows_leader", &self.resolver.is_some())
+            .field("metrics", &self.metrics.is_some())
             .field("timeout", &self.timeout)
             .finish()
     }
@@ -44,6 +46,9 @@ pub struct ClientConfig {
     /// Finds the current meta leader when the meta service is unreachable
     /// (e.g. through etcd); without one the client keeps `meta_addr`.
     pub resolver: Option<Arc<dyn MetaResolver>>,
+    /// Client-side metrics, in a registry the application exposes. Default
+    /// none.
+    pub metrics: Option<Arc<ClientMetrics>>,
     /// Deadline of every call, end to end. Default 5s.
     pub timeout: Duration,
     /// Deadline of opening one connection. Default 1s.
@@ -64,7 +69,15 @@ impl ClientConfig {
             max_idle_per_peer: 64,
             location_cache: 1 << 20,
             resolver: None,
+            metrics: None,
         }
+    }
+
+    /// Records latency, hits and misses in `registry` (which the
+    /// application serves on its own /metrics).
+    pub fn with_metrics(mut self, registry: &prometheus::Registry) -> prometheus::Result<Self> {
+        self.metrics = Some(ClientMetrics::new(registry)?);
+        Ok(self)
     }
 
     /// Follows the meta leader through `resolver`, starting from the
@@ -184,12 +197,17 @@ impl Client {
         namespace: &Namespace,
         blocks: &[(BlockHash, &[u8])],
     ) -> Result<Vec<PutOutcome>, ClientError> {
+        let started = std::time::Instant::now();
         let mut out = Vec::with_capacity(blocks.len());
         for chunk in blocks.chunks(MAX_BATCH) {
             out.extend(
                 self.deadline("put", self.put_chunk(namespace, chunk))
                     .await?,
             );
+        }
+        if let Some(m) = &self.cfg.metrics {
+            let sizes = blocks.iter().map(|(_, v)| v.len());
+            m.puts(started.elapsed().as_secs_f64(), &out, sizes);
         }
         Ok(out)
     }
@@ -383,12 +401,16 @@ impl Client {
                 bufs.len()
             )));
         }
+        let started = std::time::Instant::now();
         let mut out = Vec::with_capacity(hashes.len());
         for (hs, bs) in hashes.chunks(MAX_BATCH).zip(bufs.chunks_mut(MAX_BATCH)) {
             out.extend(
                 self.deadline("get", self.get_chunk(namespace, hs, bs))
                     .await?,
             );
+        }
+        if let Some(m) = &self.cfg.metrics {
+            m.gets(started.elapsed().as_secs_f64(), &out);
         }
         Ok(out)
     }
@@ -619,6 +641,9 @@ impl Client {
     /// the daemon, which checks its copy and drops it if it is the culprit.
     fn report_corrupt(&self, pool: &Arc<ConnPool>, key: BlockKey) {
         self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+        if let Some(m) = &self.cfg.metrics {
+            m.corrupt.inc();
+        }
         tracing::warn!(%key, daemon = pool.addr(), "block failed its checksum on read; treated as a miss");
         let pool = pool.clone();
         let timeout = self.cfg.timeout;
@@ -643,6 +668,7 @@ impl Client {
         namespace: &Namespace,
         hashes: &[BlockHash],
     ) -> Result<PrefixMatch, ClientError> {
+        let started = std::time::Instant::now();
         let mut out = PrefixMatch::default();
         for chunk in hashes.chunks(MAX_BATCH) {
             let locs: Locations = self
@@ -665,6 +691,9 @@ impl Client {
             if matched < chunk.len() {
                 break;
             }
+        }
+        if let Some(m) = &self.cfg.metrics {
+            m.matched(started.elapsed().as_secs_f64());
         }
         Ok(out)
     }

@@ -9,11 +9,13 @@ mod client;
 mod conn;
 mod error;
 mod locations;
+mod metrics;
 mod pool;
 
 pub use client::{Client, ClientConfig, GetOutcome, PrefixMatch, PutOutcome};
 pub use conn::{Connection, FrameReader, FrameWriter};
 pub use error::{ClientError, ErrorSource};
+pub use metrics::ClientMetrics;
 pub use mooncake_proto as proto;
 pub use pool::ConnPool;
 

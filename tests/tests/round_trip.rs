@@ -182,3 +182,97 @@ async fn a_buffer_too_small_is_an_error_not_a_truncated_block() {
         vec![GetOutcome::Failed(mooncake_proto::ErrorCode::TooLarge)]
     );
 }
+
+#[tokio::test]
+async fn client_metrics_count_what_the_worker_saw() {
+    let cluster = TestCluster::start(16 << 20).await;
+    let registry = prometheus::Registry::new();
+    let cfg = mooncake_client::ClientConfig::new(cluster.meta_addr.clone())
+        .with_metrics(&registry)
+        .unwrap();
+    let client = mooncake_client::Client::new(cfg);
+    let ns = ns("t/client-metrics");
+    let v = block_bytes(1, 3000);
+    client
+        .put(&ns, &[(hash(1), &v[..]), (hash(2), &v[..])])
+        .await
+        .unwrap();
+    client.put(&ns, &[(hash(1), &v[..])]).await.unwrap();
+    let mut a = vec![0u8; 3000];
+    let mut b = vec![0u8; 3000];
+    client
+        .get_into(&ns, &[hash(1), hash(9)], &mut [&mut a[..], &mut b[..]])
+        .await
+        .unwrap();
+    client.match_prefix(&ns, &[hash(1), hash(2)]).await.unwrap();
+    let value = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        registry
+            .gather()
+            .iter()
+            .find(|f| f.name() == name)
+            .and_then(|f| {
+                f.get_metric().iter().find(|m| {
+                    labels.iter().all(|(k, v)| {
+                        m.get_label()
+                            .iter()
+                            .any(|l| l.name() == *k && l.value() == *v)
+                    })
+                })
+            })
+            .map(|m| {
+                if name.ends_with("_seconds") {
+                    m.get_histogram().get_sample_count() as f64
+                } else {
+                    m.get_counter().get_value()
+                }
+            })
+            .unwrap_or(-1.0)
+    };
+    assert_eq!(
+        value(
+            "mooncake_client_blocks_total",
+            &[("op", "put"), ("result", "stored")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(
+            "mooncake_client_blocks_total",
+            &[("op", "put"), ("result", "exists")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "mooncake_client_blocks_total",
+            &[("op", "get"), ("result", "hit")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "mooncake_client_blocks_total",
+            &[("op", "get"), ("result", "miss")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value("mooncake_client_bytes_total", &[("direction", "read")]),
+        3000.0
+    );
+    assert_eq!(
+        value("mooncake_client_bytes_total", &[("direction", "written")]),
+        6000.0
+    );
+    assert_eq!(
+        value("mooncake_client_request_duration_seconds", &[("op", "put")]),
+        2.0
+    );
+    assert_eq!(
+        value(
+            "mooncake_client_request_duration_seconds",
+            &[("op", "match_prefix")]
+        ),
+        1.0
+    );
+}
