@@ -1,20 +1,12 @@
 //! The `mooncake-store` binary as a user runs it: `up` in one process, the
 //! block commands from another, and a clean stop on SIGTERM.
 
+mod common;
+use common::{free_port, BIN};
+
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_mooncake-store");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Store {
     child: Child,

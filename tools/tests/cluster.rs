@@ -2,8 +2,11 @@
 //! replicas and three daemons as separate `mooncake-store` processes, and
 //! faults made by killing and pausing real processes.
 
+mod common;
+use common::{free_port, BIN};
+
 use std::collections::HashSet;
-use std::net::TcpListener;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,16 +17,7 @@ use mooncake_client::{Client, ClientConfig, GetOutcome, PutOutcome};
 use mooncake_coord::{Coordinator, EtcdConfig, EtcdCoordinator, LeaderResolver};
 use mooncake_proto::{BlockHash, BlockKey, Namespace, PrefixHasher};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mooncake-store");
 const TTL: Duration = Duration::from_secs(2);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn scratch_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
@@ -452,7 +446,7 @@ async fn a_killed_daemon_leaves_the_index_within_its_lease_ttl() {
         on_victim.len(),
         killed_at.elapsed().min(gone)
     );
-    assert!(gone <= TTL + Duration::from_millis(800), "took {gone:?}");
+    assert!(gone <= TTL + Duration::from_secs(1), "took {gone:?}");
     for h in &on_victim {
         assert_eq!(
             client.get(&BlockKey::new(ns(), *h)).await.unwrap(),

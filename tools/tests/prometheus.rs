@@ -1,20 +1,13 @@
 //! A real Prometheus scrapes a real store, with the scrape config and the
 //! alert rules shipped in deploy/prometheus.
 
+mod common;
+use common::{free_port, BIN};
+
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_mooncake-store");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Killed(Child);
 
