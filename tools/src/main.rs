@@ -10,7 +10,9 @@ mod config;
 mod exit;
 mod hash;
 mod operate;
+mod replay;
 mod serve;
+mod trace;
 
 use std::time::Duration;
 
@@ -82,6 +84,8 @@ enum Command {
     Hash(hash::HashArgs),
     /// Drive a put/get load and report throughput and latency.
     Bench(bench::BenchArgs),
+    /// Replay a serving trace against the store and report its hit rates.
+    Replay(replay::ReplayArgs),
     /// Measure the meta service alone: prefix matches and two-phase puts.
     BenchMeta(bench_meta::BenchMetaArgs),
     /// Show the configuration.
@@ -125,6 +129,7 @@ fn main() {
             Command::Drain(a) => operate::drain(a).await,
             Command::Bench(a) => bench::run(a).await,
             Command::BenchMeta(a) => bench_meta::run(a).await,
+            Command::Replay(a) => replay::run(a).await,
             Command::Config(c) => config::run(c),
         }
     });

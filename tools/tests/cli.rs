@@ -332,3 +332,88 @@ fn operators_pin_evict_drain_and_list_by_prefix() {
         .status
         .success());
 }
+
+/// A trace in the Mooncake format with reused prefixes: 200 requests over
+/// 20 "documents", each request a document's first blocks plus its own.
+fn synthetic_trace(path: &std::path::Path) {
+    let mut lines = String::new();
+    let mut next_private = 10_000u64;
+    for i in 0..200u64 {
+        let doc = (i * 7) % 20;
+        let shared = 1 + (i % 5);
+        let mut ids: Vec<u64> = (0..shared).map(|b| doc * 100 + b).collect();
+        for _ in 0..(i % 3) {
+            ids.push(next_private);
+            next_private += 1;
+        }
+        let input = ids.len() as u64 * 512 - (i % 300);
+        lines.push_str(&format!(
+            "{{\"timestamp\": {}, \"input_length\": {input}, \"output_length\": 8, \"hash_ids\": {ids:?}}}\n",
+            i * 10
+        ));
+    }
+    std::fs::write(path, lines).unwrap();
+}
+
+fn json_u64(json: &str, field: &str) -> u64 {
+    let at = json
+        .find(&format!("\"{field}\":"))
+        .unwrap_or_else(|| panic!("no {field} in {json}"));
+    json[at + field.len() + 3..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn replay_with_room_for_everything_hits_exactly_the_theoretical_maximum() {
+    let store = Store::up();
+    let dir = std::env::temp_dir().join(format!("mooncake-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let synthetic = dir.join("trace.jsonl");
+    synthetic_trace(&synthetic);
+    let mut traces = vec![(synthetic.clone(), "200")];
+    // The Mooncake trace shipped beside the project, when it is there.
+    let shipped = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/data/synthetic_trace.jsonl"
+    ));
+    if shipped.exists() {
+        traces.push((shipped.to_path_buf(), "400"));
+    }
+    for (trace, limit) in traces {
+        let out = run(
+            &store.meta,
+            &[
+                "replay",
+                trace.to_str().unwrap(),
+                "--workers",
+                "1",
+                "--bytes-per-token",
+                "2",
+                "--limit",
+                limit,
+                "--json",
+            ],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(
+            json_u64(&json, "hit_tokens"),
+            json_u64(&json, "theoretical_hit_tokens"),
+            "{}: {json}",
+            trace.display()
+        );
+        assert!(json_u64(&json, "hit_tokens") > 0);
+        assert_eq!(json_u64(&json, "wrong_bytes"), 0);
+        assert_eq!(json_u64(&json, "errors"), 0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
