@@ -12,6 +12,8 @@ mod hash;
 mod operate;
 mod replay;
 mod serve;
+mod simulate;
+mod svg;
 mod trace;
 
 use std::time::Duration;
@@ -86,6 +88,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Replay a serving trace against the store and report its hit rates.
     Replay(replay::ReplayArgs),
+    /// Hit rate against cache size for a trace, offline: LRU and prefix-aware.
+    Simulate(simulate::SimulateArgs),
     /// Measure the meta service alone: prefix matches and two-phase puts.
     BenchMeta(bench_meta::BenchMetaArgs),
     /// Show the configuration.
@@ -130,6 +134,7 @@ fn main() {
             Command::Bench(a) => bench::run(a).await,
             Command::BenchMeta(a) => bench_meta::run(a).await,
             Command::Replay(a) => replay::run(a).await,
+            Command::Simulate(a) => simulate::run(a),
             Command::Config(c) => config::run(c),
         }
     });

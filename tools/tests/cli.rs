@@ -417,3 +417,53 @@ fn replay_with_room_for_everything_hits_exactly_the_theoretical_maximum() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn simulate_sweeps_cache_sizes_and_plots_them() {
+    let dir = std::env::temp_dir().join(format!("mooncake-sim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.jsonl");
+    synthetic_trace(&trace);
+    let svg = dir.join("plot.svg");
+    let out = Command::new(BIN)
+        .args([
+            "simulate",
+            trace.to_str().unwrap(),
+            "--points",
+            "5",
+            "--json",
+            "--svg",
+        ])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(json.matches("capacity_blocks").count(), 5);
+    // At the full footprint, both policies reach the theoretical maximum.
+    let max = json
+        .split("\"theoretical_token_hit_rate\":")
+        .nth(1)
+        .unwrap();
+    let max: f64 = max
+        .split(|c| c == ',' || c == '}')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let last = json.rsplit("\"lru_token_hit_rate\":").next().unwrap();
+    let last: f64 = last
+        .split(|c| c == ',' || c == '}')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((last - max).abs() < 1e-12, "{last} vs {max}");
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg") && plot.matches("<polyline").count() == 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
