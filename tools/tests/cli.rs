@@ -449,19 +449,9 @@ fn simulate_sweeps_cache_sizes_and_plots_them() {
         .split("\"theoretical_token_hit_rate\":")
         .nth(1)
         .unwrap();
-    let max: f64 = max
-        .split(|c| c == ',' || c == '}')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let max: f64 = max.split([',', '}']).next().unwrap().parse().unwrap();
     let last = json.rsplit("\"lru_token_hit_rate\":").next().unwrap();
-    let last: f64 = last
-        .split(|c| c == ',' || c == '}')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let last: f64 = last.split([',', '}']).next().unwrap().parse().unwrap();
     assert!((last - max).abs() < 1e-12, "{last} vs {max}");
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.starts_with("<svg") && plot.matches("<polyline").count() == 3);
