@@ -22,8 +22,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series<'_
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .fold(0.0f64, f64::max)
-        .max(0.01)
-        .min(1.0);
+        .clamp(0.01, 1.0);
     let y_top = (y_max * 10.0).ceil() / 10.0;
     let sx = |x: f64| left + pw * x / x_max;
     let sy = |y: f64| top + ph * (1.0 - y / y_top);
