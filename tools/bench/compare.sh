@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Side by side, in one run on this machine: redis-server (redis-benchmark)
-# and Mooncake Store (`mooncake-store bench`), same block sizes, same
-# concurrency, same number of gets. Prints GB/s and p99 for each, and the
-# ratio. Usage: tools/bench/compare.sh [SIZES] [CONCURRENCY] [OPS]
+# Side by side, in one run on this machine: redis-server, memcached and
+# Mooncake Store, driven by the same async Rust client loop (bench-peer for
+# the first two, bench for the store): same block sizes, same concurrency,
+# same number of operations. Then prefix matching of 128-key chains: the
+# store's match_prefix against pipelined EXISTS on redis.
+# Usage: tools/bench/compare.sh [SIZES] [CONCURRENCY] [OPS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SIZES="${1:-16KiB,256KiB,4MiB}"
@@ -10,61 +12,68 @@ CONC="${2:-8}"
 OPS="${3:-4000}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
 
-if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
-    echo "installing redis-server and redis-tools"
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v memcached >/dev/null || need+=(memcached)
+if ((${#need[@]})); then
+    echo "installing: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null
+    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 cargo build --release -q --bin mooncake-store
 BIN="$CARGO_TARGET_DIR/release/mooncake-store"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-RPORT=$(free_port); MPORT=$(free_port); DPORT=$(free_port)
+RPORT=$(free_port); CPORT=$(free_port); MPORT=$(free_port); DPORT=$(free_port)
 tmp=$(mktemp -d)
-cleanup() {
-    [[ -n "${RPID:-}" ]] && kill "$RPID" 2>/dev/null || true
-    [[ -n "${MPID:-}" ]] && kill "$MPID" 2>/dev/null || true
-    wait 2>/dev/null || true
-    rm -rf "$tmp"
-}
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
-
-bytes_of() { # 16KiB -> 16384
-    python3 -c "import re,sys; m=re.fullmatch(r'(\d+)(KiB|MiB|GiB|B)?','$1'); print(int(m[1])*{None:1,'B':1,'KiB':1024,'MiB':1<<20,'GiB':1<<30}[m[2]])"
-}
 
 redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
     --proto-max-bulk-len 1gb --daemonize no >"$tmp/redis.log" 2>&1 &
-RPID=$!
+pids+=($!)
+# memcached: 4 threads (its default), values up to 8 MiB, 4 GiB of memory.
+memcached -p "$CPORT" -l 127.0.0.1 -U 0 -I 8m -m 4096 -u "$(id -un)" >"$tmp/memcached.log" 2>&1 &
+pids+=($!)
 "$BIN" up --meta-listen "127.0.0.1:$MPORT" --listen "127.0.0.1:$DPORT" --admin "" --dram 4GiB >"$tmp/up.log" 2>&1 &
-MPID=$!
+pids+=($!)
 for _ in $(seq 100); do
-    redis-cli -p "$RPORT" ping >/dev/null 2>&1 && "$BIN" stat --meta "127.0.0.1:$MPORT" --json 2>/dev/null | grep -q '"alive":true' && break
+    "$BIN" stat --meta "127.0.0.1:$MPORT" --json 2>/dev/null | grep -q '"alive":true' && break
     sleep 0.1
 done
 
-echo "machine: $(nproc) cores, $(uname -r); concurrency $CONC; $OPS gets per size"
+echo "machine: $(nproc) cores, $(uname -r); concurrency $CONC; $OPS gets per size; redis $(redis-server --version | grep -o 'v=[0-9.]*'), memcached $(memcached -V | cut -d' ' -f2)"
+"$BIN" bench-peer --peer redis --addr "127.0.0.1:$RPORT" --sizes "$SIZES" --concurrency "$CONC" --ops "$OPS" --chain 128 >"$tmp/redis.json"
+"$BIN" bench-peer --peer memcached --addr "127.0.0.1:$CPORT" --sizes "$SIZES" --concurrency "$CONC" --ops "$OPS" >"$tmp/memcached.json"
 "$BIN" bench --meta "127.0.0.1:$MPORT" --sizes "$SIZES" --concurrency "$CONC" --ops "$OPS" --json >"$tmp/mooncake.json"
+"$BIN" bench-meta --meta "127.0.0.1:$MPORT" --chain-len 128 --requests $((OPS * 10)) --json >"$tmp/meta.json"
 
-printf '%-8s %-6s %12s %8s %12s %8s %8s\n' size op "redis GB/s" "p99 ms" "mooncake GB/s" "p99 ms" "ratio" >"$tmp/table"
-for size in ${SIZES//,/ }; do
-    n=$(bytes_of "$size")
-    redis-benchmark -p "$RPORT" -t set,get -d "$n" -c "$CONC" -n "$OPS" --csv >"$tmp/redis.csv" 2>/dev/null
-    for op in set get; do
-        OP=$(echo "$op" | tr a-z A-Z)
-        line=$(grep "^\"$OP\"" "$tmp/redis.csv")
-        rps=$(echo "$line" | cut -d, -f2 | tr -d '"')
-        p99=$(echo "$line" | cut -d, -f7 | tr -d '"')
-        mop=$([[ $op == set ]] && echo put || echo get)
-        read -r mgb mp99 < <(python3 -c "
-import json
-for l in open('$tmp/mooncake.json'):
-    r = json.loads(l)
-    if r['op'] == '$mop' and r['size'] == $n:
-        print(f\"{r['gb_per_sec']:.2f} {r['p99_us']/1000:.2f}\")")
-        python3 -c "
-rgb = $rps * $n / 1e9
-print(f\"{'$size':<8} {'$mop':<6} {rgb:>12.2f} {float('$p99'):>8.2f} {$mgb:>12.2f} {$mp99:>8.2f} {($mgb/rgb if rgb else 0):>7.2f}x\")" >>"$tmp/table"
-    done
-done
-cat "$tmp/table"
+python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+def rows(name):
+    return [json.loads(l) for l in open(f"{d}/{name}.json") if l.strip()]
+redis, mc, moon = rows("redis"), rows("memcached"), rows("mooncake")
+def find(rs, op, size):
+    return next((r for r in rs if r.get("op") == op and r.get("size") == size), None)
+def fmt_size(n):
+    for unit, f in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f and n % f == 0:
+            return f"{n // f}{unit}"
+    return f"{n}B"
+print(f"{'size':<7} {'op':<4} {'redis GB/s':>10} {'p99 ms':>7} {'memcached GB/s':>14} {'p99 ms':>7} {'mooncake GB/s':>13} {'p99 ms':>7} {'vs redis':>8} {'vs memcached':>12}")
+for m in moon:
+    r, c = find(redis, m["op"], m["size"]), find(mc, m["op"], m["size"])
+    if not r or not c:
+        continue
+    print(f"{fmt_size(m['size']):<7} {m['op']:<4} {r['gb_per_sec']:>10.2f} {r['p99_us']/1000:>7.2f} "
+          f"{c['gb_per_sec']:>14.2f} {c['p99_us']/1000:>7.2f} {m['gb_per_sec']:>13.2f} {m['p99_us']/1000:>7.2f} "
+          f"{m['gb_per_sec']/r['gb_per_sec']:>7.2f}x {m['gb_per_sec']/c['gb_per_sec']:>11.2f}x")
+ex = next(r for r in redis if r.get("op") == "match_prefix")
+meta = rows("meta")[0]
+print()
+print(f"prefix match, 128-key chains: redis pipelined EXISTS {ex['keys_per_sec']/1e6:.2f} M keys/s (p99 {ex['p99_us']} us); "
+      f"mooncake match_prefix {meta['wire_match_keys_per_sec']/1e6:.2f} M keys/s (p99 {meta['wire_match_p99_us']} us): "
+      f"{meta['wire_match_keys_per_sec']/ex['keys_per_sec']:.1f}x")
+PY

@@ -156,7 +156,7 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
     if args.json {
         println!(
             "{}",
-            json!({"keys": keys, "chain_len": args.chain_len,
+            json!({"keys": keys, "chain_len": args.chain_len, "concurrency": args.concurrency,
                    "index_match_keys_per_sec_one_core": local,
                    "wire_put_start_commit_keys_per_sec": put_rate,
                    "wire_match_keys_per_sec": wire, "wire_match_p50_us": hist.value_at_quantile(0.5),

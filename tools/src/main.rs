@@ -5,6 +5,7 @@
 mod admin;
 mod bench;
 mod bench_meta;
+mod bench_peer;
 mod blocks;
 mod config;
 mod exit;
@@ -90,6 +91,8 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Hit rate against cache size for a trace, offline: LRU and prefix-aware.
     Simulate(simulate::SimulateArgs),
+    /// The same load as `bench`, against redis-server or memcached.
+    BenchPeer(bench_peer::BenchPeerArgs),
     /// Measure the meta service alone: prefix matches and two-phase puts.
     BenchMeta(bench_meta::BenchMetaArgs),
     /// Show the configuration.
@@ -133,6 +136,7 @@ fn main() {
             Command::Drain(a) => operate::drain(a).await,
             Command::Bench(a) => bench::run(a).await,
             Command::BenchMeta(a) => bench_meta::run(a).await,
+            Command::BenchPeer(a) => bench_peer::run(a).await,
             Command::Replay(a) => replay::run(a).await,
             Command::Simulate(a) => simulate::run(a),
             Command::Config(c) => config::run(c),
