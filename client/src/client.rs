@@ -49,6 +49,9 @@ pub struct ClientConfig {
     /// Client-side metrics, in a registry the application exposes. Default
     /// none.
     pub metrics: Option<Arc<ClientMetrics>>,
+    /// This host's name, as its daemon registers it: new blocks go to the
+    /// daemon on the same host first. Default: the hostname.
+    pub node: String,
     /// Deadline of every call, end to end. Default 5s.
     pub timeout: Duration,
     /// Deadline of opening one connection. Default 1s.
@@ -70,6 +73,7 @@ impl ClientConfig {
             location_cache: 1 << 20,
             resolver: None,
             metrics: None,
+            node: hostname(),
         }
     }
 
@@ -95,6 +99,12 @@ impl ClientConfig {
         self.timeout = timeout;
         self
     }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// What became of one block of a put.
@@ -234,6 +244,7 @@ impl Client {
                 Opcode::PutStart,
                 &PutStartRequest {
                     namespace: namespace.clone(),
+                    node: self.cfg.node.clone(),
                     items,
                 },
                 "put_start",

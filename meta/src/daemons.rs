@@ -94,19 +94,32 @@ impl Daemons {
             .collect()
     }
 
-    /// The live daemon with the most free room for `size` bytes (a daemon
-    /// evicts to make room, so a full one is still a valid last choice).
-    pub fn place(&self, size: u64) -> Option<u32> {
+    /// Where a new block of `size` bytes from a writer on `node` goes: a
+    /// daemon on the writer's own host if one has free room for it (the
+    /// worker that computed a block is the likeliest to read it again, and
+    /// a same-host read crosses no network), else the live daemon with the
+    /// most free room (a daemon evicts to make room, so a full one is still
+    /// a valid last choice). Draining daemons take nothing.
+    pub fn place(&self, size: u64, node: &str) -> Option<u32> {
         let mut members = self.members.write();
-        let (id, member) = members
-            .iter_mut()
-            .filter(|(_, m)| m.alive && !m.draining && m.stats.capacity >= size)
-            .max_by_key(|(id, m)| {
-                let free = m.stats.capacity.saturating_sub(m.stats.used + m.placed);
-                (free, std::cmp::Reverse(**id))
-            })?;
-        member.placed += size;
-        Some(*id)
+        let free = |m: &Member| m.stats.capacity.saturating_sub(m.stats.used + m.placed);
+        let local = members
+            .iter()
+            .filter(|(_, m)| {
+                m.alive && !m.draining && !node.is_empty() && m.node == node && free(m) >= size
+            })
+            .max_by_key(|(id, m)| (free(m), std::cmp::Reverse(**id)))
+            .map(|(id, _)| *id);
+        let id = match local {
+            Some(id) => id,
+            None => members
+                .iter()
+                .filter(|(_, m)| m.alive && !m.draining && m.stats.capacity >= size)
+                .max_by_key(|(id, m)| (free(m), std::cmp::Reverse(**id)))
+                .map(|(id, _)| *id)?,
+        };
+        members.get_mut(&id).expect("just chosen").placed += size;
+        Some(id)
     }
 
     /// Largest pool among live daemons: no block larger can be placed.
@@ -205,11 +218,11 @@ mod tests {
             },
             t,
         );
-        assert_eq!(d.place(5), Some(b));
+        assert_eq!(d.place(5, ""), Some(b));
         assert!(d
             .expire(Duration::from_secs(1), t + Duration::from_secs(2))
             .contains(&b));
-        assert_eq!(d.place(5), None, "a lacks no room but was also silent");
+        assert_eq!(d.place(5, ""), None, "a lacks no room but was also silent");
         assert!(
             !d.heartbeat(b, PoolStats::default(), t),
             "dead daemons must re-register"
@@ -219,7 +232,7 @@ mod tests {
             b,
             "same address, same id"
         );
-        assert_eq!(d.place(500), None, "too large for every pool");
+        assert_eq!(d.place(500, ""), None, "too large for every pool");
     }
 
     #[test]
@@ -229,9 +242,33 @@ mod tests {
         let a = d.register("n1".into(), "a:1".into(), 100, 0, t);
         let b = d.register("n2".into(), "b:1".into(), 100, 0, t);
         assert!(d.set_draining(a, true));
-        assert!((0..5).all(|_| d.place(1) == Some(b)));
+        assert!((0..5).all(|_| d.place(1, "") == Some(b)));
         assert!(!d.set_draining(99, true));
         assert!(d.infos().iter().any(|i| i.id == a && i.draining));
+    }
+
+    #[test]
+    fn the_writers_own_host_comes_first_while_it_has_room() {
+        let d = Daemons::default();
+        let t = Instant::now();
+        let here = d.register("gpu-1".into(), "a:1".into(), 100, 0, t);
+        let there = d.register("gpu-2".into(), "b:1".into(), 1000, 0, t);
+        assert_eq!(
+            d.place(40, "gpu-1"),
+            Some(here),
+            "local, though the other is emptier"
+        );
+        assert_eq!(d.place(40, "gpu-1"), Some(here));
+        assert_eq!(
+            d.place(40, "gpu-1"),
+            Some(there),
+            "local is out of free room"
+        );
+        assert_eq!(
+            d.place(40, ""),
+            Some(there),
+            "unknown writer: most free room"
+        );
     }
 
     #[test]
@@ -240,7 +277,7 @@ mod tests {
         let t = Instant::now();
         let a = d.register("n1".into(), "a:1".into(), 100, 0, t);
         let b = d.register("n2".into(), "b:1".into(), 100, 0, t);
-        let picks: Vec<u32> = (0..4).map(|_| d.place(30).unwrap()).collect();
+        let picks: Vec<u32> = (0..4).map(|_| d.place(30, "").unwrap()).collect();
         assert!(picks.contains(&a) && picks.contains(&b), "{picks:?}");
     }
 }

@@ -476,7 +476,7 @@ fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartRespo
             if state.index.lookup(&req.namespace, &[*hash])[0].is_some() {
                 return Slot::Skip(ErrorCode::AlreadyExists);
             }
-            let Some(daemon) = state.daemons.place(size) else {
+            let Some(daemon) = state.daemons.place(size, &req.node) else {
                 return Slot::Skip(ErrorCode::Unavailable);
             };
             match state

@@ -344,12 +344,16 @@ impl Body for Locations {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PutStartRequest {
     pub namespace: Namespace,
+    /// The writer's host, so that blocks land on its own daemon first
+    /// ("": unknown).
+    pub node: String,
     pub items: Vec<(BlockHash, u32)>,
 }
 
 impl Body for PutStartRequest {
     fn encode(&self, w: &mut Writer) {
         w.namespace(&self.namespace);
+        w.str(&self.node);
         w.count(self.items.len());
         for (h, size) in &self.items {
             w.hash(h);
@@ -358,11 +362,16 @@ impl Body for PutStartRequest {
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let namespace = r.namespace()?;
+        let node = r.str()?.to_string();
         let n = r.count(BlockHash::LEN + 4)?;
         let items = (0..n)
             .map(|_| Ok((r.hash()?, r.u32()?)))
             .collect::<Result<_, ProtoError>>()?;
-        Ok(PutStartRequest { namespace, items })
+        Ok(PutStartRequest {
+            namespace,
+            node,
+            items,
+        })
     }
 }
 
@@ -910,6 +919,7 @@ mod tests {
         });
         round_trip(PutStartRequest {
             namespace: ns(),
+            node: "gpu-1".into(),
             items: vec![(h, 10)],
         });
         round_trip(PutStartResponse {

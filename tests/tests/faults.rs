@@ -196,6 +196,7 @@ async fn an_abandoned_reservation_expires_and_frees_the_key() {
             Opcode::PutStart,
             &PutStartRequest {
                 namespace: ns(),
+                node: String::new(),
                 items: vec![(hash(9), 4096)],
             },
             "put_start",

@@ -84,6 +84,7 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
     for chain in chains.iter() {
         let req = PutStartRequest {
             namespace: ns.clone(),
+            node: String::new(),
             items: chain.iter().map(|h| (*h, 64)).collect(),
         };
         let placed: PutStartResponse = conn.call(Opcode::PutStart, &req, "put_start").await?;
