@@ -12,11 +12,12 @@ use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::{
     Body, ClusterStats, CommitItem, DaemonAddr, Empty, KeyRequest, KeysRequest, ListRequest,
     ListResponse, Location, Locations, PinRequest, PutCommitRequest, PutHead, PutStartRequest,
-    PutStartResponse, Slot, Statuses, GET_HEAD_LEN,
+    PutStartResponse, Revision, Slot, Statuses, GET_HEAD_LEN,
 };
 use mooncake_proto::{checksum, BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
 use parking_lot::RwLock;
 
+use crate::conn::Connection;
 use crate::error::{ClientError, ErrorSource};
 use crate::locations::LocationCache;
 use crate::metrics::ClientMetrics;
@@ -143,6 +144,8 @@ pub struct Client {
     daemons: RwLock<HashMap<u32, Arc<ConnPool>>>,
     locations: LocationCache,
     corrupt_reads: AtomicU64,
+    /// Highest meta election revision seen (fencing).
+    leader_revision: AtomicU64,
 }
 
 struct GetItem<'b> {
@@ -175,6 +178,7 @@ impl Client {
             daemons: RwLock::new(HashMap::new()),
             locations: LocationCache::new(cfg_locations),
             corrupt_reads: AtomicU64::new(0),
+            leader_revision: AtomicU64::new(0),
         }
     }
 
@@ -194,10 +198,10 @@ impl Client {
         self.corrupt_reads.load(Ordering::Relaxed)
     }
 
-    pub async fn ping(&self) -> Result<(), ClientError> {
-        self.meta_call::<Empty>(Opcode::Ping, &Empty, "ping")
-            .await?;
-        Ok(())
+    /// Checks the meta service answers; returns its election revision.
+    pub async fn ping(&self) -> Result<u64, ClientError> {
+        let r: Revision = self.meta_call(Opcode::Ping, &Empty, "ping").await?;
+        Ok(r.revision)
     }
 
     /// Stores blocks; each becomes visible to every client once this
@@ -844,7 +848,7 @@ impl Client {
             loop {
                 attempt += 1;
                 let pool = self.meta.read().clone();
-                let result = match pool.get().await {
+                let result = match self.meta_conn(&pool).await {
                     Ok((mut conn, reused)) => match conn.call(op, req, name).await {
                         Ok(resp) => {
                             pool.put_back(conn);
@@ -861,14 +865,40 @@ impl Client {
                 };
                 // The meta service is unreachable: with a resolver, find
                 // the (new) leader and try again until the deadline.
-                if !matches!(result, ClientError::Io { .. } | ClientError::Timeout { .. })
-                    || !self.follow_leader(&pool).await
+                if !matches!(
+                    result,
+                    ClientError::Io { .. }
+                        | ClientError::Timeout { .. }
+                        | ClientError::Stale { .. }
+                ) || !self.follow_leader(&pool).await
                 {
                     return Err(result);
                 }
             }
         })
         .await
+    }
+
+    /// A connection to the meta service. A new one is first asked for its
+    /// election revision: a leader older than one this client has already
+    /// seen is stale (it lost its lead and has not noticed), and refused.
+    async fn meta_conn(&self, pool: &ConnPool) -> Result<(Connection, bool), ClientError> {
+        let (mut conn, reused) = pool.get().await?;
+        if reused {
+            return Ok((conn, true));
+        }
+        let r: Revision = conn.call(Opcode::Ping, &Empty, "ping").await?;
+        let seen = self
+            .leader_revision
+            .fetch_max(r.revision, Ordering::Relaxed);
+        if r.revision < seen {
+            return Err(ClientError::Stale {
+                addr: pool.addr().to_string(),
+                revision: r.revision,
+                seen,
+            });
+        }
+        Ok((conn, false))
     }
 
     /// Points the client at the leader the resolver names; `false` when

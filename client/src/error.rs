@@ -49,6 +49,12 @@ pub enum ClientError {
     },
     #[error("no meta leader found: {0}")]
     NoLeader(String),
+    #[error("meta service at {addr} leads at election revision {revision}, older than {seen}: a stale leader, refused")]
+    Stale {
+        addr: String,
+        revision: u64,
+        seen: u64,
+    },
     #[error("invalid argument: {0}")]
     Invalid(String),
 }
@@ -58,7 +64,10 @@ impl ClientError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ClientError::Server { code, .. } => code.is_retryable(),
-            ClientError::Timeout { .. } | ClientError::Io { .. } | ClientError::NoLeader(_) => true,
+            ClientError::Timeout { .. }
+            | ClientError::Io { .. }
+            | ClientError::NoLeader(_)
+            | ClientError::Stale { .. } => true,
             ClientError::Protocol { .. } | ClientError::Invalid(_) => false,
         }
     }
@@ -70,7 +79,7 @@ impl ClientError {
             | ClientError::Timeout { side, .. }
             | ClientError::Io { side, .. }
             | ClientError::Protocol { side, .. } => *side,
-            ClientError::NoLeader(_) => ErrorSource::Meta,
+            ClientError::NoLeader(_) | ClientError::Stale { .. } => ErrorSource::Meta,
             ClientError::Invalid(_) => ErrorSource::Caller,
         }
     }

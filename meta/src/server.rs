@@ -302,7 +302,10 @@ async fn dispatch(
     Ok(match op {
         Opcode::Ping => {
             Empty::from_bytes(body)?;
-            Vec::new()
+            mooncake_proto::message::Revision {
+                revision: state.revision,
+            }
+            .to_bytes()
         }
         Opcode::PutStart => put_start(state, PutStartRequest::from_bytes(body)?, now).to_bytes(),
         Opcode::PutCommit => {

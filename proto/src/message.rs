@@ -150,6 +150,22 @@ impl Body for PoolStats {
     }
 }
 
+/// A meta service's answer to `Ping`: the election revision it leads at,
+/// so that a client can refuse a leader older than one it has seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Revision {
+    pub revision: u64,
+}
+
+impl Body for Revision {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.revision);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(Revision { revision: r.u64()? })
+    }
+}
+
 /// A daemon evicts its coldest blocks now (an operator freeing memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EvictRequest {

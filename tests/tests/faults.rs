@@ -310,3 +310,67 @@ async fn a_daemon_that_accepts_but_never_answers_costs_one_deadline() {
     );
     assert!(took < timeout + Duration::from_millis(300), "took {took:?}");
 }
+
+/// Resolves the meta service to whatever address the test sets.
+struct SetLeader(parking_lot::Mutex<String>);
+
+impl mooncake_client::MetaResolver for SetLeader {
+    fn resolve(&self) -> futures::future::BoxFuture<'_, Result<String, String>> {
+        Box::pin(async move { Ok(self.0.lock().clone()) })
+    }
+}
+
+#[tokio::test]
+async fn a_client_refuses_a_leader_older_than_one_it_has_seen() {
+    use mooncake_meta::{EmbeddedCoordinator, Leadership, MetaMetrics};
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+
+    let coordinator = Arc::new(EmbeddedCoordinator::new());
+    let start = |revision: u64, stop: CancellationToken| {
+        let coordinator = coordinator.clone();
+        async move {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let leadership = Leadership {
+                revision,
+                lost: CancellationToken::new(),
+            };
+            let metrics = MetaMetrics::new(&prometheus::Registry::new()).unwrap();
+            mooncake_meta::serve(
+                fast_meta(),
+                listener,
+                leadership,
+                coordinator,
+                metrics,
+                stop,
+            )
+            .unwrap()
+        }
+    };
+    let (new_stop, old_stop) = (CancellationToken::new(), CancellationToken::new());
+    let new = start(5, new_stop.clone()).await;
+    let old = start(3, old_stop.clone()).await;
+
+    let resolver = Arc::new(SetLeader(parking_lot::Mutex::new(new.addr.to_string())));
+    let cfg = mooncake_client::ClientConfig::new("")
+        .with_timeout(Duration::from_millis(600))
+        .with_resolver(resolver.clone())
+        .await
+        .unwrap();
+    let client = mooncake_client::Client::new(cfg);
+    assert_eq!(client.ping().await.unwrap(), 5);
+
+    // The leader at revision 5 goes away; the only one left is older.
+    *resolver.0.lock() = old.addr.to_string();
+    new_stop.cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        client.ping().await.is_err(),
+        "a client that saw revision 5 must refuse revision 3"
+    );
+    // A client that never saw a newer leader talks to it happily.
+    let fresh =
+        mooncake_client::Client::new(mooncake_client::ClientConfig::new(old.addr.to_string()));
+    assert_eq!(fresh.ping().await.unwrap(), 3);
+    old_stop.cancel();
+}

@@ -35,7 +35,10 @@ impl Failure {
 impl From<ClientError> for Failure {
     fn from(err: ClientError) -> Self {
         let (code, hint) = match &err {
-            ClientError::Io { .. } | ClientError::Timeout { .. } | ClientError::NoLeader(_) => (
+            ClientError::Io { .. }
+            | ClientError::Timeout { .. }
+            | ClientError::NoLeader(_)
+            | ClientError::Stale { .. } => (
                 3,
                 " (is the store running? start one with `mooncake-store up`, or pass --meta ADDR)",
             ),
