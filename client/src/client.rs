@@ -432,35 +432,45 @@ impl Client {
 
     /// Reads one block into a new buffer; `None` on a miss.
     pub async fn get(&self, key: &BlockKey) -> Result<Option<Vec<u8>>, ClientError> {
-        let location = match self.locations.get(key) {
-            Some(loc) => loc,
-            None => match self
-                .lookup(&key.namespace, &[key.hash])
-                .await?
-                .items
-                .first()
+        // The buffer is sized from the location; a cached one may describe
+        // a block since replaced by a larger one: then ask the index again.
+        for cached in [true, false] {
+            let location = match self.locations.get(key).filter(|_| cached) {
+                Some(loc) => loc,
+                None => match self
+                    .lookup(&key.namespace, &[key.hash])
+                    .await?
+                    .items
+                    .first()
+                {
+                    Some(Some(loc)) => *loc,
+                    _ => return Ok(None),
+                },
+            };
+            let mut buf = vec![0u8; location.size as usize];
+            match self
+                .get_into(&key.namespace, &[key.hash], &mut [&mut buf[..]])
+                .await?[0]
             {
-                Some(Some(loc)) => *loc,
-                _ => return Ok(None),
-            },
-        };
-        let mut buf = vec![0u8; location.size as usize];
-        match self
-            .get_into(&key.namespace, &[key.hash], &mut [&mut buf[..]])
-            .await?[0]
-        {
-            GetOutcome::Hit(n) => {
-                buf.truncate(n);
-                Ok(Some(buf))
+                GetOutcome::Hit(n) => {
+                    buf.truncate(n);
+                    return Ok(Some(buf));
+                }
+                GetOutcome::Miss => return Ok(None),
+                GetOutcome::Failed(ErrorCode::TooLarge) if cached => {
+                    self.locations.forget(key);
+                }
+                GetOutcome::Failed(code) => {
+                    return Err(ClientError::Server {
+                        side: ErrorSource::Daemon,
+                        addr: String::new(),
+                        op: "get",
+                        code,
+                    })
+                }
             }
-            GetOutcome::Miss => Ok(None),
-            GetOutcome::Failed(code) => Err(ClientError::Server {
-                side: ErrorSource::Daemon,
-                addr: String::new(),
-                op: "get",
-                code,
-            }),
         }
+        unreachable!("the second pass returns")
     }
 
     async fn get_chunk(

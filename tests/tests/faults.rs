@@ -101,6 +101,12 @@ async fn a_stale_location_hint_costs_a_lookup_not_a_wrong_block() {
     assert_eq!(got, vec![GetOutcome::Hit(new.len())]);
     assert_eq!(&buf[..new.len()], &new[..]);
     assert_eq!(reader.corrupt_reads(), 0, "staleness is not corruption");
+    // Replaced again by a larger block: the whole-block get sizes its
+    // buffer from the stale hint, notices, and asks the index again.
+    let larger = block_bytes(42, 20_000);
+    writer.remove(&ns(), &[hash(4)]).await.unwrap();
+    writer.put_one(&key, &larger).await.unwrap();
+    assert_eq!(reader.get(&key).await.unwrap().unwrap(), larger);
 }
 
 #[tokio::test]
