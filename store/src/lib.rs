@@ -8,6 +8,7 @@
 //! the meta service); never on the meta service's crate.
 
 pub mod config;
+pub mod io;
 mod meta_link;
 pub mod metrics;
 pub mod pool;

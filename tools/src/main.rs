@@ -4,6 +4,7 @@
 
 mod admin;
 mod bench;
+mod bench_io;
 mod bench_meta;
 mod bench_peer;
 mod blocks;
@@ -93,6 +94,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// The same load as `bench`, against redis-server or memcached.
     BenchPeer(bench_peer::BenchPeerArgs),
+    /// Random direct reads through the NVMe tier's I/O engines (vs fio).
+    BenchIo(bench_io::BenchIoArgs),
     /// Measure the meta service alone: prefix matches and two-phase puts.
     BenchMeta(bench_meta::BenchMetaArgs),
     /// Show the configuration.
@@ -136,6 +139,7 @@ fn main() {
             Command::Drain(a) => operate::drain(a).await,
             Command::Bench(a) => bench::run(a).await,
             Command::BenchMeta(a) => bench_meta::run(a).await,
+            Command::BenchIo(a) => bench_io::run(a).await,
             Command::BenchPeer(a) => bench_peer::run(a).await,
             Command::Replay(a) => replay::run(a).await,
             Command::Simulate(a) => simulate::run(a),

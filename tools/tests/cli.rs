@@ -457,3 +457,54 @@ fn simulate_sweeps_cache_sizes_and_plots_them() {
     assert!(plot.starts_with("<svg") && plot.matches("<polyline").count() == 3);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_io_reads_a_file_through_both_engines() {
+    let dir = std::env::temp_dir().join(format!("mooncake-bench-io-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tier.bin");
+    let out = Command::new(BIN)
+        .args([
+            "bench-io",
+            "--file",
+            file.to_str().unwrap(),
+            "--size",
+            "16MiB",
+            "--block",
+            "64KiB",
+        ])
+        .args(["--depth", "4", "--seconds", "300ms", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert!(rows[0].contains("io_uring") && rows[1].contains("pread/pwrite"));
+    assert!(rows.iter().all(|r| r.contains("\"errors\":0")));
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().len(),
+        16 << 20,
+        "filled to --size"
+    );
+    let bad = Command::new(BIN)
+        .args([
+            "bench-io",
+            "--file",
+            file.to_str().unwrap(),
+            "--block",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        bad.status.code(),
+        Some(2),
+        "a misaligned block size is a usage error"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
