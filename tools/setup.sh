@@ -14,6 +14,9 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 [[ -e /usr/include/google/protobuf/descriptor.proto ]] || need+=(libprotobuf-dev)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v prometheus >/dev/null || need+=(prometheus)    # scrapes the store in a test
+# The NVMe tier's index links Debian's RocksDB; its bindings need libclang.
+[[ -e /usr/lib/x86_64-linux-gnu/librocksdb.so ]] || need+=(librocksdb-dev)
+compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || need+=(libclang-dev)
 
 if ((${#need[@]})); then
     echo "installing: ${need[*]}"

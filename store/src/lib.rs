@@ -11,6 +11,7 @@ pub mod config;
 pub mod io;
 mod meta_link;
 pub mod metrics;
+pub mod nvme;
 pub mod pool;
 mod region;
 mod server;

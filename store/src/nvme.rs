@@ -1,0 +1,582 @@
+//! The NVMe tier: blocks in extents of a file or device, written and read
+//! with direct I/O through an [`IoEngine`], indexed by RocksDB so that a
+//! restarted daemon finds every block it had.
+//!
+//! Crash consistency: a block's index entry is written only after its data
+//! write completed, and removed before its extent is reused. A crash at any
+//! point leaves either no entry (the extent is free space again on restart)
+//! or an entry for completely written bytes; checksums catch the rest
+//! (a read that fails its checksum is a miss, and the block is dropped).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mooncake_proto::{checksum, BlockHash, BlockKey, Namespace};
+use parking_lot::Mutex;
+
+use crate::io::{AlignedBuf, IoEngine, IoKind, IoRequest, ALIGN};
+
+/// Why a block could not be stored or read on the tier.
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    #[error("block of {0} bytes does not fit the tier")]
+    TooLarge(u64),
+    #[error("no space left on the tier")]
+    NoSpace,
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error("index: {0}")]
+    Index(#[from] rocksdb::Error),
+}
+
+/// Where a block lives on the device, as the index records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Record {
+    offset: u64,
+    len: u32,
+    checksum: u64,
+}
+
+impl Record {
+    const LEN: usize = 20;
+
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..8].copy_from_slice(&self.offset.to_le_bytes());
+        out[8..12].copy_from_slice(&self.len.to_le_bytes());
+        out[12..].copy_from_slice(&self.checksum.to_le_bytes());
+        out
+    }
+
+    fn decode(b: &[u8]) -> Option<Record> {
+        if b.len() != Self::LEN {
+            return None;
+        }
+        Some(Record {
+            offset: u64::from_le_bytes(b[..8].try_into().ok()?),
+            len: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            checksum: u64::from_le_bytes(b[12..].try_into().ok()?),
+        })
+    }
+
+    fn extent(&self) -> u64 {
+        (self.len as u64).max(1).next_multiple_of(ALIGN as u64)
+    }
+}
+
+/// Index key: namespace bytes, a zero byte, the 32-byte hash.
+fn index_key(key: &BlockKey) -> Vec<u8> {
+    let ns = key.namespace.as_str().as_bytes();
+    let mut out = Vec::with_capacity(ns.len() + 1 + 32);
+    out.extend_from_slice(ns);
+    out.push(0);
+    out.extend_from_slice(&key.hash.0);
+    out
+}
+
+fn parse_index_key(b: &[u8]) -> Option<BlockKey> {
+    let split = b.len().checked_sub(33)?;
+    if b[split] != 0 {
+        return None;
+    }
+    let ns = Namespace::new(std::str::from_utf8(&b[..split]).ok()?).ok()?;
+    Some(BlockKey::new(
+        ns,
+        BlockHash(b[split + 1..].try_into().ok()?),
+    ))
+}
+
+/// Free space of the device as extents (offset -> length), first fit,
+/// coalesced on free.
+#[derive(Debug, Default)]
+struct Extents {
+    free: BTreeMap<u64, u64>,
+}
+
+impl Extents {
+    fn new(capacity: u64) -> Self {
+        let mut free = BTreeMap::new();
+        if capacity > 0 {
+            free.insert(0, capacity);
+        }
+        Extents { free }
+    }
+
+    fn allocate(&mut self, len: u64) -> Option<u64> {
+        let (&at, &size) = self.free.iter().find(|(_, s)| **s >= len)?;
+        self.free.remove(&at);
+        if size > len {
+            self.free.insert(at + len, size - len);
+        }
+        Some(at)
+    }
+
+    /// Marks `[at, at + len)` used (a block found by recovery).
+    fn claim(&mut self, at: u64, len: u64) -> bool {
+        let Some((&start, &size)) = self.free.range(..=at).next_back() else {
+            return false;
+        };
+        if at + len > start + size {
+            return false;
+        }
+        self.free.remove(&start);
+        if at > start {
+            self.free.insert(start, at - start);
+        }
+        if start + size > at + len {
+            self.free.insert(at + len, start + size - at - len);
+        }
+        true
+    }
+
+    fn release(&mut self, mut at: u64, mut len: u64) {
+        if let Some((&prev, &size)) = self.free.range(..at).next_back() {
+            if prev + size == at {
+                self.free.remove(&prev);
+                at = prev;
+                len += size;
+            }
+        }
+        if let Some(&next) = self.free.get(&(at + len)) {
+            self.free.remove(&(at + len));
+            len += next;
+        }
+        self.free.insert(at, len);
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.free.values().sum()
+    }
+}
+
+struct State {
+    extents: Extents,
+    blocks: HashMap<BlockKey, (Record, u64)>,
+    lru: BTreeMap<u64, BlockKey>,
+    clock: u64,
+}
+
+/// One NVMe tier: a file or device, its index, and the blocks in it.
+pub struct NvmeTier {
+    engine: Box<dyn IoEngine>,
+    db: rocksdb::DB,
+    capacity: u64,
+    state: Mutex<State>,
+    corrupt: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl NvmeTier {
+    /// Opens the tier: `capacity` bytes of the data file through `engine`,
+    /// and the index in `index_dir`, recovering every block it lists.
+    /// Entries that do not fit the capacity (the tier was shrunk) or
+    /// overlap are dropped.
+    pub fn open(
+        engine: Box<dyn IoEngine>,
+        capacity: u64,
+        index_dir: &Path,
+    ) -> Result<Self, TierError> {
+        let capacity = capacity / ALIGN as u64 * ALIGN as u64;
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        let db = rocksdb::DB::open(&opts, index_dir)?;
+        let mut state = State {
+            extents: Extents::new(capacity),
+            blocks: HashMap::new(),
+            lru: BTreeMap::new(),
+            clock: 0,
+        };
+        let mut dropped = Vec::new();
+        for item in db.iterator(rocksdb::IteratorMode::Start) {
+            let (k, v) = item?;
+            match (parse_index_key(&k), Record::decode(&v)) {
+                (Some(key), Some(rec)) if state.extents.claim(rec.offset, rec.extent()) => {
+                    state.clock += 1;
+                    state.lru.insert(state.clock, key.clone());
+                    state.blocks.insert(key, (rec, state.clock));
+                }
+                _ => dropped.push(k),
+            }
+        }
+        for k in &dropped {
+            db.delete(k)?;
+        }
+        if !dropped.is_empty() {
+            tracing::warn!(
+                dropped = dropped.len(),
+                "unusable index entries dropped on open"
+            );
+        }
+        tracing::info!(blocks = state.blocks.len(), capacity, "NVMe tier opened");
+        Ok(NvmeTier {
+            engine,
+            db,
+            capacity,
+            state: Mutex::new(state),
+            corrupt: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        })
+    }
+
+    /// Where the index lives for a data file: beside it.
+    pub fn index_dir_for(data: &Path) -> PathBuf {
+        let mut name = data
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_default();
+        name.push(".index");
+        data.with_file_name(name)
+    }
+
+    pub fn contains(&self, key: &BlockKey) -> bool {
+        self.state.lock().blocks.contains_key(key)
+    }
+
+    pub fn blocks(&self) -> usize {
+        self.state.lock().blocks.len()
+    }
+
+    pub fn used(&self) -> u64 {
+        self.capacity - self.state.lock().extents.free_bytes()
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn corrupt_blocks(&self) -> u64 {
+        self.corrupt.load(Ordering::Relaxed)
+    }
+
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Every block on the tier: (key, size, checksum), for inventories.
+    pub fn inventory(&self) -> Vec<(BlockKey, u32, u64)> {
+        let state = self.state.lock();
+        state
+            .blocks
+            .iter()
+            .map(|(k, (r, _))| (k.clone(), r.len, r.checksum))
+            .collect()
+    }
+
+    /// Stores a block (a demotion from DRAM, or a direct put). Evicts the
+    /// tier's least recently used blocks if it is full; returns the keys
+    /// it evicted.
+    pub async fn put(
+        &self,
+        key: &BlockKey,
+        value: &[u8],
+        sum: u64,
+    ) -> Result<Vec<BlockKey>, TierError> {
+        let extent = (value.len() as u64).max(1).next_multiple_of(ALIGN as u64);
+        if extent > self.capacity || value.len() > u32::MAX as usize {
+            return Err(TierError::TooLarge(value.len() as u64));
+        }
+        let (offset, evicted) = {
+            let mut state = self.state.lock();
+            if state.blocks.contains_key(key) {
+                return Ok(Vec::new());
+            }
+            let mut evicted = Vec::new();
+            let offset = loop {
+                if let Some(at) = state.extents.allocate(extent) {
+                    break at;
+                }
+                let Some((_, victim)) = state.lru.pop_first() else {
+                    return Err(TierError::NoSpace);
+                };
+                let (rec, _) = state
+                    .blocks
+                    .remove(&victim)
+                    .expect("lru entries are indexed");
+                // The entry goes before the space is reused.
+                self.db.delete(index_key(&victim))?;
+                state.extents.release(rec.offset, rec.extent());
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+                evicted.push(victim);
+            };
+            (offset, evicted)
+        };
+        let mut buf = AlignedBuf::zeroed(extent as usize);
+        buf.as_mut_slice()[..value.len()].copy_from_slice(value);
+        let written = self
+            .engine
+            .submit(IoKind::Write, vec![IoRequest { offset, buf }])
+            .await
+            .pop()
+            .map(|(_, r)| r)
+            .unwrap_or_else(|| Err(io::Error::other("no result")));
+        let record = Record {
+            offset,
+            len: value.len() as u32,
+            checksum: sum,
+        };
+        let indexed = match written {
+            Ok(n) if n as u64 == extent => self
+                .db
+                .put(index_key(key), record.encode())
+                .map_err(TierError::from),
+            Ok(n) => Err(TierError::Io(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short write: {n} of {extent} bytes"),
+            ))),
+            Err(e) => Err(TierError::Io(e)),
+        };
+        let mut state = self.state.lock();
+        match indexed {
+            Ok(()) => {
+                state.clock += 1;
+                let clock = state.clock;
+                state.lru.insert(clock, key.clone());
+                state.blocks.insert(key.clone(), (record, clock));
+                Ok(evicted)
+            }
+            Err(err) => {
+                state.extents.release(offset, extent);
+                Err(err)
+            }
+        }
+    }
+
+    /// Reads a block, verified against its checksum; `Ok(None)` on a miss
+    /// (including a block that failed its checksum, which is dropped).
+    pub async fn get(&self, key: &BlockKey) -> Result<Option<(Vec<u8>, u64)>, TierError> {
+        let record = {
+            let mut state = self.state.lock();
+            let Some((rec, stamp)) = state.blocks.get(key).copied() else {
+                return Ok(None);
+            };
+            state.clock += 1;
+            let clock = state.clock;
+            state.lru.remove(&stamp);
+            state.lru.insert(clock, key.clone());
+            state.blocks.insert(key.clone(), (rec, clock));
+            rec
+        };
+        let buf = AlignedBuf::zeroed(record.extent() as usize);
+        let (buf, result) = self
+            .engine
+            .submit(
+                IoKind::Read,
+                vec![IoRequest {
+                    offset: record.offset,
+                    buf,
+                }],
+            )
+            .await
+            .pop()
+            .ok_or_else(|| io::Error::other("no result"))?;
+        let n = result?;
+        let bytes = &buf.as_slice()[..(record.len as usize).min(n)];
+        if bytes.len() != record.len as usize || checksum(bytes) != record.checksum {
+            self.corrupt.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(%key, "block failed its checksum on NVMe; dropped");
+            self.remove_record(key, record)?;
+            return Ok(None);
+        }
+        Ok(Some((bytes.to_vec(), record.checksum)))
+    }
+
+    /// Drops a block; `false` if it was not there.
+    pub fn remove(&self, key: &BlockKey) -> Result<bool, TierError> {
+        let record = match self.state.lock().blocks.get(key) {
+            Some((r, _)) => *r,
+            None => return Ok(false),
+        };
+        self.remove_record(key, record)?;
+        Ok(true)
+    }
+
+    fn remove_record(&self, key: &BlockKey, record: Record) -> Result<(), TierError> {
+        let mut state = self.state.lock();
+        match state.blocks.get(key) {
+            Some((r, stamp)) if *r == record => {
+                let stamp = *stamp;
+                self.db.delete(index_key(key))?;
+                state.blocks.remove(key);
+                state.lru.remove(&stamp);
+                state.extents.release(record.offset, record.extent());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::{engine, open_direct, EngineKind, IoResult};
+    use futures::future::BoxFuture;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    struct Scratch(PathBuf);
+    impl Scratch {
+        fn new() -> Self {
+            let p = std::env::temp_dir().join(format!(
+                "mooncake-nvme-{}-{}",
+                std::process::id(),
+                rand::random::<u64>()
+            ));
+            std::fs::create_dir_all(&p).unwrap();
+            Scratch(p)
+        }
+    }
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn key(i: u64) -> BlockKey {
+        BlockKey::new(
+            Namespace::new("t/nvme").unwrap(),
+            BlockHash::from_opaque(&i.to_le_bytes()),
+        )
+    }
+
+    fn value(i: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|j| (i as usize * 13 + j) as u8).collect()
+    }
+
+    fn open(dir: &Path, kind: EngineKind, capacity: u64) -> NvmeTier {
+        let data = dir.join("tier.bin");
+        let engine = engine(kind, open_direct(&data).unwrap(), 8).unwrap();
+        NvmeTier::open(engine, capacity, &NvmeTier::index_dir_for(&data)).unwrap()
+    }
+
+    #[test]
+    fn extents_allocate_claim_and_coalesce() {
+        let mut e = Extents::new(100);
+        assert_eq!(e.allocate(30), Some(0));
+        assert_eq!(e.allocate(30), Some(30));
+        assert!(e.claim(80, 10));
+        assert!(!e.claim(85, 10), "overlaps a used range");
+        e.release(0, 30);
+        e.release(30, 30);
+        assert_eq!(e.free.get(&0), Some(&80), "coalesced with both neighbours");
+        assert_eq!(e.free_bytes(), 90);
+        assert_eq!(e.allocate(95), None);
+    }
+
+    #[tokio::test]
+    async fn blocks_round_trip_and_survive_a_reopen_on_both_engines() {
+        for kind in [EngineKind::Uring, EngineKind::Psync] {
+            let dir = Scratch::new();
+            {
+                let tier = open(&dir.0, kind, 64 << 20);
+                for i in 0..50u64 {
+                    let v = value(i, 1000 + i as usize * 977);
+                    tier.put(&key(i), &v, checksum(&v)).await.unwrap();
+                }
+                for i in 0..50u64 {
+                    let (got, _) = tier.get(&key(i)).await.unwrap().unwrap();
+                    assert_eq!(got, value(i, 1000 + i as usize * 977), "{kind:?} block {i}");
+                }
+                assert!(tier.remove(&key(7)).unwrap());
+            }
+            // A new process: the index finds every block, byte for byte.
+            let tier = open(&dir.0, kind, 64 << 20);
+            assert_eq!(tier.blocks(), 49);
+            assert!(tier.get(&key(7)).await.unwrap().is_none());
+            for i in (0..50u64).filter(|i| *i != 7) {
+                let (got, _) = tier.get(&key(i)).await.unwrap().unwrap();
+                assert_eq!(got, value(i, 1000 + i as usize * 977));
+            }
+            // Recovered extents are not handed out again.
+            let v = value(99, 300_000);
+            tier.put(&key(99), &v, checksum(&v)).await.unwrap();
+            for i in (0..50u64).filter(|i| *i != 7) {
+                assert!(tier.get(&key(i)).await.unwrap().is_some());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_tier_evicts_its_coldest_and_refuses_what_never_fits() {
+        let dir = Scratch::new();
+        let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
+        for i in 0..8u64 {
+            let v = value(i, 200 << 10);
+            let evicted = tier.put(&key(i), &v, checksum(&v)).await.unwrap();
+            if i < 5 {
+                assert!(evicted.is_empty());
+            }
+        }
+        assert!(!tier.contains(&key(0)), "coldest evicted");
+        assert!(tier.contains(&key(7)));
+        assert!(tier.evictions() >= 3);
+        assert!(tier.used() <= tier.capacity());
+        let huge = vec![0u8; 2 << 20];
+        assert!(matches!(
+            tier.put(&key(100), &huge, 0).await,
+            Err(TierError::TooLarge(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn corrupt_bytes_on_the_device_are_a_miss_and_dropped() {
+        let dir = Scratch::new();
+        let tier = open(&dir.0, EngineKind::Psync, 4 << 20);
+        let v = value(1, 10_000);
+        tier.put(&key(1), &v, checksum(&v) ^ 1).await.unwrap();
+        assert!(tier.get(&key(1)).await.unwrap().is_none());
+        assert_eq!(tier.corrupt_blocks(), 1);
+        assert!(!tier.contains(&key(1)));
+    }
+
+    /// An engine that fails writes on demand, to inject I/O errors.
+    struct Failing {
+        inner: Box<dyn IoEngine>,
+        fail: Arc<AtomicBool>,
+    }
+
+    impl IoEngine for Failing {
+        fn submit(&self, kind: IoKind, batch: Vec<IoRequest>) -> BoxFuture<'static, Vec<IoResult>> {
+            if kind == IoKind::Write && self.fail.load(Ordering::Relaxed) {
+                let out = batch
+                    .into_iter()
+                    .map(|r| (r.buf, Err(io::Error::from_raw_os_error(libc::EIO))))
+                    .collect();
+                return Box::pin(async move { out });
+            }
+            self.inner.submit(kind, batch)
+        }
+        fn name(&self) -> &'static str {
+            "failing"
+        }
+    }
+
+    #[tokio::test]
+    async fn an_io_error_leaves_no_entry_and_frees_the_space() {
+        let dir = Scratch::new();
+        let data = dir.0.join("tier.bin");
+        let fail = Arc::new(AtomicBool::new(true));
+        let engine = Box::new(Failing {
+            inner: engine(EngineKind::Psync, open_direct(&data).unwrap(), 4).unwrap(),
+            fail: fail.clone(),
+        });
+        let index = NvmeTier::index_dir_for(&data);
+        {
+            let tier = NvmeTier::open(engine, 4 << 20, &index).unwrap();
+            let v = value(3, 8192);
+            assert!(matches!(
+                tier.put(&key(3), &v, checksum(&v)).await,
+                Err(TierError::Io(_))
+            ));
+            assert!(!tier.contains(&key(3)));
+            assert_eq!(tier.used(), 0);
+            fail.store(false, Ordering::Relaxed);
+            tier.put(&key(3), &v, checksum(&v)).await.unwrap();
+            assert_eq!(tier.get(&key(3)).await.unwrap().unwrap().0, v);
+        }
+        let reopened = open(&dir.0, EngineKind::Psync, 4 << 20);
+        assert_eq!(reopened.blocks(), 1);
+    }
+}
