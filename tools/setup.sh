@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Mooncake Store need, from Debian's
 # packages, when missing: a C toolchain, protoc (etcd's client is generated
-# from protobuf at build time), etcd (the cluster tests start a real one),
+# from protobuf at build time), RocksDB and libclang (the NVMe tier's index
+# links Debian's librocksdb), etcd (the cluster tests start a real one),
 # Prometheus (a test scrapes the store with it) and Python (the block-key
 # spec's snippet is run by a test). Idempotent and quick
 # when everything is there.
