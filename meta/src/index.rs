@@ -168,19 +168,24 @@ impl Index {
         Reservation::Reserved
     }
 
-    /// Adds a block a daemon reports holding (index rebuild); an entry that
-    /// already exists is kept.
+    /// Adds a block a daemon reports holding (index rebuild). The report
+    /// wins over an existing entry: the reporting daemon holds complete,
+    /// verified bytes now, while the entry may point at a daemon that is
+    /// gone (a restart at a new address) and about to be dropped.
     pub fn insert_visible(&self, key: &BlockKey, daemon: u32, size: u32, checksum: u64) {
         let key = IdxKey {
             ns: self.intern(&key.namespace),
             hash: key.hash,
         };
-        self.shard(&key).write().entry(key).or_insert(Entry {
-            daemon,
-            size,
-            checksum,
-            state: State::Visible,
-        });
+        self.shard(&key).write().insert(
+            key,
+            Entry {
+                daemon,
+                size,
+                checksum,
+                state: State::Visible,
+            },
+        );
     }
 
     /// Phase two: makes a stored block visible, or drops the reservation
@@ -466,13 +471,15 @@ mod tests {
     }
 
     #[test]
-    fn inventory_rebuilds_visible_entries_without_overwriting() {
+    fn inventory_rebuilds_visible_entries_and_the_latest_report_wins() {
         let idx = Index::new();
         let key = BlockKey::new(ns(), h(5));
         idx.insert_visible(&key, 2, 100, 7);
         idx.insert_visible(&key, 3, 100, 7);
         let loc = idx.lookup(&ns(), &[h(5)])[0].unwrap();
-        assert_eq!(loc.daemon, 2, "first report wins");
+        assert_eq!(loc.daemon, 3, "the latest report wins");
+        // A dead daemon's removal no longer takes the block with it.
+        assert_eq!(idx.remove_daemon(2), 0);
         assert_eq!(idx.match_prefix(&ns(), &[h(5)]).len(), 1);
     }
 

@@ -43,6 +43,18 @@ pub struct DaemonConfig {
     /// Longest time one request may take once its header arrived, reading
     /// its body and writing its answer included. Default 30s.
     pub request_timeout: HumanDuration,
+    /// NVMe tier: `PATH:SIZE` (a file or a block device, and how much of it
+    /// to use), e.g. `/mnt/nvme0/mooncake.bin:200GiB`. Blocks evicted from
+    /// DRAM go there, and survive a restart. Default none.
+    pub nvme: Option<String>,
+    /// I/O engine of the NVMe tier: `uring` (falls back to `psync` where
+    /// io_uring is unavailable) or `psync`. Default uring.
+    pub nvme_engine: crate::io::EngineKind,
+    /// Transfers in flight on the NVMe tier. Default 32.
+    pub nvme_depth: u32,
+    /// A block read from NVMe this many times goes back to DRAM (0: never).
+    /// Default 2.
+    pub promote_after: u32,
     /// Meta service to register with. Default none (a standalone daemon).
     pub meta: Option<String>,
     /// How often to report to the meta service. Default 1s.
@@ -65,6 +77,10 @@ impl Default for DaemonConfig {
             verify_on_read: false,
             max_connections: 1024,
             request_timeout: HumanDuration(Duration::from_secs(30)),
+            nvme: None,
+            nvme_engine: crate::io::EngineKind::Uring,
+            nvme_depth: 32,
+            promote_after: 2,
             meta: None,
             heartbeat_interval: HumanDuration(Duration::from_secs(1)),
         }
@@ -99,7 +115,26 @@ impl DaemonConfig {
         if self.max_connections == 0 {
             return Err("max_connections must be at least 1".into());
         }
+        self.nvme_tier()?;
         Ok(())
+    }
+
+    /// The NVMe tier's path and size, parsed from `nvme`.
+    pub fn nvme_tier(&self) -> Result<Option<(std::path::PathBuf, u64)>, String> {
+        let Some(spec) = &self.nvme else {
+            return Ok(None);
+        };
+        let (path, size) = spec.rsplit_once(':').ok_or_else(|| {
+            format!("nvme = {spec:?}: expected PATH:SIZE, e.g. /mnt/nvme0/mooncake.bin:200GiB")
+        })?;
+        let size: ByteSize = size.parse().map_err(|e| format!("nvme = {spec:?}: {e}"))?;
+        if size.0 < 1 << 20 {
+            return Err(format!("nvme = {spec:?}: at least 1MiB"));
+        }
+        if self.nvme_depth == 0 {
+            return Err("nvme_depth must be at least 1".into());
+        }
+        Ok(Some((path.into(), size.0)))
     }
 
     pub(crate) fn pool(&self) -> PoolConfig {

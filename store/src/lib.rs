@@ -15,6 +15,7 @@ pub mod nvme;
 pub mod pool;
 mod region;
 mod server;
+pub mod tiers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,6 +41,11 @@ pub enum DaemonError {
     Coordinator(#[from] mooncake_coord::CoordinatorError),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("NVMe tier at {path}: {err}")]
+    Nvme {
+        path: std::path::PathBuf,
+        err: String,
+    },
 }
 
 /// A running daemon.
@@ -47,14 +53,24 @@ pub struct DaemonHandle {
     pub addr: SocketAddr,
     pub pool: Arc<DramPool>,
     tasks: Vec<JoinHandle<()>>,
+    tiers: std::sync::Weak<tiers::Tiers>,
 }
 
 impl DaemonHandle {
     /// Waits until every task of the daemon has stopped (after `shutdown`
-    /// was cancelled).
+    /// was cancelled) and its tiers are closed: the last connection and the
+    /// NVMe writer let go, so the NVMe index is flushed and unlocked.
     pub async fn join(self) {
         for task in self.tasks {
             let _ = task.await;
+        }
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.tiers.strong_count() > 0 {
+            if tokio::time::Instant::now() > deadline {
+                tracing::warn!("tiers still in use 10s after the stop");
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
 }
@@ -95,10 +111,48 @@ pub async fn start(
         hugepages = pool.uses_hugepages(),
         "storage daemon listening"
     );
-    let metrics = metrics::DaemonMetrics::new(registry, pool.clone())?;
+    let tiers = match config.nvme_tier().map_err(DaemonError::Config)? {
+        None => tiers::Tiers::dram_only(pool.clone()),
+        Some((path, capacity)) => {
+            let file = io::open_direct(&path).map_err(|err| DaemonError::Nvme {
+                path: path.clone(),
+                err: err.to_string(),
+            })?;
+            let engine = match io::engine(config.nvme_engine, file, config.nvme_depth) {
+                Ok(e) => e,
+                Err(err) => {
+                    tracing::warn!(%err, "io_uring unavailable; the NVMe tier uses pread/pwrite");
+                    let file = io::open_direct(&path).map_err(|err| DaemonError::Nvme {
+                        path: path.clone(),
+                        err: err.to_string(),
+                    })?;
+                    io::engine(io::EngineKind::Psync, file, config.nvme_depth).map_err(|err| {
+                        DaemonError::Nvme {
+                            path: path.clone(),
+                            err: err.to_string(),
+                        }
+                    })?
+                }
+            };
+            let tier =
+                nvme::NvmeTier::open(engine, capacity, &nvme::NvmeTier::index_dir_for(&path))
+                    .map_err(|err| DaemonError::Nvme {
+                        path: path.clone(),
+                        err: err.to_string(),
+                    })?;
+            tracing::info!(path = %path.display(), capacity, blocks = tier.blocks(), "NVMe tier ready");
+            tiers::Tiers::with_nvme(
+                pool.clone(),
+                Arc::new(tier),
+                config.promote_after,
+                shutdown.child_token(),
+            )
+        }
+    };
+    let metrics = metrics::DaemonMetrics::new(registry, tiers.clone())?;
     let mut tasks = vec![tokio::spawn(server::run(
         listener,
-        pool.clone(),
+        tiers.clone(),
         config.server(),
         metrics,
         shutdown.child_token(),
@@ -120,9 +174,14 @@ pub async fn start(
                 advertise,
                 interval: config.heartbeat_interval.0,
             },
-            pool.clone(),
+            tiers.clone(),
             shutdown.child_token(),
         )));
     }
-    Ok(DaemonHandle { addr, pool, tasks })
+    Ok(DaemonHandle {
+        addr,
+        pool,
+        tasks,
+        tiers: Arc::downgrade(&tiers),
+    })
 }

@@ -17,6 +17,7 @@ use mooncake_proto::Opcode;
 use tokio_util::sync::CancellationToken;
 
 use crate::pool::DramPool;
+use crate::tiers::Tiers;
 use crate::MetaTarget;
 
 /// What the daemon remembers across sessions with (possibly different)
@@ -36,11 +37,11 @@ pub struct LinkConfig {
     pub interval: Duration,
 }
 
-pub async fn run(cfg: LinkConfig, pool: Arc<DramPool>, shutdown: CancellationToken) {
+pub async fn run(cfg: LinkConfig, tiers: Arc<Tiers>, shutdown: CancellationToken) {
     let mut backoff = Duration::from_millis(100);
     let mut memory = Memory::default();
     loop {
-        let session = session(&cfg, &pool, &mut memory, &shutdown);
+        let session = session(&cfg, &tiers, &mut memory, &shutdown);
         tokio::select! {
             result = session => {
                 match result {
@@ -91,10 +92,11 @@ async fn meta_addr(target: &MetaTarget) -> Result<String, LinkError> {
 /// new leader rebuilds its index), then report until something breaks.
 async fn session(
     cfg: &LinkConfig,
-    pool: &DramPool,
+    tiers: &Tiers,
     memory: &mut Memory,
     shutdown: &CancellationToken,
 ) -> Result<(), LinkError> {
+    let pool: &DramPool = &tiers.dram;
     let deadline = cfg.interval.max(Duration::from_secs(1)) * 3;
     let addr = meta_addr(&cfg.target).await?;
     let mut conn = Connection::connect(&addr, ErrorSource::Meta, deadline).await?;
@@ -121,7 +123,7 @@ async fn session(
     let id = answer.daemon;
     // Removals from before the inventory are already reflected in it.
     pool.take_removed();
-    let inventory = pool.inventory();
+    let inventory = tiers.inventory();
     let batches = inventory.len().div_ceil(MAX_BATCH) as u64;
     with_deadline(
         deadline * (1 + batches as u32 / 64),

@@ -12,7 +12,7 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use crate::pool::DramPool;
+use crate::tiers::Tiers;
 
 /// Every opcode a daemon serves, in the order of the counters below.
 const OPS: [Opcode; 9] = [
@@ -50,7 +50,7 @@ fn code_name(i: usize) -> &'static str {
 
 impl DaemonMetrics {
     /// Registers the daemon's metrics (and its pool's) in `registry`.
-    pub fn new(registry: &Registry, pool: Arc<DramPool>) -> prometheus::Result<Arc<Self>> {
+    pub fn new(registry: &Registry, tiers: Arc<Tiers>) -> prometheus::Result<Arc<Self>> {
         let requests = IntCounterVec::new(
             Opts::new(
                 "mooncake_daemon_requests_total",
@@ -88,7 +88,7 @@ impl DaemonMetrics {
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(refused.clone()))?;
-        registry.register(Box::new(PoolCollector::new(pool)?))?;
+        registry.register(Box::new(PoolCollector::new(tiers)?))?;
         let handles = OPS
             .iter()
             .flat_map(|op| {
@@ -125,7 +125,7 @@ impl DaemonMetrics {
 
 /// Pool capacity and use, read from the pool when Prometheus scrapes.
 struct PoolCollector {
-    pool: Arc<DramPool>,
+    tiers: Arc<Tiers>,
     capacity: IntGaugeVec,
     used: IntGaugeVec,
     free: IntGaugeVec,
@@ -133,12 +133,13 @@ struct PoolCollector {
     pinned: IntGaugeVec,
     evictions: IntCounterVec,
     gets: IntCounterVec,
+    moves: IntCounterVec,
     corrupt: IntCounter,
     descs: Vec<Desc>,
 }
 
 impl PoolCollector {
-    fn new(pool: Arc<DramPool>) -> prometheus::Result<Self> {
+    fn new(tiers: Arc<Tiers>) -> prometheus::Result<Self> {
         let gauge = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &["tier"]);
         let capacity = gauge("mooncake_daemon_pool_capacity_bytes", "Pool size.")?;
         let used = gauge(
@@ -176,8 +177,17 @@ impl PoolCollector {
         descs.extend(evictions.desc().into_iter().cloned());
         descs.extend(gets.desc().into_iter().cloned());
         descs.extend(corrupt.desc().into_iter().cloned());
+        let moves = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_tier_moves_total",
+                "Blocks moved between tiers: demotions to NVMe, promotions to DRAM.",
+            ),
+            &["direction"],
+        )?;
+        descs.extend(moves.desc().into_iter().cloned());
         Ok(PoolCollector {
-            pool,
+            tiers,
+            moves,
             capacity,
             used,
             free,
@@ -197,7 +207,8 @@ impl Collector for PoolCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let st = self.pool.stats();
+        let pool = &self.tiers.dram;
+        let st = pool.stats();
         let t = ["dram"];
         self.capacity.with_label_values(&t).set(st.capacity as i64);
         self.used.with_label_values(&t).set(st.used as i64);
@@ -206,17 +217,42 @@ impl Collector for PoolCollector {
             .set(st.capacity.saturating_sub(st.used) as i64);
         self.blocks.with_label_values(&t).set(st.blocks as i64);
         self.pinned.with_label_values(&t).set(st.pinned as i64);
-        let ev = self.evictions.with_label_values(&t);
-        ev.inc_by(st.evictions.saturating_sub(ev.get()));
-        for (result, now) in [("hit", st.hits), ("miss", st.misses)] {
-            let c = self.gets.with_label_values(&[result, "dram"]);
-            c.inc_by(now.saturating_sub(c.get()));
-        }
-        self.corrupt.inc_by(
-            self.pool
-                .corrupt_blocks()
-                .saturating_sub(self.corrupt.get()),
+        let bump = |c: prometheus::IntCounter, now: u64| c.inc_by(now.saturating_sub(c.get()));
+        bump(self.evictions.with_label_values(&t), st.evictions);
+        // The pool counts gets the daemon served from any tier; NVMe counts
+        // its own, so DRAM's are the difference.
+        let (nvme_hits, nvme_misses) = self.tiers.nvme_gets();
+        bump(
+            self.gets.with_label_values(&["hit", "dram"]),
+            st.hits.saturating_sub(nvme_hits),
         );
+        bump(
+            self.gets.with_label_values(&["miss", "dram"]),
+            st.misses + nvme_hits,
+        );
+        bump(self.moves.with_label_values(&["demote"]), pool.demotions());
+        bump(
+            self.moves.with_label_values(&["promote"]),
+            self.tiers.promotions(),
+        );
+        let mut corrupt = pool.corrupt_blocks();
+        if let Some(nvme) = &self.tiers.nvme {
+            let n = ["nvme"];
+            self.capacity
+                .with_label_values(&n)
+                .set(nvme.capacity() as i64);
+            self.used.with_label_values(&n).set(nvme.used() as i64);
+            self.free
+                .with_label_values(&n)
+                .set(nvme.capacity().saturating_sub(nvme.used()) as i64);
+            self.blocks.with_label_values(&n).set(nvme.blocks() as i64);
+            bump(self.evictions.with_label_values(&n), nvme.evictions());
+            bump(self.gets.with_label_values(&["hit", "nvme"]), nvme_hits);
+            bump(self.gets.with_label_values(&["miss", "nvme"]), nvme_misses);
+            corrupt += nvme.corrupt_blocks();
+        }
+        self.corrupt
+            .inc_by(corrupt.saturating_sub(self.corrupt.get()));
         let mut out = Vec::new();
         for c in [
             &self.capacity,
@@ -229,6 +265,7 @@ impl Collector for PoolCollector {
         }
         out.extend(self.evictions.collect());
         out.extend(self.gets.collect());
+        out.extend(self.moves.collect());
         out.extend(self.corrupt.collect());
         out
     }
@@ -237,14 +274,14 @@ impl Collector for PoolCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::PoolConfig;
+    use crate::pool::{DramPool, PoolConfig};
     use prometheus::Encoder;
 
     #[test]
     fn metrics_render_with_pool_gauges_read_at_scrape() {
         let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
         let registry = Registry::new();
-        let m = DaemonMetrics::new(&registry, pool).unwrap();
+        let m = DaemonMetrics::new(&registry, Tiers::dram_only(pool)).unwrap();
         m.record(Opcode::Get, ErrorCode::NotFound, 0.001);
         let mut out = Vec::new();
         prometheus::TextEncoder::new()

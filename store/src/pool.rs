@@ -88,6 +88,17 @@ pub struct DramPool {
     corrupt: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
+    /// Where evicted blocks go instead of away (the NVMe tier), if set.
+    demote: std::sync::OnceLock<tokio::sync::mpsc::Sender<Demoted>>,
+    demotions: AtomicU64,
+}
+
+/// A block evicted from DRAM on its way to the next tier: its bytes were
+/// copied out before its DRAM space was freed.
+pub struct Demoted {
+    pub key: BlockKey,
+    pub bytes: Vec<u8>,
+    pub checksum: u64,
 }
 
 struct Inner {
@@ -147,6 +158,8 @@ impl DramPool {
             corrupt: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            demote: std::sync::OnceLock::new(),
+            demotions: AtomicU64::new(0),
         })
     }
 
@@ -224,14 +237,46 @@ impl DramPool {
         };
         let block = inner.blocks.remove(&key).expect("lru entries are indexed");
         debug_assert!(block.evictable());
+        // Demotion: the bytes leave for the next tier before the space is
+        // freed. A full demotion queue drops the block (a miss later).
+        let mut kept = false;
+        if let Some(next) = self.demote.get() {
+            let offset = block.alloc.offset as usize * UNIT as usize;
+            // SAFETY: an evictable block has no lease and no writer.
+            let bytes = unsafe { self.region.slice(offset, block.len as usize) }.to_vec();
+            let demoted = Demoted {
+                key: key.clone(),
+                bytes,
+                checksum: block.checksum,
+            };
+            kept = next.try_send(demoted).is_ok();
+            if kept {
+                self.demotions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         inner.used_units -= inner.alloc.allocation_size(block.alloc) as u64;
         inner.alloc.free(block.alloc);
         self.evictions.fetch_add(1, Ordering::Relaxed);
-        self.report_removed(key);
+        if !kept {
+            self.report_removed(key);
+        }
         true
     }
 
-    fn report_removed(&self, key: BlockKey) {
+    /// Sends evicted blocks to `next` (the NVMe tier's writer) instead of
+    /// dropping them. Set once, at start.
+    pub fn demote_to(&self, next: tokio::sync::mpsc::Sender<Demoted>) {
+        let _ = self.demote.set(next);
+    }
+
+    /// Blocks sent to the next tier since start.
+    pub fn demotions(&self) -> u64 {
+        self.demotions.load(Ordering::Relaxed)
+    }
+
+    /// Tells the meta service (with the next report) that a block is gone
+    /// from this daemon.
+    pub fn report_removed(&self, key: BlockKey) {
         let mut removed = self.removed.lock();
         if removed.len() >= MAX_PENDING_REMOVALS {
             removed.remove(0);

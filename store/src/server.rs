@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::DaemonMetrics;
 use crate::pool::DramPool;
+use crate::tiers::Tiers;
 
 const IO_BUFFER: usize = 64 << 10;
 
@@ -40,7 +41,7 @@ enum ConnError {
 
 pub async fn run(
     listener: TcpListener,
-    pool: Arc<DramPool>,
+    tiers: Arc<Tiers>,
     cfg: ServerConfig,
     metrics: Arc<DaemonMetrics>,
     shutdown: CancellationToken,
@@ -66,11 +67,11 @@ pub async fn run(
             tokio::spawn(refuse(stream));
             continue;
         };
-        let (pool, cfg, shutdown) = (pool.clone(), cfg.clone(), shutdown.clone());
+        let (tiers, cfg, shutdown) = (tiers.clone(), cfg.clone(), shutdown.clone());
         let metrics = metrics.clone();
         tokio::spawn(async move {
             metrics.connections.inc();
-            if let Err(err) = serve(stream, &pool, &cfg, &metrics, &shutdown).await {
+            if let Err(err) = serve(stream, &tiers, &cfg, &metrics, &shutdown).await {
                 tracing::debug!(%peer, %err, "connection closed");
             }
             metrics.connections.dec();
@@ -90,7 +91,7 @@ async fn refuse(mut stream: TcpStream) {
 
 async fn serve(
     stream: TcpStream,
-    pool: &Arc<DramPool>,
+    tiers: &Arc<Tiers>,
     cfg: &ServerConfig,
     metrics: &DaemonMetrics,
     shutdown: &CancellationToken,
@@ -128,7 +129,7 @@ async fn serve(
         metrics.in_flight.inc();
         let handled = tokio::time::timeout(
             cfg.request_timeout,
-            handle(header, &mut rd, &mut wr, pool, cfg, metrics),
+            handle(header, &mut rd, &mut wr, tiers, cfg, metrics),
         )
         .await;
         metrics.in_flight.dec();
@@ -161,7 +162,7 @@ async fn handle<R, W>(
     header: Header,
     rd: &mut R,
     wr: &mut W,
-    pool: &Arc<DramPool>,
+    tiers: &Arc<Tiers>,
     cfg: &ServerConfig,
     metrics: &DaemonMetrics,
 ) -> Result<ErrorCode, ConnError>
@@ -169,11 +170,12 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let pool = &tiers.dram;
     match header.opcode {
         Opcode::Put => handle_put(header, rd, wr, pool, metrics).await,
         Opcode::Get => {
             let req: KeyRequest = read_body(header, rd).await?;
-            handle_get(header, req, wr, pool, cfg.verify_on_read, metrics).await
+            handle_get(header, req, wr, tiers, cfg.verify_on_read, metrics).await
         }
         Opcode::Verify => {
             let req: KeyRequest = read_body(header, rd).await?;
@@ -197,7 +199,13 @@ where
         Opcode::Remove | Opcode::Pin | Opcode::Unpin => {
             let req: KeyRequest = read_body(header, rd).await?;
             let result = match header.opcode {
-                Opcode::Remove => pool.remove(&req.key),
+                Opcode::Remove => {
+                    if tiers.remove(&req.key) {
+                        Ok(())
+                    } else {
+                        Err(crate::PoolError::NotFound)
+                    }
+                }
                 Opcode::Pin => pool.pin(&req.key),
                 _ => pool.unpin(&req.key),
             };
@@ -295,13 +303,25 @@ async fn handle_get<W: AsyncWrite + Unpin>(
     header: Header,
     req: KeyRequest,
     wr: &mut W,
-    pool: &Arc<DramPool>,
+    tiers: &Tiers,
     verify: bool,
     metrics: &DaemonMetrics,
 ) -> Result<ErrorCode, ConnError> {
+    let pool = &tiers.dram;
     let Some(lease) = pool.get(&req.key) else {
-        pool.note_get(false);
-        return reply(wr, header, ErrorCode::NotFound, &[]).await;
+        // Not in DRAM: the NVMe tier, if any, may hold it.
+        let Some((bytes, sum)) = tiers.get_nvme(&req.key).await else {
+            pool.note_get(false);
+            return reply(wr, header, ErrorCode::NotFound, &[]).await;
+        };
+        pool.note_get(true);
+        let len = (mooncake_proto::message::GET_HEAD_LEN + bytes.len()) as u32;
+        let h = Header::response(Opcode::Get, header.request_id, ErrorCode::Ok as u16, len);
+        wr.write_all(&h.encode()).await?;
+        wr.write_all(&sum.to_le_bytes()).await?;
+        wr.write_all(&bytes).await?;
+        metrics.bytes_read.inc_by(bytes.len() as u64);
+        return Ok(ErrorCode::Ok);
     };
     if verify && !lease.verify() {
         pool.drop_corrupt(&lease);

@@ -66,6 +66,9 @@ pub struct UpArgs {
     /// DRAM pool size, e.g. 8GiB.
     #[arg(long)]
     dram: Option<ByteSize>,
+    /// NVMe tier behind DRAM: PATH:SIZE (a file or device), e.g. /mnt/nvme0/mc.bin:200GiB.
+    #[arg(long)]
+    nvme: Option<String>,
     /// Admin address (/metrics, /health) of the process; "" for none.
     #[arg(long)]
     admin: Option<String>,
@@ -107,6 +110,9 @@ pub struct DaemonArgs {
     /// DRAM pool size, e.g. 8GiB.
     #[arg(long)]
     dram: Option<ByteSize>,
+    /// NVMe tier behind DRAM: PATH:SIZE (a file or device), e.g. /mnt/nvme0/mc.bin:200GiB.
+    #[arg(long)]
+    nvme: Option<String>,
     #[command(flatten)]
     etcd: EtcdArgs,
 }
@@ -160,6 +166,9 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     }
     if let Some(d) = args.dram {
         cfg.daemon.dram = d;
+    }
+    if let Some(n) = args.nvme {
+        cfg.daemon.nvme = Some(n);
     }
     if let Some(a) = args.admin {
         cfg.meta.admin = a;
@@ -320,6 +329,9 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     }
     if let Some(d) = args.dram {
         cfg.dram = d;
+    }
+    if let Some(n) = args.nvme {
+        cfg.nvme = Some(n);
     }
     if let Some(a) = args.admin {
         cfg.admin = a;

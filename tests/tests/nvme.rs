@@ -1,0 +1,119 @@
+//! DRAM over NVMe through the daemon: a working set larger than DRAM is
+//! served from NVMe byte for byte, DRAM stays within its pool, and a
+//! restarted daemon brings its NVMe blocks back to the index.
+
+use std::time::Duration;
+
+use mooncake_client::{GetOutcome, PutOutcome};
+use mooncake_proto::{BlockHash, Namespace};
+use mooncake_tests::{block_bytes, daemon_config, eventually, fast_meta, TestCluster};
+
+fn ns() -> Namespace {
+    Namespace::new("t/nvme").unwrap()
+}
+
+fn hash(i: u64) -> BlockHash {
+    BlockHash::from_opaque(&i.to_le_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_working_set_four_times_dram_is_served_from_nvme_and_survives_a_restart() {
+    let dir = std::env::temp_dir().join(format!(
+        "mooncake-tier-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let nvme = format!("{}:64MiB", dir.join("tier.bin").display());
+    let mut cfg = daemon_config(8 << 20);
+    cfg.nvme = Some(nvme.clone());
+    cfg.nvme_engine = mooncake_daemon::io::EngineKind::Uring;
+    let mut cluster = TestCluster::start_with(fast_meta(), vec![cfg.clone()]).await;
+    let client = cluster.client();
+    let block = 1 << 20;
+    let n = 32u64; // 32 MiB: four times the DRAM pool
+    for i in 0..n {
+        let out = client
+            .put(&ns(), &[(hash(i), &block_bytes(i, block))])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored], "block {i}");
+    }
+    let pool = cluster.daemons[0].handle.pool.clone();
+    assert!(
+        pool.stats().used <= pool.stats().capacity,
+        "DRAM stays within its pool"
+    );
+    // Demotions are written in the background: wait until the index still
+    // lists every block (none was dropped), then read them all back.
+    let hashes: Vec<BlockHash> = (0..n).map(hash).collect();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            client
+                .exists(&ns(), &hashes)
+                .await
+                .unwrap()
+                .iter()
+                .all(|e| *e)
+        })
+        .await,
+        "every block stays indexed while it moves to NVMe"
+    );
+    for i in 0..n {
+        let mut buf = vec![0u8; block];
+        let got = client
+            .get_into(&ns(), &[hash(i)], &mut [&mut buf[..]])
+            .await
+            .unwrap();
+        assert_eq!(got, vec![GetOutcome::Hit(block)], "block {i}");
+        assert!(buf == block_bytes(i, block), "block {i} bytes");
+    }
+
+    // Stop the daemon and start a new one on the same NVMe file: the blocks
+    // it had on NVMe are found again and reported to the meta service.
+    cluster.daemons[0].stop.cancel();
+    let old = cluster.daemons.remove(0);
+    let old_addr = old.handle.addr.to_string();
+    old.handle.join().await;
+    cluster.add_daemon(cfg).await;
+    let client = cluster.client();
+    // The old process (at its old address) is declared dead within its TTL.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let st = client.cluster_stats().await.unwrap();
+            st.daemons.iter().all(|d| d.addr != old_addr || !d.alive)
+        })
+        .await
+    );
+    let visible = eventually(Duration::from_secs(5), || async {
+        client
+            .exists(&ns(), &hashes)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|e| **e)
+            .count()
+            >= (n - 8) as usize
+    })
+    .await;
+    assert!(
+        visible,
+        "the NVMe-resident blocks came back after the restart"
+    );
+    let mut back = 0;
+    for i in 0..n {
+        if let Some(bytes) = client
+            .get(&mooncake_proto::BlockKey::new(ns(), hash(i)))
+            .await
+            .unwrap()
+        {
+            assert!(bytes == block_bytes(i, block), "block {i} after restart");
+            back += 1;
+        }
+    }
+    assert!(
+        back >= (n - 8) as usize,
+        "only blocks that lived in DRAM alone may be gone: {back} of {n}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
