@@ -26,6 +26,9 @@ const UNIT: u64 = 256;
 /// until it collects them; past this many, the oldest reports are lost
 /// (the meta service then learns of those blocks by a miss).
 const MAX_PENDING_REMOVALS: usize = 1 << 20;
+/// Most bytes of evicted blocks waiting in memory to be written to the next
+/// tier; beyond it, an evicted block is dropped unless that tier has it.
+const DEMOTION_BYTES: u64 = 256 << 20;
 
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
@@ -91,6 +94,11 @@ pub struct DramPool {
     /// Where evicted blocks go instead of away (the NVMe tier), if set.
     demote: std::sync::OnceLock<tokio::sync::mpsc::Sender<Demoted>>,
     demotions: AtomicU64,
+    /// Evicted while the demotion queue was full: gone from DRAM, perhaps
+    /// still on the next tier; the tiers decide whether to report them.
+    overflow: Mutex<Vec<BlockKey>>,
+    /// Bytes copied into the demotion queue and not yet written.
+    demote_queued: AtomicU64,
 }
 
 /// A block evicted from DRAM on its way to the next tier: its bytes were
@@ -160,6 +168,8 @@ impl DramPool {
             misses: AtomicU64::new(0),
             demote: std::sync::OnceLock::new(),
             demotions: AtomicU64::new(0),
+            overflow: Mutex::new(Vec::new()),
+            demote_queued: AtomicU64::new(0),
         })
     }
 
@@ -191,8 +201,16 @@ impl DramPool {
         let capacity_units = self.region.len() as u64 / UNIT;
         let high = (capacity_units as f64 * self.cfg.high_watermark) as u64;
         let low = (capacity_units as f64 * self.cfg.low_watermark) as u64;
+        // With a next tier, evict only what this block needs: every evicted
+        // block is copied to the demotion queue, and a burst down to the low
+        // watermark would overflow it.
+        let target = if self.demote.get().is_some() {
+            high
+        } else {
+            low
+        };
         if inner.used_units + units as u64 > high {
-            while inner.used_units + units as u64 > low {
+            while inner.used_units + units as u64 > target {
                 if !self.evict_one(&mut inner) {
                     break;
                 }
@@ -240,7 +258,9 @@ impl DramPool {
         // Demotion: the bytes leave for the next tier before the space is
         // freed. A full demotion queue drops the block (a miss later).
         let mut kept = false;
-        if let Some(next) = self.demote.get() {
+        let budget_left =
+            self.demote_queued.load(Ordering::Relaxed) + block.len as u64 <= DEMOTION_BYTES;
+        if let Some(next) = self.demote.get().filter(|_| budget_left) {
             let offset = block.alloc.offset as usize * UNIT as usize;
             // SAFETY: an evictable block has no lease and no writer.
             let bytes = unsafe { self.region.slice(offset, block.len as usize) }.to_vec();
@@ -252,21 +272,61 @@ impl DramPool {
             kept = next.try_send(demoted).is_ok();
             if kept {
                 self.demotions.fetch_add(1, Ordering::Relaxed);
+                self.demote_queued
+                    .fetch_add(block.len as u64, Ordering::Relaxed);
             }
         }
+        let overflowed = !kept && self.demote.get().is_some();
         inner.used_units -= inner.alloc.allocation_size(block.alloc) as u64;
         inner.alloc.free(block.alloc);
         self.evictions.fetch_add(1, Ordering::Relaxed);
-        if !kept {
+        if overflowed {
+            let mut overflow = self.overflow.lock();
+            if overflow.len() < MAX_PENDING_REMOVALS {
+                overflow.push(key);
+            }
+        } else if !kept {
             self.report_removed(key);
         }
         true
+    }
+
+    /// Blocks evicted while the demotion queue was full.
+    pub fn take_overflow(&self) -> Vec<BlockKey> {
+        std::mem::take(&mut *self.overflow.lock())
     }
 
     /// Sends evicted blocks to `next` (the NVMe tier's writer) instead of
     /// dropping them. Set once, at start.
     pub fn demote_to(&self, next: tokio::sync::mpsc::Sender<Demoted>) {
         let _ = self.demote.set(next);
+    }
+
+    /// Free places in the demotion queue (`None`: no next tier), counting
+    /// both its slots and its byte budget.
+    pub fn demotion_room(&self) -> Option<usize> {
+        let queued = self.demote_queued.load(Ordering::Relaxed);
+        let bytes_free = DEMOTION_BYTES.saturating_sub(queued);
+        self.demote.get().map(|tx| {
+            if bytes_free < DEMOTION_BYTES / 4 {
+                0
+            } else {
+                tx.capacity()
+            }
+        })
+    }
+
+    /// The demoter wrote (or gave up on) a demoted block of `len` bytes.
+    pub fn demotion_done(&self, len: u64) {
+        self.demote_queued.fetch_sub(len, Ordering::Relaxed);
+    }
+
+    /// Whether storing `extra` more bytes would start an eviction.
+    pub fn would_evict(&self, extra: u64) -> bool {
+        let inner = self.inner.lock();
+        let capacity_units = self.region.len() as u64 / UNIT;
+        let high = (capacity_units as f64 * self.cfg.high_watermark) as u64;
+        inner.used_units + extra.div_ceil(UNIT) > high
     }
 
     /// Blocks sent to the next tier since start.

@@ -14,7 +14,6 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::DaemonMetrics;
-use crate::pool::DramPool;
 use crate::tiers::Tiers;
 
 const IO_BUFFER: usize = 64 << 10;
@@ -172,7 +171,7 @@ where
 {
     let pool = &tiers.dram;
     match header.opcode {
-        Opcode::Put => handle_put(header, rd, wr, pool, metrics).await,
+        Opcode::Put => handle_put(header, rd, wr, tiers, metrics, cfg.request_timeout / 2).await,
         Opcode::Get => {
             let req: KeyRequest = read_body(header, rd).await?;
             handle_get(header, req, wr, tiers, cfg.verify_on_read, metrics).await
@@ -255,8 +254,9 @@ async fn handle_put<R, W>(
     header: Header,
     rd: &mut R,
     wr: &mut W,
-    pool: &Arc<DramPool>,
+    tiers: &Tiers,
     metrics: &DaemonMetrics,
+    backpressure: Duration,
 ) -> Result<ErrorCode, ConnError>
 where
     R: AsyncRead + Unpin,
@@ -276,6 +276,8 @@ where
     rd.read_exact(&mut head[2..2 + rest]).await?;
     let put = PutHead::from_bytes(&head[..2 + rest])?;
     let value_len = body_len - 2 - rest;
+    let pool = &tiers.dram;
+    tiers.room_to_demote(value_len as u64, backpressure).await;
     match pool.reserve(put.key, value_len as u64, put.checksum) {
         Ok(mut slot) => {
             // A client that vanishes here drops the slot: nothing becomes

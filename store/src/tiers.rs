@@ -68,6 +68,24 @@ impl Tiers {
         tiers
     }
 
+    /// Backpressure for writers: when a put of `size` bytes would make DRAM
+    /// evict, wait (at most `limit`) until the demotion queue has room, so
+    /// that evicted blocks go to NVMe at its speed instead of being dropped.
+    pub async fn room_to_demote(&self, size: u64, limit: std::time::Duration) {
+        if self.nvme.is_none() || !self.dram.would_evict(size) {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        while self
+            .dram
+            .demotion_room()
+            .is_some_and(|room| room < DEMOTION_QUEUE / 4)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
     /// A block from NVMe (DRAM missed it): its bytes and checksum.
     pub async fn get_nvme(&self, key: &BlockKey) -> Option<(Vec<u8>, u64)> {
         let nvme = self.nvme.as_ref()?;
@@ -83,7 +101,11 @@ impl Tiers {
             return None;
         };
         self.nvme_hits.fetch_add(1, Ordering::Relaxed);
-        if self.promote_after > 0 && self.count_hit(key) >= self.promote_after {
+        let room = self.dram.demotion_room().unwrap_or(0);
+        if self.promote_after > 0
+            && self.count_hit(key) >= self.promote_after
+            && room >= DEMOTION_QUEUE / 4
+        {
             self.promote(key, &bytes, sum);
         }
         Some((bytes, sum))
@@ -158,14 +180,23 @@ impl Tiers {
 async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: CancellationToken) {
     let nvme = tiers.nvme.clone().expect("a demoter has an NVMe tier");
     loop {
+        // Blocks evicted while the queue was full leave the daemon only if
+        // no tier holds them.
+        for key in tiers.dram.take_overflow() {
+            if !tiers.contains(&key) {
+                tiers.dram.report_removed(key);
+            }
+        }
         let demoted = tokio::select! {
             d = rx.recv() => match d { Some(d) => d, None => return },
+            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => continue,
             _ = shutdown.cancelled() => return,
         };
-        match nvme
+        let written = nvme
             .put(&demoted.key, &demoted.bytes, demoted.checksum)
-            .await
-        {
+            .await;
+        tiers.dram.demotion_done(demoted.bytes.len() as u64);
+        match written {
             Ok(evicted) => {
                 for key in evicted {
                     if !tiers.dram.contains(&key) {

@@ -39,6 +39,10 @@ pub struct BenchArgs {
     /// of using a running one.
     #[arg(long)]
     embedded: bool,
+    /// Bytes of distinct blocks per size (default: 60% of the DRAM pools,
+    /// at most --ops blocks). Larger than DRAM, gets exercise the NVMe tier.
+    #[arg(long)]
+    working_set: Option<ByteSize>,
     /// Leave the blocks stored afterwards (to fill a store for other tests).
     #[arg(long)]
     keep: bool,
@@ -94,7 +98,10 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     let mut rows = Vec::new();
     for size in &args.sizes {
         let size = size.0 as usize;
-        let keys = ((capacity as f64 * 0.6) as usize / size.max(1)).clamp(1, args.ops);
+        let keys = match args.working_set {
+            Some(bytes) => (bytes.0 as usize / size.max(1)).max(1),
+            None => ((capacity as f64 * 0.6) as usize / size.max(1)).clamp(1, args.ops),
+        };
         let hashes: Arc<Vec<BlockHash>> = Arc::new(
             (0..keys)
                 .map(|i| BlockHash::from_opaque(format!("bench-{run_id}-{size}-{i}").as_bytes()))
