@@ -81,18 +81,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     } else {
         crate::blocks::client(&args.target).await?
     });
-    let stats = client.cluster_stats().await?;
-    let capacity: u64 = stats
-        .daemons
-        .iter()
-        .filter(|d| d.alive)
-        .map(|d| d.capacity)
-        .sum();
-    if capacity == 0 {
-        return Err(Failure::other(anyhow::anyhow!(
-            "the store has no live daemon"
-        )));
-    }
+    let capacity = crate::blocks::live_capacity(&client).await?;
     let ns = Namespace::new("bench").expect("valid");
     let run_id: u64 = rand::random();
     let mut rows = Vec::new();

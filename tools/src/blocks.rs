@@ -103,6 +103,23 @@ pub async fn client(target: &Target) -> Result<Client, Failure> {
     Ok(Client::new(cfg))
 }
 
+/// DRAM bytes of the store's live daemons; an error if none is alive.
+pub async fn live_capacity(client: &Client) -> Result<u64, Failure> {
+    let stats = client.cluster_stats().await?;
+    let capacity = stats
+        .daemons
+        .iter()
+        .filter(|d| d.alive)
+        .map(|d| d.capacity)
+        .sum();
+    if capacity == 0 {
+        return Err(Failure::other(anyhow::anyhow!(
+            "the store has no live daemon"
+        )));
+    }
+    Ok(capacity)
+}
+
 fn namespace(s: &str) -> Result<Namespace, Failure> {
     Namespace::new(s).map_err(|e| Failure::usage(format!("--namespace {s:?}: {e}")))
 }

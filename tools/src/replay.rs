@@ -102,18 +102,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
     let requests = Arc::new(trace::load(&args.trace, args.limit)?);
     let block_size = (args.bytes_per_token * args.block_tokens) as usize;
     let client = Arc::new(crate::blocks::client(&args.target).await?);
-    let stats = client.cluster_stats().await?;
-    let capacity: u64 = stats
-        .daemons
-        .iter()
-        .filter(|d| d.alive)
-        .map(|d| d.capacity)
-        .sum();
-    if capacity == 0 {
-        return Err(Failure::other(anyhow::anyhow!(
-            "the store has no live daemon"
-        )));
-    }
+    let capacity = crate::blocks::live_capacity(&client).await?;
     let ns_name = args
         .namespace
         .clone()

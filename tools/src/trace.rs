@@ -56,6 +56,14 @@ pub struct SimResult {
 }
 
 impl SimResult {
+    /// Counts one request whose first `matched` blocks were cached.
+    fn count(&mut self, req: &Request, matched: usize, block_tokens: u64) {
+        self.tokens += req.input_length;
+        self.hit_tokens += hit_tokens(req, matched, block_tokens);
+        self.blocks += req.hash_ids.len() as u64;
+        self.hit_blocks += matched as u64;
+    }
+
     pub fn token_hit_rate(&self) -> f64 {
         ratio(self.hit_tokens, self.tokens)
     }
@@ -87,10 +95,7 @@ pub fn simulate_lru(trace: &[Request], capacity: Option<usize>, block_tokens: u6
             .iter()
             .take_while(|id| stamp_of.contains_key(id))
             .count();
-        r.tokens += req.input_length;
-        r.hit_tokens += hit_tokens(req, matched, block_tokens);
-        r.blocks += req.hash_ids.len() as u64;
-        r.hit_blocks += matched as u64;
+        r.count(req, matched, block_tokens);
         for id in &req.hash_ids {
             clock += 1;
             if let Some(old) = stamp_of.insert(*id, clock) {
@@ -130,10 +135,7 @@ pub fn simulate_prefix_aware(trace: &[Request], capacity: usize, block_tokens: u
             .iter()
             .take_while(|id| nodes.contains_key(id))
             .count();
-        r.tokens += req.input_length;
-        r.hit_tokens += hit_tokens(req, matched, block_tokens);
-        r.blocks += req.hash_ids.len() as u64;
-        r.hit_blocks += matched as u64;
+        r.count(req, matched, block_tokens);
         let mut parent = None;
         for id in &req.hash_ids {
             clock += 1;
