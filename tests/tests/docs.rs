@@ -5,11 +5,9 @@ use std::process::Command;
 
 #[test]
 fn block_key_spec_python_snippet_reproduces_the_vectors() {
-    let doc = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../docs/block-keys.md"
-    ))
-    .unwrap();
+    // Read at run time: the checkout may have moved since the build.
+    let root = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let doc = std::fs::read_to_string(root.join("../docs/block-keys.md")).unwrap();
     let start = doc.find("```python\n").expect("a python snippet") + "```python\n".len();
     let len = doc[start..].find("\n```").expect("end of the snippet");
     let snippet = &doc[start..start + len];

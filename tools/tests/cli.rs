@@ -376,10 +376,7 @@ fn replay_with_room_for_everything_hits_exactly_the_theoretical_maximum() {
     synthetic_trace(&synthetic);
     let mut traces = vec![(synthetic.clone(), "200")];
     // The Mooncake trace shipped beside the project, when it is there.
-    let shipped = std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/data/synthetic_trace.jsonl"
-    ));
+    let shipped = common::repo("../shared/data/synthetic_trace.jsonl");
     if shipped.exists() {
         traces.push((shipped.to_path_buf(), "400"));
     }

@@ -165,7 +165,7 @@ fn a_real_prometheus_scrapes_the_store_with_the_shipped_config() {
     );
 
     // The shipped config, pointed at this store, scraping every second.
-    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus");
+    let shipped = common::repo("deploy/prometheus").display().to_string();
     let config = std::fs::read_to_string(format!("{shipped}/prometheus.yml"))
         .unwrap()
         .replace("127.0.0.1:9070", &admin)
@@ -264,11 +264,7 @@ fn a_real_prometheus_scrapes_the_store_with_the_shipped_config() {
 
     // Every query of the shipped Grafana dashboard runs in Prometheus.
     let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../deploy/grafana/mooncake-store.json"
-        ))
-        .unwrap(),
+        &std::fs::read_to_string(common::repo("deploy/grafana/mooncake-store.json")).unwrap(),
     )
     .unwrap();
     let exprs: Vec<String> = dashboard["panels"]
