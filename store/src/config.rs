@@ -43,10 +43,12 @@ pub struct DaemonConfig {
     /// Longest time one request may take once its header arrived, reading
     /// its body and writing its answer included. Default 30s.
     pub request_timeout: HumanDuration,
-    /// NVMe tier: `PATH:SIZE` (a file or a block device, and how much of it
-    /// to use), e.g. `/mnt/nvme0/mooncake.bin:200GiB`. Blocks evicted from
-    /// DRAM go there, and survive a restart. Default none.
-    pub nvme: Option<String>,
+    /// NVMe tier: one `PATH:SIZE` per drive (a file or a block device, and
+    /// how much of it to use), e.g. `/mnt/nvme0/mooncake.bin:200GiB`; a
+    /// single string or a list. Blocks evicted from DRAM go there, spread
+    /// over the drives, and survive a restart. Default none.
+    #[serde(deserialize_with = "one_or_many")]
+    pub nvme: Vec<String>,
     /// I/O engine of the NVMe tier: `uring` (falls back to `psync` where
     /// io_uring is unavailable) or `psync`. Default uring.
     pub nvme_engine: crate::io::EngineKind,
@@ -77,7 +79,7 @@ impl Default for DaemonConfig {
             verify_on_read: false,
             max_connections: 1024,
             request_timeout: HumanDuration(Duration::from_secs(30)),
-            nvme: None,
+            nvme: Vec::new(),
             nvme_engine: crate::io::EngineKind::Uring,
             nvme_depth: 32,
             promote_after: 2,
@@ -115,26 +117,33 @@ impl DaemonConfig {
         if self.max_connections == 0 {
             return Err("max_connections must be at least 1".into());
         }
-        self.nvme_tier()?;
+        self.nvme_drives()?;
         Ok(())
     }
 
-    /// The NVMe tier's path and size, parsed from `nvme`.
-    pub fn nvme_tier(&self) -> Result<Option<(std::path::PathBuf, u64)>, String> {
-        let Some(spec) = &self.nvme else {
-            return Ok(None);
-        };
-        let (path, size) = spec.rsplit_once(':').ok_or_else(|| {
-            format!("nvme = {spec:?}: expected PATH:SIZE, e.g. /mnt/nvme0/mooncake.bin:200GiB")
-        })?;
-        let size: ByteSize = size.parse().map_err(|e| format!("nvme = {spec:?}: {e}"))?;
-        if size.0 < 1 << 20 {
-            return Err(format!("nvme = {spec:?}: at least 1MiB"));
-        }
-        if self.nvme_depth == 0 {
+    /// The NVMe drives' paths and sizes, parsed from `nvme`.
+    pub fn nvme_drives(&self) -> Result<Vec<(std::path::PathBuf, u64)>, String> {
+        if !self.nvme.is_empty() && self.nvme_depth == 0 {
             return Err("nvme_depth must be at least 1".into());
         }
-        Ok(Some((path.into(), size.0)))
+        let mut drives: Vec<(std::path::PathBuf, u64)> = Vec::new();
+        for spec in &self.nvme {
+            let (path, size) = spec.rsplit_once(':').ok_or_else(|| {
+                format!("nvme = {spec:?}: expected PATH:SIZE, e.g. /mnt/nvme0/mooncake.bin:200GiB")
+            })?;
+            let size: ByteSize = size.parse().map_err(|e| format!("nvme = {spec:?}: {e}"))?;
+            if size.0 < 1 << 20 {
+                return Err(format!("nvme = {spec:?}: at least 1MiB"));
+            }
+            if drives
+                .iter()
+                .any(|(p, _)| p.as_path() == std::path::Path::new(path))
+            {
+                return Err(format!("nvme = {spec:?}: {path} is named twice"));
+            }
+            drives.push((path.into(), size.0));
+        }
+        Ok(drives)
     }
 
     pub(crate) fn pool(&self) -> PoolConfig {
@@ -155,6 +164,20 @@ impl DaemonConfig {
             verify_on_read: self.verify_on_read,
         }
     }
+}
+
+/// Accepts `nvme = "PATH:SIZE"` as well as a list of them.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 /// 1 GiB, or a quarter of the memory available now if that is less.
@@ -195,6 +218,23 @@ mod tests {
         assert_eq!(cfg.request_timeout.0, Duration::from_secs(2));
         assert!(toml::from_str::<DaemonConfig>("dram = \"lots\"").is_err());
         assert!(toml::from_str::<DaemonConfig>("unknown_option = 1").is_err());
+    }
+
+    #[test]
+    fn nvme_takes_one_drive_or_several() {
+        let one: DaemonConfig = toml::from_str(r#"nvme = "/a/t.bin:1GiB""#).unwrap();
+        assert_eq!(
+            one.nvme_drives().unwrap(),
+            vec![("/a/t.bin".into(), 1 << 30)]
+        );
+        let two: DaemonConfig =
+            toml::from_str(r#"nvme = ["/a/t.bin:1GiB", "/b/t.bin:2GiB"]"#).unwrap();
+        assert_eq!(two.nvme_drives().unwrap().len(), 2);
+        let twice: DaemonConfig =
+            toml::from_str(r#"nvme = ["/a/t.bin:1GiB", "/a/t.bin:2GiB"]"#).unwrap();
+        assert!(twice.validate().unwrap_err().contains("named twice"));
+        let bad: DaemonConfig = toml::from_str(r#"nvme = "/a/t.bin""#).unwrap();
+        assert!(bad.validate().unwrap_err().contains("PATH:SIZE"));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! the meta service); never on the meta service's crate.
 
 pub mod config;
+mod headroom;
 pub mod io;
 mod meta_link;
 pub mod metrics;
@@ -57,6 +58,19 @@ pub struct DaemonHandle {
 }
 
 impl DaemonHandle {
+    /// The NVMe drives summed, while the daemon runs; `None` without an
+    /// NVMe tier.
+    pub fn nvme_totals(&self) -> Option<tiers::NvmeTotals> {
+        self.tiers.upgrade()?.nvme_totals()
+    }
+
+    /// Blocks on each NVMe drive, in configuration order.
+    pub fn nvme_blocks_per_drive(&self) -> Vec<usize> {
+        self.tiers
+            .upgrade()
+            .map_or_else(Vec::new, |t| t.nvme.iter().map(|d| d.blocks()).collect())
+    }
+
     /// Waits until every task of the daemon has stopped (after `shutdown`
     /// was cancelled) and its tiers are closed: the last connection and the
     /// NVMe writer let go, so the NVMe index is flushed and unlocked.
@@ -111,43 +125,25 @@ pub async fn start(
         hugepages = pool.uses_hugepages(),
         "storage daemon listening"
     );
-    let tiers = match config.nvme_tier().map_err(DaemonError::Config)? {
-        None => tiers::Tiers::dram_only(pool.clone()),
-        Some((path, capacity)) => {
-            let file = io::open_direct(&path).map_err(|err| DaemonError::Nvme {
+    let drives = config.nvme_drives().map_err(DaemonError::Config)?;
+    let tiers = if drives.is_empty() {
+        tiers::Tiers::dram_only(pool.clone())
+    } else {
+        let mut opened = Vec::with_capacity(drives.len());
+        for (path, capacity) in drives {
+            let tier = open_drive(&path, capacity, &config).map_err(|err| DaemonError::Nvme {
                 path: path.clone(),
-                err: err.to_string(),
+                err,
             })?;
-            let engine = match io::engine(config.nvme_engine, file, config.nvme_depth) {
-                Ok(e) => e,
-                Err(err) => {
-                    tracing::warn!(%err, "io_uring unavailable; the NVMe tier uses pread/pwrite");
-                    let file = io::open_direct(&path).map_err(|err| DaemonError::Nvme {
-                        path: path.clone(),
-                        err: err.to_string(),
-                    })?;
-                    io::engine(io::EngineKind::Psync, file, config.nvme_depth).map_err(|err| {
-                        DaemonError::Nvme {
-                            path: path.clone(),
-                            err: err.to_string(),
-                        }
-                    })?
-                }
-            };
-            let tier =
-                nvme::NvmeTier::open(engine, capacity, &nvme::NvmeTier::index_dir_for(&path))
-                    .map_err(|err| DaemonError::Nvme {
-                        path: path.clone(),
-                        err: err.to_string(),
-                    })?;
-            tracing::info!(path = %path.display(), capacity, blocks = tier.blocks(), "NVMe tier ready");
-            tiers::Tiers::with_nvme(
-                pool.clone(),
-                Arc::new(tier),
-                config.promote_after,
-                shutdown.child_token(),
-            )
+            tracing::info!(path = %path.display(), capacity, blocks = tier.blocks(), "NVMe drive ready");
+            opened.push(Arc::new(tier));
         }
+        tiers::Tiers::with_nvme(
+            pool.clone(),
+            opened,
+            config.promote_after,
+            shutdown.child_token(),
+        )
     };
     let metrics = metrics::DaemonMetrics::new(registry, tiers.clone())?;
     let mut tasks = vec![tokio::spawn(server::run(
@@ -184,4 +180,25 @@ pub async fn start(
         tasks,
         tiers: Arc::downgrade(&tiers),
     })
+}
+
+/// Opens one NVMe drive: its space reserved, its engine (io_uring, or
+/// pread/pwrite where io_uring is unavailable), its index recovered.
+fn open_drive(
+    path: &std::path::Path,
+    capacity: u64,
+    config: &DaemonConfig,
+) -> Result<nvme::NvmeTier, String> {
+    let file = io::open_direct(path).map_err(|e| e.to_string())?;
+    io::reserve(&file, capacity).map_err(|e| e.to_string())?;
+    let engine = match io::engine(config.nvme_engine, file, config.nvme_depth) {
+        Ok(e) => e,
+        Err(err) => {
+            tracing::warn!(%err, "io_uring unavailable; the NVMe tier uses pread/pwrite");
+            let file = io::open_direct(path).map_err(|e| e.to_string())?;
+            io::engine(io::EngineKind::Psync, file, config.nvme_depth).map_err(|e| e.to_string())?
+        }
+    };
+    nvme::NvmeTier::open(engine, capacity, &nvme::NvmeTier::index_dir_for(path))
+        .map_err(|e| e.to_string())
 }

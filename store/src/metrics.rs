@@ -134,6 +134,8 @@ struct PoolCollector {
     evictions: IntCounterVec,
     gets: IntCounterVec,
     moves: IntCounterVec,
+    io_errors: IntCounterVec,
+    drives_full: IntGauge,
     corrupt: IntCounter,
     descs: Vec<Desc>,
 }
@@ -185,9 +187,24 @@ impl PoolCollector {
             &["direction"],
         )?;
         descs.extend(moves.desc().into_iter().cloned());
+        let io_errors = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_io_errors_total",
+                "Failed reads and writes of a tier's device (a full disk included).",
+            ),
+            &["tier"],
+        )?;
+        descs.extend(io_errors.desc().into_iter().cloned());
+        let drives_full = IntGauge::new(
+            "mooncake_daemon_nvme_drives_full",
+            "NVMe drives taking no new blocks because their index's filesystem is full.",
+        )?;
+        descs.extend(drives_full.desc().into_iter().cloned());
         Ok(PoolCollector {
             tiers,
             moves,
+            io_errors,
+            drives_full,
             capacity,
             used,
             free,
@@ -236,20 +253,22 @@ impl Collector for PoolCollector {
             self.tiers.promotions(),
         );
         let mut corrupt = pool.corrupt_blocks();
-        if let Some(nvme) = &self.tiers.nvme {
+        if let Some(nvme) = self.tiers.nvme_totals() {
             let n = ["nvme"];
             self.capacity
                 .with_label_values(&n)
-                .set(nvme.capacity() as i64);
-            self.used.with_label_values(&n).set(nvme.used() as i64);
+                .set(nvme.capacity as i64);
+            self.used.with_label_values(&n).set(nvme.used as i64);
             self.free
                 .with_label_values(&n)
-                .set(nvme.capacity().saturating_sub(nvme.used()) as i64);
-            self.blocks.with_label_values(&n).set(nvme.blocks() as i64);
-            bump(self.evictions.with_label_values(&n), nvme.evictions());
+                .set(nvme.capacity.saturating_sub(nvme.used) as i64);
+            self.blocks.with_label_values(&n).set(nvme.blocks as i64);
+            bump(self.evictions.with_label_values(&n), nvme.evictions);
             bump(self.gets.with_label_values(&["hit", "nvme"]), nvme_hits);
             bump(self.gets.with_label_values(&["miss", "nvme"]), nvme_misses);
-            corrupt += nvme.corrupt_blocks();
+            bump(self.io_errors.with_label_values(&n), nvme.io_errors);
+            self.drives_full.set(nvme.full as i64);
+            corrupt += nvme.corrupt;
         }
         self.corrupt
             .inc_by(corrupt.saturating_sub(self.corrupt.get()));
@@ -266,6 +285,10 @@ impl Collector for PoolCollector {
         out.extend(self.evictions.collect());
         out.extend(self.gets.collect());
         out.extend(self.moves.collect());
+        if self.tiers.nvme_totals().is_some() {
+            out.extend(self.io_errors.collect());
+            out.extend(self.drives_full.collect());
+        }
         out.extend(self.corrupt.collect());
         out
     }

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use mooncake_proto::{checksum, BlockHash, BlockKey, Namespace};
 use parking_lot::Mutex;
 
+use crate::headroom::Headroom;
 use crate::io::{AlignedBuf, IoEngine, IoKind, IoRequest, ALIGN};
 
 /// Why a block could not be stored or read on the tier.
@@ -23,8 +24,10 @@ use crate::io::{AlignedBuf, IoEngine, IoKind, IoRequest, ALIGN};
 pub enum TierError {
     #[error("block of {0} bytes does not fit the tier")]
     TooLarge(u64),
-    #[error("no space left on the tier")]
+    #[error("no space left on the drive")]
     NoSpace,
+    #[error("the index's filesystem is full; the drive takes no new blocks")]
+    IndexFull,
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
     #[error("index: {0}")]
@@ -166,6 +169,8 @@ pub struct NvmeTier {
     state: Mutex<State>,
     corrupt: AtomicU64,
     evictions: AtomicU64,
+    io_errors: AtomicU64,
+    headroom: Headroom,
 }
 
 impl NvmeTier {
@@ -181,7 +186,10 @@ impl NvmeTier {
         let capacity = capacity / ALIGN as u64 * ALIGN as u64;
         let mut opts = rocksdb::Options::default();
         opts.create_if_missing(true);
+        // Small flushes: the index's headroom on its filesystem must hold one.
+        opts.set_write_buffer_size(4 << 20);
         let db = rocksdb::DB::open(&opts, index_dir)?;
+        let headroom = Headroom::new(index_dir, index_dir.join("BALLAST"))?;
         let mut state = State {
             extents: Extents::new(capacity),
             blocks: HashMap::new(),
@@ -217,6 +225,8 @@ impl NvmeTier {
             state: Mutex::new(state),
             corrupt: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            io_errors: AtomicU64::new(0),
+            headroom,
         })
     }
 
@@ -254,6 +264,26 @@ impl NvmeTier {
         self.evictions.load(Ordering::Relaxed)
     }
 
+    /// Whether the drive refuses new blocks because its index's filesystem
+    /// is full.
+    pub fn is_full(&self) -> bool {
+        self.headroom.is_full()
+    }
+
+    /// Failed device reads and writes since open.
+    pub fn io_errors(&self) -> u64 {
+        self.io_errors.load(Ordering::Relaxed)
+    }
+
+    fn io_failed(&self, err: io::Error) -> TierError {
+        self.io_errors.fetch_add(1, Ordering::Relaxed);
+        if err.raw_os_error() == Some(libc::ENOSPC) {
+            TierError::NoSpace
+        } else {
+            TierError::Io(err)
+        }
+    }
+
     /// Every block on the tier: (key, size, checksum), for inventories.
     pub fn inventory(&self) -> Vec<(BlockKey, u32, u64)> {
         let state = self.state.lock();
@@ -276,6 +306,9 @@ impl NvmeTier {
         let extent = (value.len() as u64).max(1).next_multiple_of(ALIGN as u64);
         if extent > self.capacity || value.len() > u32::MAX as usize {
             return Err(TierError::TooLarge(value.len() as u64));
+        }
+        if !self.headroom.admits_writes() {
+            return Err(TierError::IndexFull);
         }
         let (offset, evicted) = {
             let mut state = self.state.lock();
@@ -321,11 +354,11 @@ impl NvmeTier {
                 .db
                 .put(index_key(key), record.encode())
                 .map_err(TierError::from),
-            Ok(n) => Err(TierError::Io(io::Error::new(
+            Ok(n) => Err(self.io_failed(io::Error::new(
                 io::ErrorKind::WriteZero,
                 format!("short write: {n} of {extent} bytes"),
             ))),
-            Err(e) => Err(TierError::Io(e)),
+            Err(e) => Err(self.io_failed(e)),
         };
         let mut state = self.state.lock();
         match indexed {
@@ -371,7 +404,7 @@ impl NvmeTier {
             .await
             .pop()
             .ok_or_else(|| io::Error::other("no result"))?;
-        let n = result?;
+        let n = result.map_err(|e| self.io_failed(e))?;
         let bytes = &buf.as_slice()[..(record.len as usize).min(n)];
         if bytes.len() != record.len as usize || checksum(bytes) != record.checksum {
             self.corrupt.fetch_add(1, Ordering::Relaxed);
@@ -413,7 +446,7 @@ mod tests {
     use super::*;
     use crate::io::{engine, open_direct, EngineKind, IoResult};
     use futures::future::BoxFuture;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::AtomicI32;
     use std::sync::Arc;
 
     struct Scratch(PathBuf);
@@ -531,18 +564,20 @@ mod tests {
         assert!(!tier.contains(&key(1)));
     }
 
-    /// An engine that fails writes on demand, to inject I/O errors.
+    /// An engine that fails writes on demand with an errno (0: no
+    /// failure), to inject I/O errors and a full device.
     struct Failing {
         inner: Box<dyn IoEngine>,
-        fail: Arc<AtomicBool>,
+        errno: Arc<AtomicI32>,
     }
 
     impl IoEngine for Failing {
         fn submit(&self, kind: IoKind, batch: Vec<IoRequest>) -> BoxFuture<'static, Vec<IoResult>> {
-            if kind == IoKind::Write && self.fail.load(Ordering::Relaxed) {
+            let errno = self.errno.load(Ordering::Relaxed);
+            if kind == IoKind::Write && errno != 0 {
                 let out = batch
                     .into_iter()
-                    .map(|r| (r.buf, Err(io::Error::from_raw_os_error(libc::EIO))))
+                    .map(|r| (r.buf, Err(io::Error::from_raw_os_error(errno))))
                     .collect();
                 return Box::pin(async move { out });
             }
@@ -554,13 +589,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_io_error_leaves_no_entry_and_frees_the_space() {
+    async fn an_io_error_or_a_full_device_leaves_no_entry_and_frees_the_space() {
         let dir = Scratch::new();
         let data = dir.0.join("tier.bin");
-        let fail = Arc::new(AtomicBool::new(true));
+        let errno = Arc::new(AtomicI32::new(libc::EIO));
         let engine = Box::new(Failing {
             inner: engine(EngineKind::Psync, open_direct(&data).unwrap(), 4).unwrap(),
-            fail: fail.clone(),
+            errno: errno.clone(),
         });
         let index = NvmeTier::index_dir_for(&data);
         {
@@ -570,9 +605,15 @@ mod tests {
                 tier.put(&key(3), &v, checksum(&v)).await,
                 Err(TierError::Io(_))
             ));
+            errno.store(libc::ENOSPC, Ordering::Relaxed);
+            assert!(matches!(
+                tier.put(&key(3), &v, checksum(&v)).await,
+                Err(TierError::NoSpace)
+            ));
+            assert_eq!(tier.io_errors(), 2, "both failures counted");
             assert!(!tier.contains(&key(3)));
             assert_eq!(tier.used(), 0);
-            fail.store(false, Ordering::Relaxed);
+            errno.store(0, Ordering::Relaxed);
             tier.put(&key(3), &v, checksum(&v)).await.unwrap();
             assert_eq!(tier.get(&key(3)).await.unwrap().unwrap().0, v);
         }

@@ -26,9 +26,13 @@ const UNIT: u64 = 256;
 /// until it collects them; past this many, the oldest reports are lost
 /// (the meta service then learns of those blocks by a miss).
 const MAX_PENDING_REMOVALS: usize = 1 << 20;
-/// Most bytes of evicted blocks waiting in memory to be written to the next
-/// tier; beyond it, an evicted block is dropped unless that tier has it.
+/// Bytes of evicted blocks waiting in memory to be written to the next
+/// tier that writers wait for (see `Tiers::room_to_demote`).
 const DEMOTION_BYTES: u64 = 256 << 20;
+/// The hard limit: past it an evicted block is dropped unless the next tier
+/// has it. The slack over `DEMOTION_BYTES` absorbs evictions that writers
+/// did not wait for (promotions, fragmentation).
+const DEMOTION_BYTES_MAX: u64 = 2 * DEMOTION_BYTES;
 
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
@@ -259,7 +263,7 @@ impl DramPool {
         // freed. A full demotion queue drops the block (a miss later).
         let mut kept = false;
         let budget_left =
-            self.demote_queued.load(Ordering::Relaxed) + block.len as u64 <= DEMOTION_BYTES;
+            self.demote_queued.load(Ordering::Relaxed) + block.len as u64 <= DEMOTION_BYTES_MAX;
         if let Some(next) = self.demote.get().filter(|_| budget_left) {
             let offset = block.alloc.offset as usize * UNIT as usize;
             // SAFETY: an evictable block has no lease and no writer.
@@ -302,17 +306,13 @@ impl DramPool {
         let _ = self.demote.set(next);
     }
 
-    /// Free places in the demotion queue (`None`: no next tier), counting
-    /// both its slots and its byte budget.
-    pub fn demotion_room(&self) -> Option<usize> {
+    /// Whether the demotion queue can take `len` more bytes of evicted
+    /// blocks (a block larger than the budget fits an empty queue).
+    pub fn has_demotion_room(&self, len: u64) -> bool {
         let queued = self.demote_queued.load(Ordering::Relaxed);
-        let bytes_free = DEMOTION_BYTES.saturating_sub(queued);
-        self.demote.get().map(|tx| {
-            if bytes_free < DEMOTION_BYTES / 4 {
-                0
-            } else {
-                tx.capacity()
-            }
+        self.demote.get().is_some_and(|tx| {
+            tx.capacity() >= tx.max_capacity() / 4
+                && (queued == 0 || queued + len <= DEMOTION_BYTES)
         })
     }
 

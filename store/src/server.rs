@@ -277,8 +277,11 @@ where
     let put = PutHead::from_bytes(&head[..2 + rest])?;
     let value_len = body_len - 2 - rest;
     let pool = &tiers.dram;
-    tiers.room_to_demote(value_len as u64, backpressure).await;
-    match pool.reserve(put.key, value_len as u64, put.checksum) {
+    let reserved = {
+        let _gate = tiers.room_to_demote(value_len as u64, backpressure).await;
+        pool.reserve(put.key, value_len as u64, put.checksum)
+    };
+    match reserved {
         Ok(mut slot) => {
             // A client that vanishes here drops the slot: nothing becomes
             // visible and the space is freed at once.

@@ -1,95 +1,125 @@
-//! The daemon's tiers together: DRAM first, NVMe second. Evicted DRAM blocks
-//! are demoted to NVMe (their bytes copied out before the space is freed,
-//! written by a background task); NVMe hits are served from the device and
-//! promoted back to DRAM after a configurable number of hits. A block may be
-//! in both tiers; it leaves the daemon (and the meta service is told) only
-//! when no tier holds it.
+//! The daemon's tiers together: DRAM first, then NVMe, on one or more
+//! drives. Evicted DRAM blocks are demoted to NVMe (their bytes copied out
+//! before the space is freed, written by a background task that keeps a few
+//! writes in flight per drive); NVMe hits are served from the drive that
+//! holds the block and promoted back to DRAM after a configurable number of
+//! hits. A block may be in DRAM and on one drive; it leaves the daemon (and
+//! the meta service is told) only when no tier holds it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use mooncake_proto::BlockKey;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::nvme::NvmeTier;
+use crate::nvme::{NvmeTier, TierError};
 use crate::pool::{Demoted, DramPool};
 
-/// Blocks waiting to be written to NVMe: beyond this, demotion drops them.
-const DEMOTION_QUEUE: usize = 64;
+/// Blocks waiting to be written to NVMe. The pool's byte budget is the real
+/// bound; this only caps the count of small blocks.
+const DEMOTION_QUEUE: usize = 4096;
+/// Demotion writes in flight per drive.
+const WRITES_PER_DRIVE: usize = 2;
 /// Hit counts kept for promotion; past this many blocks the counts restart.
 const MAX_TRACKED_HITS: usize = 1 << 20;
 
 pub struct Tiers {
     pub dram: Arc<DramPool>,
-    pub nvme: Option<Arc<NvmeTier>>,
+    pub nvme: Vec<Arc<NvmeTier>>,
     promote_after: u32,
+    /// Writers that make DRAM evict pass one at a time, each once the
+    /// demotion queue has room for what it will evict.
+    evict_gate: tokio::sync::Mutex<()>,
     hits: Mutex<HashMap<BlockKey, u32>>,
     nvme_hits: AtomicU64,
     nvme_misses: AtomicU64,
     promotions: AtomicU64,
 }
 
+/// The NVMe drives summed, for metrics and stats.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NvmeTotals {
+    pub drives: usize,
+    pub capacity: u64,
+    pub used: u64,
+    pub blocks: usize,
+    pub evictions: u64,
+    pub corrupt: u64,
+    pub io_errors: u64,
+    /// Drives taking no new blocks: their index's filesystem is full.
+    pub full: usize,
+}
+
 impl Tiers {
     pub fn dram_only(dram: Arc<DramPool>) -> Arc<Self> {
-        Arc::new(Tiers {
+        Arc::new(Self::new(dram, Vec::new(), 0))
+    }
+
+    fn new(dram: Arc<DramPool>, nvme: Vec<Arc<NvmeTier>>, promote_after: u32) -> Self {
+        Tiers {
             dram,
-            nvme: None,
-            promote_after: 0,
+            nvme,
+            promote_after,
+            evict_gate: tokio::sync::Mutex::new(()),
             hits: Mutex::new(HashMap::new()),
             nvme_hits: AtomicU64::new(0),
             nvme_misses: AtomicU64::new(0),
             promotions: AtomicU64::new(0),
-        })
+        }
     }
 
-    /// DRAM over NVMe, with demotion on eviction; a block read from NVMe
-    /// `promote_after` times goes back to DRAM (0: never).
+    /// DRAM over NVMe drives, with demotion on eviction; a block read from
+    /// NVMe `promote_after` times goes back to DRAM (0: never).
     pub fn with_nvme(
         dram: Arc<DramPool>,
-        nvme: Arc<NvmeTier>,
+        drives: Vec<Arc<NvmeTier>>,
         promote_after: u32,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
+        assert!(!drives.is_empty(), "an NVMe tier has at least one drive");
         let (tx, rx) = mpsc::channel(DEMOTION_QUEUE);
         dram.demote_to(tx);
-        let tiers = Arc::new(Tiers {
-            dram,
-            nvme: Some(nvme),
-            promote_after,
-            hits: Mutex::new(HashMap::new()),
-            nvme_hits: AtomicU64::new(0),
-            nvme_misses: AtomicU64::new(0),
-            promotions: AtomicU64::new(0),
-        });
+        let tiers = Arc::new(Self::new(dram, drives, promote_after));
         tokio::spawn(demoter(tiers.clone(), rx, shutdown));
         tiers
     }
 
-    /// Backpressure for writers: when a put of `size` bytes would make DRAM
-    /// evict, wait (at most `limit`) until the demotion queue has room, so
-    /// that evicted blocks go to NVMe at its speed instead of being dropped.
-    pub async fn room_to_demote(&self, size: u64, limit: std::time::Duration) {
-        if self.nvme.is_none() || !self.dram.would_evict(size) {
-            return;
+    /// Backpressure for writers: a put of `size` bytes that makes DRAM
+    /// evict waits (at most `limit`) until the demotion queue has room for
+    /// what it evicts, so that evicted blocks go to NVMe at the drives'
+    /// speed instead of being dropped. Hold the guard until the space is
+    /// reserved. `None`: no eviction, or the wait ran out (the put goes
+    /// on, and a block evicted without room is dropped).
+    pub async fn room_to_demote(
+        &self,
+        size: u64,
+        limit: Duration,
+    ) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        if self.nvme.is_empty() || !self.dram.would_evict(size) {
+            return None;
         }
         let deadline = tokio::time::Instant::now() + limit;
-        while self
-            .dram
-            .demotion_room()
-            .is_some_and(|room| room < DEMOTION_QUEUE / 4)
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        let gate = tokio::time::timeout_at(deadline, self.evict_gate.lock())
+            .await
+            .ok()?;
+        while !self.dram.has_demotion_room(size) {
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        Some(gate)
     }
 
     /// A block from NVMe (DRAM missed it): its bytes and checksum.
     pub async fn get_nvme(&self, key: &BlockKey) -> Option<(Vec<u8>, u64)> {
-        let nvme = self.nvme.as_ref()?;
-        let found = match nvme.get(key).await {
+        let drive = self.nvme.iter().find(|d| d.contains(key))?;
+        let found = match drive.get(key).await {
             Ok(found) => found,
             Err(err) => {
                 tracing::warn!(%key, %err, "NVMe read failed; a miss");
@@ -101,10 +131,9 @@ impl Tiers {
             return None;
         };
         self.nvme_hits.fetch_add(1, Ordering::Relaxed);
-        let room = self.dram.demotion_room().unwrap_or(0);
         if self.promote_after > 0
             && self.count_hit(key) >= self.promote_after
-            && room >= DEMOTION_QUEUE / 4
+            && self.dram.has_demotion_room(bytes.len() as u64)
         {
             self.promote(key, &bytes, sum);
         }
@@ -132,35 +161,65 @@ impl Tiers {
         }
     }
 
+    fn on_nvme(&self, key: &BlockKey) -> bool {
+        self.nvme.iter().any(|d| d.contains(key))
+    }
+
     pub fn contains(&self, key: &BlockKey) -> bool {
-        self.dram.contains(key) || self.nvme.as_ref().is_some_and(|n| n.contains(key))
+        self.dram.contains(key) || self.on_nvme(key)
     }
 
     /// Removes a block from every tier; `false` if none held it.
     pub fn remove(&self, key: &BlockKey) -> bool {
         let in_dram = self.dram.remove(key).is_ok();
-        let on_nvme = self.nvme.as_ref().is_some_and(|n| {
-            n.remove(key).unwrap_or_else(|err| {
+        let mut on_nvme = false;
+        for drive in &self.nvme {
+            on_nvme |= drive.remove(key).unwrap_or_else(|err| {
                 tracing::warn!(%key, %err, "NVMe removal failed");
                 false
-            })
-        });
+            });
+        }
         in_dram || on_nvme
     }
 
     /// Every block the daemon holds, in any tier: (key, size, checksum).
     pub fn inventory(&self) -> Vec<(BlockKey, u32, u64)> {
         let mut all = self.dram.inventory();
-        if let Some(nvme) = &self.nvme {
-            let in_dram: std::collections::HashSet<BlockKey> =
+        if !self.nvme.is_empty() {
+            let mut seen: std::collections::HashSet<BlockKey> =
                 all.iter().map(|(k, _, _)| k.clone()).collect();
-            all.extend(
-                nvme.inventory()
-                    .into_iter()
-                    .filter(|(k, _, _)| !in_dram.contains(k)),
-            );
+            for drive in &self.nvme {
+                for block in drive.inventory() {
+                    if seen.insert(block.0.clone()) {
+                        all.push(block);
+                    }
+                }
+            }
         }
         all
+    }
+
+    /// The drives summed; `None` without an NVMe tier.
+    pub fn nvme_totals(&self) -> Option<NvmeTotals> {
+        if self.nvme.is_empty() {
+            return None;
+        }
+        Some(self.nvme.iter().fold(
+            NvmeTotals {
+                drives: self.nvme.len(),
+                ..Default::default()
+            },
+            |t, d| NvmeTotals {
+                capacity: t.capacity + d.capacity(),
+                used: t.used + d.used(),
+                blocks: t.blocks + d.blocks(),
+                evictions: t.evictions + d.evictions(),
+                corrupt: t.corrupt + d.corrupt_blocks(),
+                io_errors: t.io_errors + d.io_errors(),
+                full: t.full + d.is_full() as usize,
+                ..t
+            },
+        ))
     }
 
     pub fn nvme_gets(&self) -> (u64, u64) {
@@ -173,13 +232,32 @@ impl Tiers {
     pub fn promotions(&self) -> u64 {
         self.promotions.load(Ordering::Relaxed)
     }
+
+    /// The drive for a new block: the least full, counting writes in
+    /// flight; ties go to the drive the key hashes to, so that full drives
+    /// share the churn.
+    fn pick_drive(&self, key: &BlockKey, in_flight: &[u64]) -> usize {
+        let n = self.nvme.len();
+        let start = key.hash.0[0] as usize % n;
+        let fill = |i: usize| {
+            let d = &self.nvme[i];
+            (d.used() + in_flight[i]) as f64 / d.capacity().max(1) as f64
+        };
+        (0..n)
+            .map(|k| (start + k) % n)
+            .fold(start, |best, i| if fill(i) < fill(best) { i } else { best })
+    }
 }
 
-/// Writes demoted blocks to NVMe; a block that cannot be written, or that
-/// NVMe evicts and DRAM does not hold, is reported gone.
+/// Writes demoted blocks to NVMe, a few at a time per drive; a block that
+/// cannot be written, or that a drive evicts and DRAM does not hold, is
+/// reported gone.
 async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: CancellationToken) {
-    let nvme = tiers.nvme.clone().expect("a demoter has an NVMe tier");
-    loop {
+    let max_in_flight = tiers.nvme.len() * WRITES_PER_DRIVE;
+    let mut in_flight_bytes = vec![0u64; tiers.nvme.len()];
+    let mut writes = FuturesUnordered::new();
+    let mut open = true;
+    while open || !writes.is_empty() {
         // Blocks evicted while the queue was full leave the daemon only if
         // no tier holds them.
         for key in tiers.dram.take_overflow() {
@@ -187,29 +265,51 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                 tiers.dram.report_removed(key);
             }
         }
-        let demoted = tokio::select! {
-            d = rx.recv() => match d { Some(d) => d, None => return },
-            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => continue,
-            _ = shutdown.cancelled() => return,
-        };
-        let written = nvme
-            .put(&demoted.key, &demoted.bytes, demoted.checksum)
-            .await;
-        tiers.dram.demotion_done(demoted.bytes.len() as u64);
-        match written {
-            Ok(evicted) => {
-                for key in evicted {
-                    if !tiers.dram.contains(&key) {
-                        tiers.dram.report_removed(key);
+        tokio::select! {
+            d = rx.recv(), if open && writes.len() < max_in_flight => match d {
+                Some(demoted) => {
+                    if tiers.on_nvme(&demoted.key) {
+                        // Promoted earlier, still on its drive.
+                        tiers.dram.demotion_done(demoted.bytes.len() as u64);
+                        continue;
+                    }
+                    let i = tiers.pick_drive(&demoted.key, &in_flight_bytes);
+                    in_flight_bytes[i] += demoted.bytes.len() as u64;
+                    let drive = tiers.nvme[i].clone();
+                    writes.push(async move {
+                        let written = drive.put(&demoted.key, &demoted.bytes, demoted.checksum).await;
+                        (i, demoted, written)
+                    });
+                }
+                None => open = false,
+            },
+            Some((i, demoted, written)) = writes.next() => {
+                let len = demoted.bytes.len() as u64;
+                in_flight_bytes[i] -= len;
+                tiers.dram.demotion_done(len);
+                match written {
+                    Ok(evicted) => {
+                        for key in evicted {
+                            if !tiers.contains(&key) {
+                                tiers.dram.report_removed(key);
+                            }
+                        }
+                    }
+                    Err(err) => {
+                        if matches!(err, TierError::IndexFull) {
+                            // Logged once, when the drive filled.
+                            tracing::debug!(key = %demoted.key, %err, "demotion refused; block dropped");
+                        } else {
+                            tracing::warn!(key = %demoted.key, %err, "demotion to NVMe failed; block dropped");
+                        }
+                        if !tiers.contains(&demoted.key) {
+                            tiers.dram.report_removed(demoted.key);
+                        }
                     }
                 }
             }
-            Err(err) => {
-                tracing::warn!(key = %demoted.key, %err, "demotion to NVMe failed; block dropped");
-                if !tiers.dram.contains(&demoted.key) {
-                    tiers.dram.report_removed(demoted.key);
-                }
-            }
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            _ = shutdown.cancelled() => return,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! DRAM over NVMe through the daemon: a working set larger than DRAM is
-//! served from NVMe byte for byte, DRAM stays within its pool, and a
-//! restarted daemon brings its NVMe blocks back to the index.
+//! served from NVMe (two drives) byte for byte, DRAM stays within its pool,
+//! and a restarted daemon brings its NVMe blocks back to the index.
 
 use std::time::Duration;
 
@@ -24,9 +24,11 @@ async fn a_working_set_four_times_dram_is_served_from_nvme_and_survives_a_restar
         rand::random::<u32>()
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    let nvme = format!("{}:64MiB", dir.join("tier.bin").display());
     let mut cfg = daemon_config(8 << 20);
-    cfg.nvme = Some(nvme.clone());
+    cfg.nvme = vec![
+        format!("{}:32MiB", dir.join("drive0.bin").display()),
+        format!("{}:48MiB", dir.join("drive1.bin").display()),
+    ];
     cfg.nvme_engine = mooncake_daemon::io::EngineKind::Uring;
     let mut cluster = TestCluster::start_with(fast_meta(), vec![cfg.clone()]).await;
     let client = cluster.client();
@@ -68,6 +70,14 @@ async fn a_working_set_four_times_dram_is_served_from_nvme_and_survives_a_restar
         assert_eq!(got, vec![GetOutcome::Hit(block)], "block {i}");
         assert!(buf == block_bytes(i, block), "block {i} bytes");
     }
+    let on_drives = cluster.daemons[0].handle.nvme_blocks_per_drive();
+    assert!(
+        on_drives.len() == 2 && on_drives.iter().all(|n| *n > 0),
+        "demotions spread over both drives: {on_drives:?}"
+    );
+    let totals = cluster.daemons[0].handle.nvme_totals().unwrap();
+    assert_eq!(totals.capacity, 80 << 20);
+    assert_eq!(totals.io_errors, 0);
 
     // Stop the daemon and start a new one on the same NVMe file: the blocks
     // it had on NVMe are found again and reported to the meta service.

@@ -66,9 +66,10 @@ pub struct UpArgs {
     /// DRAM pool size, e.g. 8GiB.
     #[arg(long)]
     dram: Option<ByteSize>,
-    /// NVMe tier behind DRAM: PATH:SIZE (a file or device), e.g. /mnt/nvme0/mc.bin:200GiB.
+    /// NVMe drive behind DRAM: PATH:SIZE (a file or device), e.g.
+    /// /mnt/nvme0/mc.bin:200GiB; repeat for several drives.
     #[arg(long)]
-    nvme: Option<String>,
+    nvme: Vec<String>,
     /// Admin address (/metrics, /health) of the process; "" for none.
     #[arg(long)]
     admin: Option<String>,
@@ -110,9 +111,10 @@ pub struct DaemonArgs {
     /// DRAM pool size, e.g. 8GiB.
     #[arg(long)]
     dram: Option<ByteSize>,
-    /// NVMe tier behind DRAM: PATH:SIZE (a file or device), e.g. /mnt/nvme0/mc.bin:200GiB.
+    /// NVMe drive behind DRAM: PATH:SIZE (a file or device), e.g.
+    /// /mnt/nvme0/mc.bin:200GiB; repeat for several drives.
     #[arg(long)]
-    nvme: Option<String>,
+    nvme: Vec<String>,
     #[command(flatten)]
     etcd: EtcdArgs,
 }
@@ -167,8 +169,8 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     if let Some(d) = args.dram {
         cfg.daemon.dram = d;
     }
-    if let Some(n) = args.nvme {
-        cfg.daemon.nvme = Some(n);
+    if !args.nvme.is_empty() {
+        cfg.daemon.nvme = args.nvme;
     }
     if let Some(a) = args.admin {
         cfg.meta.admin = a;
@@ -330,8 +332,8 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     if let Some(d) = args.dram {
         cfg.dram = d;
     }
-    if let Some(n) = args.nvme {
-        cfg.nvme = Some(n);
+    if !args.nvme.is_empty() {
+        cfg.nvme = args.nvme;
     }
     if let Some(a) = args.admin {
         cfg.admin = a;

@@ -13,7 +13,7 @@ mod psync;
 mod uring;
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Seek};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -63,6 +63,63 @@ pub fn open_direct(path: &Path) -> io::Result<File> {
         .truncate(false)
         .custom_flags(libc::O_DIRECT)
         .open(path)
+}
+
+/// Makes sure `capacity` bytes of `file` exist on the device before the
+/// tier counts on them: a regular file gets its blocks allocated now
+/// (`fallocate`), so that a full filesystem is one clear error at start
+/// rather than failed writes later; a block device must be large enough.
+pub fn reserve(file: &File, capacity: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::io::AsRawFd;
+    let meta = file.metadata()?;
+    if meta.file_type().is_block_device() {
+        let size = (&*file).seek(io::SeekFrom::End(0))?;
+        if size < capacity {
+            return Err(io::Error::other(format!(
+                "the device holds {size} bytes, fewer than the {capacity} asked for"
+            )));
+        }
+        return Ok(());
+    }
+    let len = i64::try_from(capacity).map_err(|_| io::Error::other("size too large"))?;
+    // SAFETY: a valid descriptor, plain integer arguments.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        // A filesystem without fallocate: a sparse file, checked as written.
+        Some(libc::EOPNOTSUPP) => {
+            if meta.len() < capacity {
+                file.set_len(capacity)?;
+            }
+            Ok(())
+        }
+        Some(libc::ENOSPC) => {
+            let free = free_space(file).map_or(String::new(), |f| format!(" ({f} bytes free)"));
+            Err(io::Error::new(
+                err.kind(),
+                format!("no space for {capacity} bytes on its filesystem{free}"),
+            ))
+        }
+        _ => Err(err),
+    }
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem of `file`
+/// (a file or a directory).
+pub fn free_space(file: &File) -> io::Result<u64> {
+    use std::os::unix::io::AsRawFd;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `st` is written by the call before it is read.
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the call succeeded.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail * st.f_frsize)
 }
 
 /// An engine of `kind` over `file`, with at most `depth` transfers in flight.
