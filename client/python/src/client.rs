@@ -1,0 +1,437 @@
+//! `Client`: the store from Python. Single-key calls raise on failure and
+//! answer `None` for a miss; batch calls answer one status per key (bytes
+//! read, or a negative code from `codes`), so that one bad key does not
+//! hide what happened to the others.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooncake_client::{ClientConfig, GetOutcome};
+use mooncake_coord::{EtcdConfig, EtcdCoordinator, LeaderResolver};
+use mooncake_proto::message::ListRequest;
+use mooncake_proto::{BlockHash, BlockKey, Namespace};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::buffers::{except, overlapping, Region, Registered};
+use crate::codes;
+use crate::keys::{hash_of, hashes_of};
+use crate::{runtime, StoreUnavailable};
+
+/// A connection to a Mooncake Store cluster, safe to share between threads.
+#[pyclass(frozen, module = "mooncake_store._native")]
+pub struct Client {
+    inner: Arc<mooncake_client::Client>,
+    namespace: Namespace,
+    registered: Registered,
+}
+
+impl Client {
+    fn get_regions(
+        &self,
+        py: Python<'_>,
+        hashes: Vec<BlockHash>,
+        regions: Vec<Region>,
+    ) -> Vec<i64> {
+        let clash = overlapping(&regions);
+        let items: Vec<(BlockHash, Region)> = hashes.into_iter().zip(regions).collect();
+        except(items, &clash, codes::INVALID_PARAMS, |items| {
+            let n = items.len();
+            let (client, ns) = (&self.inner, &self.namespace);
+            let result = py.detach(|| {
+                let hashes: Vec<BlockHash> = items.iter().map(|(h, _)| *h).collect();
+                // SAFETY: every region is writable memory that stays valid
+                // for the call (a held Python buffer, or a registered
+                // range), and none of these overlaps another.
+                let mut bufs: Vec<&mut [u8]> = items
+                    .iter()
+                    .map(|(_, r)| unsafe { r.as_mut_slice() })
+                    .collect();
+                runtime().block_on(client.get_into(ns, &hashes, &mut bufs))
+            });
+            match result {
+                Ok(outcomes) => outcomes.into_iter().map(codes::of_get).collect(),
+                Err(err) => vec![codes::of_error(&err); n],
+            }
+        })
+    }
+
+    fn put_regions(
+        &self,
+        py: Python<'_>,
+        hashes: Vec<BlockHash>,
+        regions: Vec<Region>,
+    ) -> Vec<i64> {
+        let n = regions.len();
+        let (client, ns) = (&self.inner, &self.namespace);
+        let result = py.detach(|| {
+            // SAFETY: every region is readable memory that stays valid for
+            // the call.
+            let blocks: Vec<(BlockHash, &[u8])> = hashes
+                .iter()
+                .zip(&regions)
+                .map(|(h, r)| (*h, unsafe { r.as_slice() }))
+                .collect();
+            runtime().block_on(client.put(ns, &blocks))
+        });
+        match result {
+            Ok(outcomes) => outcomes.into_iter().map(codes::of_put).collect(),
+            Err(err) => vec![codes::of_error(&err); n],
+        }
+    }
+
+    /// Runs the batch `f` on the keys whose registered range is valid;
+    /// the others answer `INVALID_PARAMS` (nothing is read or written
+    /// outside a registered buffer).
+    fn on_registered(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        f: impl FnOnce(&Self, Python<'_>, Vec<BlockHash>, Vec<Region>) -> Vec<i64>,
+    ) -> PyResult<Vec<i64>> {
+        let hashes = hashes_of(keys)?;
+        if hashes.len() != ptrs.len() || ptrs.len() != sizes.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} keys, {} addresses and {} sizes",
+                hashes.len(),
+                ptrs.len(),
+                sizes.len()
+            )));
+        }
+        let outside: Vec<bool> = ptrs
+            .iter()
+            .zip(&sizes)
+            .map(|(&p, &n)| !self.registered.covers(p, n))
+            .collect();
+        let items: Vec<(BlockHash, Region)> = hashes
+            .into_iter()
+            .zip(
+                ptrs.iter()
+                    .zip(&sizes)
+                    .map(|(&p, &n)| Region::registered(p, n)),
+            )
+            .collect();
+        Ok(except(items, &outside, codes::INVALID_PARAMS, |items| {
+            let (hashes, regions) = items.into_iter().unzip();
+            f(self, py, hashes, regions)
+        }))
+    }
+}
+
+#[pymethods]
+impl Client {
+    /// Connects to the meta service at `meta` (default `$MOONCAKE_META`, or
+    /// 127.0.0.1:7070), or to whichever meta replica leads, through `etcd`
+    /// (a list of endpoints). `namespace` scopes every key (a tenant or a
+    /// model); `timeout` (seconds) bounds every call.
+    #[new]
+    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0))]
+    fn new(
+        py: Python<'_>,
+        meta: Option<String>,
+        etcd: Option<Vec<String>>,
+        namespace: &str,
+        timeout: f64,
+    ) -> PyResult<Self> {
+        let ns = crate::keys::namespace(namespace)?;
+        if !(timeout > 0.0 && timeout.is_finite()) {
+            return Err(PyValueError::new_err(
+                "timeout must be a positive number of seconds",
+            ));
+        }
+        let meta = meta
+            .or_else(|| std::env::var("MOONCAKE_META").ok())
+            .unwrap_or_else(|| "127.0.0.1:7070".into());
+        let cfg = ClientConfig::new(meta.clone()).with_timeout(Duration::from_secs_f64(timeout));
+        let client = py.detach(|| {
+            runtime().block_on(async {
+                let cfg = match etcd.filter(|e| !e.is_empty()) {
+                    None => cfg,
+                    Some(endpoints) => {
+                        let etcd = EtcdCoordinator::connect(EtcdConfig::new(endpoints.clone()))
+                            .await
+                            .map_err(|e| format!("etcd at {endpoints:?}: {e}"))?;
+                        cfg.with_resolver(Arc::new(LeaderResolver(etcd)))
+                            .await
+                            .map_err(|e| e.to_string())?
+                    }
+                };
+                mooncake_client::Client::connect(cfg).await.map_err(|e| {
+                    format!("{e} (is the store running? `mooncake-store up` starts one)")
+                })
+            })
+        });
+        let client = client.map_err(StoreUnavailable::new_err)?;
+        Ok(Client {
+            inner: Arc::new(client),
+            namespace: ns,
+            registered: Registered::default(),
+        })
+    }
+
+    /// The namespace every key of this client lives in.
+    #[getter]
+    fn namespace(&self) -> &str {
+        self.namespace.as_str()
+    }
+
+    /// A client on the same connections for another namespace.
+    fn with_namespace(&self, namespace: &str) -> PyResult<Client> {
+        Ok(Client {
+            inner: self.inner.clone(),
+            namespace: crate::keys::namespace(namespace)?,
+            registered: Registered::default(),
+        })
+    }
+
+    /// Stores one block from any bytes-like object. Storing a key that is
+    /// already stored is a success (blocks are immutable).
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let hash = hash_of(key)?;
+        let region = Region::of_object(value, false)?;
+        let (client, ns) = (&self.inner, &self.namespace);
+        // SAFETY: the held buffer stays valid for the call.
+        let out = py
+            .detach(|| runtime().block_on(client.put(ns, &[(hash, unsafe { region.as_slice() })])))
+            .map_err(codes::to_py)?;
+        match codes::of_put(out[0]) {
+            codes::OK => Ok(()),
+            _ => Err(crate::StoreError::new_err(format!(
+                "put failed: {:?}",
+                out[0]
+            ))),
+        }
+    }
+
+    /// One block as `bytes`, or `None` if it is not stored.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let key = BlockKey::new(self.namespace.clone(), hash_of(key)?);
+        let client = &self.inner;
+        let bytes = py
+            .detach(|| runtime().block_on(client.get(&key)))
+            .map_err(codes::to_py)?;
+        Ok(bytes.map(|b| PyBytes::new(py, &b)))
+    }
+
+    /// Reads one block into `buffer` (any writable contiguous buffer: a
+    /// bytearray, a NumPy array, a CPU tensor); returns the bytes read, or
+    /// `None` if it is not stored. Raises `ValueError` if the buffer is
+    /// smaller than the block.
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        buffer: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<usize>> {
+        let hash = hash_of(key)?;
+        let region = Region::of_object(buffer, true)?;
+        let (client, ns) = (&self.inner, &self.namespace);
+        let out = py
+            .detach(|| {
+                // SAFETY: the held buffer is writable, valid for the call, alone.
+                let mut bufs = [unsafe { region.as_mut_slice() }];
+                runtime().block_on(client.get_into(ns, &[hash], &mut bufs))
+            })
+            .map_err(codes::to_py)?;
+        match out[0] {
+            GetOutcome::Hit(n) => Ok(Some(n)),
+            GetOutcome::Miss => Ok(None),
+            GetOutcome::Failed(mooncake_proto::ErrorCode::TooLarge) => Err(PyValueError::new_err(
+                format!("the block is larger than the {}-byte buffer", region.len),
+            )),
+            GetOutcome::Failed(code) => Err(crate::StoreError::new_err(format!(
+                "get failed: {}",
+                code.name()
+            ))),
+        }
+    }
+
+    /// Stores blocks from bytes-like objects, in one call; a status per key
+    /// (0, or a negative code).
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<i64>> {
+        let hashes = hashes_of(keys)?;
+        let regions = values
+            .try_iter()?
+            .map(|v| Region::of_object(&v?, false))
+            .collect::<PyResult<Vec<_>>>()?;
+        check_lengths(hashes.len(), regions.len(), "values")?;
+        Ok(self.put_regions(py, hashes, regions))
+    }
+
+    /// Reads blocks into writable buffers, in one call; per key the bytes
+    /// read or a negative code (`OBJECT_NOT_FOUND` for a miss).
+    fn get_into_batch(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffers: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<i64>> {
+        let hashes = hashes_of(keys)?;
+        let regions = buffers
+            .try_iter()?
+            .map(|b| Region::of_object(&b?, true))
+            .collect::<PyResult<Vec<_>>>()?;
+        check_lengths(hashes.len(), regions.len(), "buffers")?;
+        Ok(self.get_regions(py, hashes, regions))
+    }
+
+    /// Registers `size` bytes at address `ptr` (a NumPy array's
+    /// `ctypes.data`, a tensor's `data_ptr()`) for `get_into_ptrs` and
+    /// `put_from_ptrs`. The memory must stay allocated until unregistered.
+    fn register_buffer(&self, ptr: usize, size: usize) -> PyResult<()> {
+        self.registered.register(ptr, size)
+    }
+
+    /// Forgets a registered buffer; `False` if none starts at `ptr`.
+    fn unregister_buffer(&self, ptr: usize) -> bool {
+        self.registered.unregister(ptr)
+    }
+
+    /// Reads blocks straight into address ranges of registered buffers; per
+    /// key the bytes read or a negative code (`INVALID_PARAMS` for a range
+    /// outside every registered buffer: nothing is written there).
+    fn get_into_ptrs(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Vec<i64>> {
+        self.on_registered(py, keys, ptrs, sizes, Self::get_regions)
+    }
+
+    /// Stores blocks straight from address ranges of registered buffers;
+    /// a status per key.
+    fn put_from_ptrs(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Vec<i64>> {
+        self.on_registered(py, keys, ptrs, sizes, Self::put_regions)
+    }
+
+    /// How many leading keys of a chain are stored, in one round trip.
+    fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let hashes = hashes_of(keys)?;
+        let (client, ns) = (&self.inner, &self.namespace);
+        let m = py
+            .detach(|| runtime().block_on(client.match_prefix(ns, &hashes)))
+            .map_err(codes::to_py)?;
+        Ok(m.matched)
+    }
+
+    /// Whether each key is stored.
+    fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        let hashes = hashes_of(keys)?;
+        let (client, ns) = (&self.inner, &self.namespace);
+        py.detach(|| runtime().block_on(client.exists(ns, &hashes)))
+            .map_err(codes::to_py)
+    }
+
+    /// Size in bytes of each key's block (`None`: not stored).
+    fn sizes(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<Option<u32>>> {
+        let hashes = hashes_of(keys)?;
+        let (client, ns) = (&self.inner, &self.namespace);
+        let locs = py
+            .detach(|| runtime().block_on(client.lookup(ns, &hashes)))
+            .map_err(codes::to_py)?;
+        Ok(locs.items.iter().map(|l| l.map(|l| l.size)).collect())
+    }
+
+    /// Pins keys against eviction (`pinned=False` unpins); a status per key
+    /// (0, or `OBJECT_NOT_FOUND`).
+    #[pyo3(signature = (keys, pinned = true))]
+    fn pin(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, pinned: bool) -> PyResult<Vec<i64>> {
+        let hashes = hashes_of(keys)?;
+        let (client, ns) = (&self.inner, &self.namespace);
+        let out = py
+            .detach(|| runtime().block_on(client.pin(ns, &hashes, pinned)))
+            .map_err(codes::to_py)?;
+        Ok(out.into_iter().map(codes::of_code).collect())
+    }
+
+    /// Removes keys; `True` for each key that was stored.
+    fn remove(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        let hashes = hashes_of(keys)?;
+        let (client, ns) = (&self.inner, &self.namespace);
+        py.detach(|| runtime().block_on(client.remove(ns, &hashes)))
+            .map_err(codes::to_py)
+    }
+
+    /// Removes every block of this client's namespace; returns how many.
+    fn remove_all(&self, py: Python<'_>) -> PyResult<usize> {
+        let (client, ns) = (&self.inner, &self.namespace);
+        py.detach(|| {
+            runtime().block_on(async {
+                let mut removed = 0;
+                loop {
+                    let page = client
+                        .list(&ListRequest {
+                            namespace: Some(ns.clone()),
+                            after: None,
+                            prefix: Vec::new(),
+                            daemon: 0,
+                            limit: 1024,
+                        })
+                        .await?;
+                    let hashes: Vec<BlockHash> = page.entries.iter().map(|e| e.key.hash).collect();
+                    if hashes.is_empty() {
+                        return Ok(removed);
+                    }
+                    removed += client
+                        .remove(ns, &hashes)
+                        .await?
+                        .iter()
+                        .filter(|r| **r)
+                        .count();
+                    if !page.more && hashes.len() < 1024 {
+                        return Ok(removed);
+                    }
+                }
+            })
+        })
+        .map_err(codes::to_py)
+    }
+
+    /// Blocks whose bytes failed their checksum on the way (each was a miss).
+    #[getter]
+    fn corrupt_reads(&self) -> u64 {
+        self.inner.corrupt_reads()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Client(meta={:?}, namespace={:?})",
+            self.inner.config().meta_addr,
+            self.namespace.as_str()
+        )
+    }
+}
+
+fn check_lengths(keys: usize, other: usize, what: &str) -> PyResult<()> {
+    if keys != other {
+        return Err(PyValueError::new_err(format!(
+            "{keys} keys but {other} {what}"
+        )));
+    }
+    Ok(())
+}

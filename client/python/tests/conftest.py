@@ -1,0 +1,101 @@
+"""A real store for the tests: the `mooncake-store` binary, started on free
+loopback ports and stopped afterwards."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import mooncake_store
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def binary() -> str:
+    if "MOONCAKE_BIN" in os.environ:
+        return os.environ["MOONCAKE_BIN"]
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    for profile in ("debug", "release"):
+        path = target / profile / "mooncake-store"
+        if path.exists():
+            return str(path)
+    raise RuntimeError("build the CLI first (cargo build), or set MOONCAKE_BIN")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    """A store process, killed when the test is done with it."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen(
+            [binary(), *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def wait_for_port(addr: str, timeout: float = 10.0) -> None:
+    host, port = addr.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on {addr}")
+
+
+def wait_for_daemon(meta: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            client = mooncake_store.Client(meta, timeout=1.0)
+            client.put("readiness-probe", b"x")
+            client.remove(["readiness-probe"])
+            return
+        except mooncake_store.StoreError:
+            time.sleep(0.05)
+    raise RuntimeError(f"no store answered at {meta}")
+
+
+@pytest.fixture(scope="session")
+def store() -> str:
+    """The meta address of a single-host store with 512 MiB of DRAM."""
+    meta = f"127.0.0.1:{free_port()}"
+    proc = Process(
+        "up",
+        "--meta-listen", meta,
+        "--listen", f"127.0.0.1:{free_port()}",
+        "--admin", "",
+        "--dram", "512MiB",
+    )
+    try:
+        wait_for_daemon(meta)
+        yield meta
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+def client(store: str, request: pytest.FixtureRequest) -> mooncake_store.Client:
+    """A client in a namespace of its own (one per test)."""
+    name = "t/" + request.node.name.replace("[", ".").replace("]", "")[:100]
+    c = mooncake_store.Client(store, namespace=name)
+    yield c
+    c.remove_all()

@@ -1,0 +1,138 @@
+"""`mooncake.store.MooncakeDistributedStore` used as Mooncake's public
+documentation (docs/source/python-api-reference/mooncake-store.md in the
+Mooncake project) describes it: the same calls, the same return values."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+from conftest import Process, free_port, wait_for_daemon, wait_for_port
+
+OBJECT_NOT_FOUND = -704
+
+
+@pytest.fixture
+def store(store):  # noqa: F811 - the session store's meta address
+    s = MooncakeDistributedStore()
+    # The documented positional form; a segment size of 0 contributes no
+    # memory (the store's daemon holds the blocks).
+    assert s.setup("localhost", "http://localhost:8080/metadata", 0, 128 * 1024 * 1024,
+                   "tcp", "", store) == 0
+    yield s
+    s.remove_all()
+    assert s.close() == 0
+
+
+def test_hello_world(store):
+    assert store.put("hello_key", b"Hello, Mooncake Store!") == 0
+    assert store.get("hello_key").decode() == "Hello, Mooncake Store!"
+
+
+def test_get_put_with_numpy_arrays(store):
+    store.put("config", b'{"model": "llama-7b", "temperature": 0.7}')
+    weights = np.random.randn(1000, 1000).astype(np.float32)
+    store.put("weights", weights.tobytes())
+    config = json.loads(store.get("config").decode())
+    back = np.frombuffer(store.get("weights"), dtype=np.float32).reshape(1000, 1000)
+    assert config["model"] == "llama-7b"
+    assert np.array_equal(back, weights)
+    assert store.is_exist("config") == 1
+    assert store.is_exist("nothing-here") == 0
+
+
+def test_zero_copy_workflow(store):
+    original = np.random.randn(1000, 1000).astype(np.float32)
+    ptr, size = original.ctypes.data, original.nbytes
+    assert store.register_buffer(ptr, size) == 0
+    assert store.put_from("large_tensor", ptr, size) == 0
+    retrieved = np.empty((1000, 1000), dtype=np.float32)
+    recv_ptr = retrieved.ctypes.data
+    assert store.register_buffer(recv_ptr, retrieved.nbytes) == 0
+    assert store.get_into("large_tensor", recv_ptr, retrieved.nbytes) == size
+    assert np.array_equal(original, retrieved)
+    assert store.unregister_buffer(ptr) == 0
+    assert store.unregister_buffer(recv_ptr) == 0
+
+
+def test_batch_zero_copy_as_kv_connectors_use_it(store):
+    block, n = 256 << 10, 16
+    arena = np.random.default_rng(1).integers(0, 255, n * block, dtype=np.uint8)
+    base = arena.ctypes.data
+    assert store.register_buffer(base, arena.nbytes) == 0
+    keys = [f"layer0/block{i}" for i in range(n)]
+    ptrs = [base + i * block for i in range(n)]
+    assert store.batch_put_from(keys, ptrs, [block] * n) == [0] * n
+    expected = arena.copy()
+    arena[:] = 0
+    spare = np.zeros(block, dtype=np.uint8)
+    assert store.register_buffer(spare.ctypes.data, block) == 0
+    got = store.batch_get_into(
+        keys + ["missing"], ptrs + [spare.ctypes.data], [block] * (n + 1)
+    )
+    assert got == [block] * n + [OBJECT_NOT_FOUND]
+    assert np.array_equal(arena, expected)
+    assert not spare.any(), "a miss writes nothing"
+    assert store.unregister_buffer(base) == 0
+
+
+def test_batch_operations_existence_size_and_removal(store):
+    keys = ["key1", "key2", "key3"]
+    values = [b"value1", b"value2", b"value3"]
+    assert store.put_batch(keys, values) == 0
+    assert store.get_batch(keys) == values
+    assert store.batch_is_exist(keys + ["key4"]) == [1, 1, 1, 0]
+    assert store.get_size("key1") == 6
+    assert store.get_size("key4") < 0
+    assert store.get("key4") == b""
+    assert store.remove("key1") == 0
+    assert store.remove("key1") != 0
+    assert store.batch_remove(["key2", "key9"]) == [0, OBJECT_NOT_FOUND]
+    assert store.put_parts("greeting", b"Hello, ", b"World!") == 0
+    assert store.get("greeting") == b"Hello, World!"
+    assert store.remove_all() == 2  # key3 and greeting
+
+
+def test_replicate_config_is_accepted_and_hard_pin_pins(store):
+    config = ReplicateConfig()
+    config.replica_num = 2
+    config.with_hard_pin = True
+    assert store.put("important_data", b"Critical information", config) == 0
+    assert store.get("important_data") == b"Critical information"
+
+
+def test_setup_with_a_dict_and_a_contributed_segment():
+    # A meta service alone: the client contributes its segment (an
+    # embedded daemon of global_segment_size), and blocks land there.
+    meta = f"127.0.0.1:{free_port()}"
+    proc = Process("meta", "--listen", meta, "--admin", "")
+    try:
+        wait_for_port(meta)
+        s = MooncakeDistributedStore()
+        assert s.setup({
+            "local_hostname": "localhost",
+            "metadata_server": "P2PHANDSHAKE",
+            "global_segment_size": 64 * 1024 * 1024,
+            "local_buffer_size": 0,
+            "protocol": "tcp",
+            "device_name": "",
+            "master_server_address": meta,
+        }) == 0
+        assert s.get_hostname().startswith("127.0.0.1:")
+        wait_for_daemon(meta)
+        assert s.put("mine", b"in my own segment") == 0
+        assert s.get("mine") == b"in my own segment"
+        assert s.close() == 0
+    finally:
+        proc.kill()
+
+
+def test_calls_before_setup_fail_loudly_and_bad_setup_returns_a_code():
+    s = MooncakeDistributedStore()
+    with pytest.raises(RuntimeError, match="setup"):
+        s.put("k", b"v")
+    assert s.setup("localhost", "", 0, 0, "tcp", "", f"127.0.0.1:{free_port()}") < 0

@@ -1,0 +1,62 @@
+"""A daemon killed in the middle of a run: calls answer with codes or
+exceptions within their deadline, the interpreter never crashes, and no
+call returns wrong bytes."""
+
+from __future__ import annotations
+
+import time
+
+import mooncake_store
+from mooncake_store import OBJECT_NOT_FOUND, RPC_FAIL
+
+from conftest import Process, free_port, wait_for_daemon
+
+
+def test_a_daemon_killed_mid_run_costs_errors_never_the_interpreter():
+    meta = f"127.0.0.1:{free_port()}"
+    meta_proc = Process("meta", "--listen", meta, "--admin", "")
+    daemon = Process(
+        "daemon", "--meta", meta, "--listen", f"127.0.0.1:{free_port()}",
+        "--admin", "", "--dram", "64MiB",
+    )
+    try:
+        wait_for_daemon(meta)
+        client = mooncake_store.Client(meta, namespace="t/faults", timeout=1.0)
+        keys = [f"f{i}" for i in range(64)]
+        values = [bytes([i]) * 65536 for i in range(64)]
+        assert client.put_batch(keys, values) == [0] * 64
+
+        outcomes = {"hit": 0, "miss": 0, "failed": 0, "raised": 0}
+        slowest = 0.0
+        killed_at = None
+        for round_ in range(40):
+            if round_ == 10:
+                daemon.kill()
+                killed_at = round_
+            bufs = [bytearray(65536) for _ in keys]
+            started = time.monotonic()
+            try:
+                got = client.get_into_batch(keys, bufs)
+            except mooncake_store.StoreError:
+                outcomes["raised"] += 1
+                continue
+            finally:
+                slowest = max(slowest, time.monotonic() - started)
+            for n, buf, value in zip(got, bufs, values):
+                if n >= 0:
+                    assert bytes(buf[:n]) == value, "wrong bytes returned"
+                    outcomes["hit"] += 1
+                elif n == OBJECT_NOT_FOUND:
+                    outcomes["miss"] += 1
+                else:
+                    assert n == RPC_FAIL, n
+                    outcomes["failed"] += 1
+        assert killed_at == 10
+        assert outcomes["hit"] >= 10 * 64, outcomes
+        assert outcomes["failed"] + outcomes["miss"] + outcomes["raised"] > 0, outcomes
+        assert slowest < 3.0, f"a call took {slowest:.2f} s with a 1 s deadline"
+        # The client keeps working against the meta service.
+        assert client.exists(["never"]) == [False]
+    finally:
+        daemon.kill()
+        meta_proc.kill()
