@@ -20,3 +20,12 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --workspace --no-fail-fast
 fi
+
+# The Python SDK, built and installed the way the README says (pip), in a
+# virtual environment outside the clone, tested against the CLI's store.
+VENV="${MOONCAKE_VENV:-$HOME/.cache/mooncake-venv}"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
+"${pip[@]}" maturin pytest numpy
+"${pip[@]}" ./client/python
+MOONCAKE_BIN="$CARGO_TARGET_DIR/debug/mooncake-store" "$VENV/bin/python" -m pytest -q client/python/tests

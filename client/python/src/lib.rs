@@ -29,12 +29,21 @@ pyo3::create_exception!(
     "The store could not be reached in time (a retry may help)."
 );
 
-/// The runtime every call runs on: two worker threads, started on first use.
+/// The runtime every call runs on, started on first use: `MOONCAKE_THREADS`
+/// worker threads, by default half the cores (at least one), like the CLI,
+/// which leaves the other half to the GPU worker's own threads.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
+        let threads = std::env::var("MOONCAKE_THREADS")
+            .ok()
+            .and_then(|t| t.parse::<usize>().ok())
+            .filter(|t| *t > 0)
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+            });
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(threads)
             .thread_name("mooncake-client")
             .enable_all()
             .build()

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The Python binding against the Rust client, in one run on this machine:
+# batch_get_into of 128 blocks of 256 KiB into a registered buffer from
+# Python, then the Rust `bench` with the same batch, block size and
+# concurrency, against the same store. The goal: Python at 90% or more.
+# Usage: tools/bench/python.sh [THREADS]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+THREADS="${1:-1}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
+VENV="${MOONCAKE_VENV:-$HOME/.cache/mooncake-venv}"
+
+cargo build --release -q --bin mooncake-store
+BIN="$CARGO_TARGET_DIR/release/mooncake-store"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q maturin numpy
+"$VENV/bin/pip" install -q ./client/python
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+META="127.0.0.1:$(free_port)"
+"$BIN" up --meta-listen "$META" --listen "127.0.0.1:$(free_port)" --admin "" --dram 2GiB >/dev/null 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+for _ in $(seq 100); do "$BIN" stat --meta "$META" >/dev/null 2>&1 && break; sleep 0.1; done
+
+for round in 1 2; do
+    echo "== round $round"
+    "$VENV/bin/python" client/python/bench/batch_get_into.py --meta "$META" --threads "$THREADS"
+    "$BIN" bench --meta "$META" --sizes 256KiB --batch 128 --concurrency "$THREADS" --ops 25600 \
+        --working-set 512MiB 2>/dev/null | grep -E "^(op|get)"
+done
