@@ -5,6 +5,7 @@
 //! Depends on `mooncake-proto` only; never on a server crate. The daemon and
 //! the meta service reuse its [`Connection`] to talk to each other.
 
+pub mod bindings;
 mod client;
 mod conn;
 mod error;

@@ -67,53 +67,10 @@ impl Region {
     }
 }
 
-/// For each range, whether it overlaps another one (two destinations of
-/// one call must not: both would be written at once).
+/// For each range, whether it overlaps another one.
 pub fn overlapping(regions: &[Region]) -> Vec<bool> {
-    let mut order: Vec<usize> = (0..regions.len()).filter(|&i| regions[i].len > 0).collect();
-    order.sort_unstable_by_key(|&i| regions[i].ptr);
-    let mut out = vec![false; regions.len()];
-    let mut reach: Option<(usize, usize)> = None; // (end, index) of the furthest range so far
-    for i in order {
-        let r = &regions[i];
-        if let Some((end, j)) = reach {
-            if r.ptr < end {
-                out[i] = true;
-                out[j] = true;
-            }
-        }
-        if reach.is_none_or(|(end, _)| r.ptr + r.len > end) {
-            reach = Some((r.ptr + r.len, i));
-        }
-    }
-    out
-}
-
-/// Runs `f` on the items not `refused` and answers `refused_code` for the
-/// others, in the original order.
-pub fn except<T>(
-    items: Vec<T>,
-    refused: &[bool],
-    refused_code: i64,
-    f: impl FnOnce(Vec<T>) -> Vec<i64>,
-) -> Vec<i64> {
-    let kept: Vec<T> = items
-        .into_iter()
-        .zip(refused)
-        .filter(|(_, r)| !**r)
-        .map(|(item, _)| item)
-        .collect();
-    let mut done = f(kept).into_iter();
-    refused
-        .iter()
-        .map(|r| {
-            if *r {
-                refused_code
-            } else {
-                done.next().unwrap_or(refused_code)
-            }
-        })
-        .collect()
+    let spans: Vec<(usize, usize)> = regions.iter().map(|r| (r.ptr, r.len)).collect();
+    mooncake_client::bindings::overlapping(&spans)
 }
 
 /// Buffers registered by address: (start -> length).

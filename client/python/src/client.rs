@@ -14,7 +14,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::buffers::{except, overlapping, Region, Registered};
+use mooncake_client::bindings::except;
+
+use crate::buffers::{overlapping, Region, Registered};
 use crate::codes;
 use crate::keys::{hash_of, hashes_of};
 use crate::{runtime, StoreUnavailable};

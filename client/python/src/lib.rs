@@ -12,7 +12,7 @@ mod codes;
 mod daemon;
 mod keys;
 
-use std::sync::OnceLock;
+pub(crate) use mooncake_client::bindings::runtime;
 
 use pyo3::prelude::*;
 
@@ -28,28 +28,6 @@ pyo3::create_exception!(
     StoreError,
     "The store could not be reached in time (a retry may help)."
 );
-
-/// The runtime every call runs on, started on first use: `MOONCAKE_THREADS`
-/// worker threads, by default half the cores (at least one), like the CLI,
-/// which leaves the other half to the GPU worker's own threads.
-pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        let threads = std::env::var("MOONCAKE_THREADS")
-            .ok()
-            .and_then(|t| t.parse::<usize>().ok())
-            .filter(|t| *t > 0)
-            .unwrap_or_else(|| {
-                std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
-            });
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name("mooncake-client")
-            .enable_all()
-            .build()
-            .expect("a tokio runtime")
-    })
-}
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -1,0 +1,184 @@
+//! What the language bindings (Python, C) share: one runtime for blocking
+//! calls, Mooncake-compatible status codes, and the checks on raw memory a
+//! caller hands in.
+
+use std::sync::OnceLock;
+
+use mooncake_proto::ErrorCode;
+
+use crate::{ClientError, GetOutcome, PutOutcome};
+
+/// The runtime blocking calls run on, started on first use:
+/// `MOONCAKE_THREADS` worker threads, by default half the cores (at least
+/// one), like the CLI, which leaves the other half to the GPU worker.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let threads = std::env::var("MOONCAKE_THREADS")
+            .ok()
+            .and_then(|t| t.parse::<usize>().ok())
+            .filter(|t| *t > 0)
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+            });
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("mooncake-client")
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    })
+}
+
+/// Status codes of batch calls: `0` or a byte count on success, negative
+/// on failure, with the values of Mooncake's own client where a meaning
+/// matches, so that code written against it keeps working.
+pub mod status {
+    use super::*;
+
+    pub const OK: i64 = 0;
+    pub const INTERNAL_ERROR: i64 = -1;
+    pub const NO_AVAILABLE_HANDLE: i64 = -200;
+    pub const INVALID_KEY: i64 = -400;
+    pub const WRITE_FAIL: i64 = -500;
+    pub const INVALID_PARAMS: i64 = -600;
+    pub const OBJECT_NOT_FOUND: i64 = -704;
+    pub const TRANSFER_FAIL: i64 = -800;
+    pub const RPC_FAIL: i64 = -900;
+
+    /// Every code with its name, for bindings that export them.
+    pub const NAMED: [(&str, i64); 9] = [
+        ("OK", OK),
+        ("INTERNAL_ERROR", INTERNAL_ERROR),
+        ("NO_AVAILABLE_HANDLE", NO_AVAILABLE_HANDLE),
+        ("INVALID_KEY", INVALID_KEY),
+        ("WRITE_FAIL", WRITE_FAIL),
+        ("INVALID_PARAMS", INVALID_PARAMS),
+        ("OBJECT_NOT_FOUND", OBJECT_NOT_FOUND),
+        ("TRANSFER_FAIL", TRANSFER_FAIL),
+        ("RPC_FAIL", RPC_FAIL),
+    ];
+
+    /// The status of a store error code.
+    pub fn of_code(code: ErrorCode) -> i64 {
+        match code {
+            ErrorCode::Ok | ErrorCode::AlreadyExists => OK,
+            ErrorCode::NotFound => OBJECT_NOT_FOUND,
+            ErrorCode::NoSpace | ErrorCode::Busy => NO_AVAILABLE_HANDLE,
+            ErrorCode::TooLarge | ErrorCode::Malformed => INVALID_PARAMS,
+            ErrorCode::ChecksumMismatch | ErrorCode::Corrupt | ErrorCode::NoReservation => {
+                TRANSFER_FAIL
+            }
+            ErrorCode::Timeout | ErrorCode::Unavailable => RPC_FAIL,
+            _ => INTERNAL_ERROR,
+        }
+    }
+
+    /// The status of every key of a call that failed as a whole.
+    pub fn of_error(err: &ClientError) -> i64 {
+        match err {
+            ClientError::Server { code, .. } => of_code(*code),
+            ClientError::Invalid(_) => INVALID_PARAMS,
+            _ => RPC_FAIL,
+        }
+    }
+
+    pub fn of_put(outcome: PutOutcome) -> i64 {
+        match outcome {
+            PutOutcome::Stored | PutOutcome::AlreadyExists => OK,
+            PutOutcome::Failed(ErrorCode::ChecksumMismatch) => WRITE_FAIL,
+            PutOutcome::Failed(code) => of_code(code),
+        }
+    }
+
+    /// Bytes read, or a negative status (`OBJECT_NOT_FOUND` for a miss).
+    pub fn of_get(outcome: GetOutcome) -> i64 {
+        match outcome {
+            GetOutcome::Hit(n) => n as i64,
+            GetOutcome::Miss => OBJECT_NOT_FOUND,
+            GetOutcome::Failed(code) => of_code(code),
+        }
+    }
+}
+
+/// For each `(address, length)` span, whether it overlaps another one: two
+/// destinations of one call must not, or both would be written at once.
+pub fn overlapping(spans: &[(usize, usize)]) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..spans.len()).filter(|&i| spans[i].1 > 0).collect();
+    order.sort_unstable_by_key(|&i| spans[i].0);
+    let mut out = vec![false; spans.len()];
+    // (end, index) of the span reaching furthest so far.
+    let mut reach: Option<(usize, usize)> = None;
+    for i in order {
+        let (at, len) = spans[i];
+        let end = at.saturating_add(len);
+        if let Some((far, j)) = reach {
+            if at < far {
+                out[i] = true;
+                out[j] = true;
+            }
+        }
+        if reach.is_none_or(|(far, _)| end > far) {
+            reach = Some((end, i));
+        }
+    }
+    out
+}
+
+/// Runs `f` on the items not `refused` and answers `refused_status` for the
+/// others, in the original order.
+pub fn except<T>(
+    items: Vec<T>,
+    refused: &[bool],
+    refused_status: i64,
+    f: impl FnOnce(Vec<T>) -> Vec<i64>,
+) -> Vec<i64> {
+    let kept: Vec<T> = items
+        .into_iter()
+        .zip(refused)
+        .filter(|(_, r)| !**r)
+        .map(|(item, _)| item)
+        .collect();
+    let mut done = f(kept).into_iter();
+    refused
+        .iter()
+        .map(|r| {
+            if *r {
+                refused_status
+            } else {
+                done.next().unwrap_or(refused_status)
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlaps_are_marked_on_both_sides_and_neighbours_are_not() {
+        let spans = [
+            (100, 10),
+            (0, 50),
+            (40, 20),
+            (200, 0),
+            (110, 5),
+            (300, 100),
+            (350, 1),
+        ];
+        assert_eq!(
+            overlapping(&spans),
+            vec![false, true, true, false, false, true, true]
+        );
+    }
+
+    #[test]
+    fn except_keeps_the_order() {
+        let out = except(vec![1, 2, 3, 4], &[false, true, false, true], -9, |kept| {
+            assert_eq!(kept, vec![1, 3]);
+            kept.into_iter().map(|k| k * 10).collect()
+        });
+        assert_eq!(out, vec![10, -9, 30, -9]);
+    }
+}
