@@ -192,7 +192,13 @@ impl Index {
     /// of one that was not stored.
     pub fn commit(&self, ns: &Namespace, item: &CommitItem) -> ErrorCode {
         let Some(ns) = self.ns_id(ns) else {
-            return ErrorCode::NoReservation;
+            // Nothing was ever reserved in this namespace: dropping a
+            // reservation is done, making one visible is not possible.
+            return if item.stored {
+                ErrorCode::NoReservation
+            } else {
+                ErrorCode::Ok
+            };
         };
         let key = IdxKey {
             ns,
@@ -509,5 +515,188 @@ mod tests {
             ..ListFilter::default()
         };
         assert!(idx.list(None, None, elsewhere, 100).0.is_empty());
+    }
+}
+
+/// The index against a plain map of what it should hold, under any sequence
+/// of reservations, commits, removals and daemon deaths.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Reserve {
+            ns: u8,
+            h: u8,
+            daemon: u32,
+            size: u32,
+        },
+        Commit {
+            ns: u8,
+            h: u8,
+            daemon: u32,
+            stored: bool,
+            size: u32,
+        },
+        Report {
+            ns: u8,
+            h: u8,
+            daemon: u32,
+            size: u32,
+        },
+        Remove {
+            ns: u8,
+            h: u8,
+        },
+        RemoveAt {
+            ns: u8,
+            h: u8,
+            daemon: u32,
+        },
+        DaemonDied {
+            daemon: u32,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let (ns, h, d, size) = (0u8..3, 0u8..12, 1u32..4, 1u32..1000);
+        prop_oneof![
+            (ns.clone(), h.clone(), d.clone(), size.clone()).prop_map(|(ns, h, daemon, size)| {
+                Op::Reserve {
+                    ns,
+                    h,
+                    daemon,
+                    size,
+                }
+            }),
+            (
+                ns.clone(),
+                h.clone(),
+                d.clone(),
+                any::<bool>(),
+                size.clone()
+            )
+                .prop_map(|(ns, h, daemon, stored, size)| Op::Commit {
+                    ns,
+                    h,
+                    daemon,
+                    stored,
+                    size
+                }),
+            (ns.clone(), h.clone(), d.clone(), size).prop_map(|(ns, h, daemon, size)| Op::Report {
+                ns,
+                h,
+                daemon,
+                size
+            }),
+            (ns.clone(), h.clone()).prop_map(|(ns, h)| Op::Remove { ns, h }),
+            (ns, h, d.clone()).prop_map(|(ns, h, daemon)| Op::RemoveAt { ns, h, daemon }),
+            d.prop_map(|daemon| Op::DaemonDied { daemon }),
+        ]
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    struct Model {
+        daemon: u32,
+        size: u32,
+        visible: bool,
+    }
+
+    fn name(i: u8) -> Namespace {
+        Namespace::new(format!("ns{i}")).unwrap()
+    }
+
+    fn hash(i: u8) -> BlockHash {
+        BlockHash::from_opaque(&[i])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn the_index_holds_what_a_plain_map_holds(ops in proptest::collection::vec(op(), 1..150)) {
+            let index = Index::new();
+            let mut model: HashMap<(u8, u8), Model> = HashMap::new();
+            let now = Instant::now();
+            for op in ops {
+                match op {
+                    Op::Reserve { ns, h, daemon, size } => {
+                        let r = index.reserve(&name(ns), hash(h), size, daemon, now);
+                        let exists = model.contains_key(&(ns, h));
+                        prop_assert_eq!(r == Reservation::Exists, exists);
+                        if !exists {
+                            model.insert((ns, h), Model { daemon, size, visible: false });
+                        }
+                    }
+                    Op::Commit { ns, h, daemon, stored, size } => {
+                        let item = CommitItem { hash: hash(h), daemon, size, checksum: 7, stored };
+                        let code = index.commit(&name(ns), &item);
+                        match model.get(&(ns, h)).copied() {
+                            Some(m) if !m.visible && m.daemon == daemon => {
+                                prop_assert_eq!(code, ErrorCode::Ok);
+                                if stored {
+                                    model.insert((ns, h), Model { daemon, size, visible: true });
+                                } else {
+                                    model.remove(&(ns, h));
+                                }
+                            }
+                            _ if !stored => prop_assert_eq!(code, ErrorCode::Ok),
+                            _ => prop_assert_eq!(code, ErrorCode::NoReservation),
+                        }
+                    }
+                    Op::Report { ns, h, daemon, size } => {
+                        index.insert_visible(&BlockKey::new(name(ns), hash(h)), daemon, size, 7);
+                        model.insert((ns, h), Model { daemon, size, visible: true });
+                    }
+                    Op::Remove { ns, h } => {
+                        let got = index.remove(&name(ns), &[hash(h)]);
+                        let want = model.get(&(ns, h)).filter(|m| m.visible).map(|m| m.daemon);
+                        prop_assert_eq!(got, vec![want]);
+                        if want.is_some() {
+                            model.remove(&(ns, h));
+                        }
+                    }
+                    Op::RemoveAt { ns, h, daemon } => {
+                        let removed = index.remove_at(&BlockKey::new(name(ns), hash(h)), daemon);
+                        let want = model.get(&(ns, h)).is_some_and(|m| m.daemon == daemon);
+                        prop_assert_eq!(removed, want);
+                        if want {
+                            model.remove(&(ns, h));
+                        }
+                    }
+                    Op::DaemonDied { daemon } => {
+                        let gone = index.remove_daemon(daemon);
+                        let before = model.len();
+                        model.retain(|_, m| m.daemon != daemon);
+                        prop_assert_eq!(gone, before - model.len());
+                    }
+                }
+                // Every key, and a chain per namespace, read as the model says.
+                for ns in 0..3u8 {
+                    let hashes: Vec<BlockHash> = (0..12).map(hash).collect();
+                    let want: Vec<Option<(u32, u32)>> = (0..12u8)
+                        .map(|h| model.get(&(ns, h)).filter(|m| m.visible).map(|m| (m.daemon, m.size)))
+                        .collect();
+                    let got: Vec<Option<(u32, u32)>> = index
+                        .lookup(&name(ns), &hashes)
+                        .into_iter()
+                        .map(|l| l.map(|l| (l.daemon, l.size)))
+                        .collect();
+                    prop_assert_eq!(&got, &want);
+                    let prefix = want.iter().take_while(|w| w.is_some()).count();
+                    prop_assert_eq!(index.match_prefix(&name(ns), &hashes).len(), prefix);
+                }
+                let st = index.stats();
+                prop_assert_eq!(st.visible as usize, model.values().filter(|m| m.visible).count());
+                prop_assert_eq!(st.pending as usize, model.values().filter(|m| !m.visible).count());
+                prop_assert_eq!(
+                    st.bytes,
+                    model.values().filter(|m| m.visible).map(|m| m.size as u64).sum::<u64>()
+                );
+            }
+        }
     }
 }

@@ -841,3 +841,164 @@ mod tests {
         assert_eq!(p.stats().blocks, 0);
     }
 }
+
+/// Properties of the pool under any sequence of operations: blocks never
+/// overlap, no byte leaks, capacity is never exceeded, and what is pinned or
+/// leased is never evicted.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use mooncake_proto::{BlockHash, Namespace};
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put {
+            key: u8,
+            len: u32,
+        },
+        /// A writer that reserves and vanishes before committing.
+        Abandon {
+            key: u8,
+            len: u32,
+        },
+        Remove {
+            key: u8,
+        },
+        Pin {
+            key: u8,
+        },
+        Unpin {
+            key: u8,
+        },
+        Lease {
+            key: u8,
+        },
+        Release {
+            nth: u8,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let key = 0u8..48;
+        let len = prop_oneof![1u32..300, 1u32..20_000, 20_000u32..70_000];
+        prop_oneof![
+            4 => (key.clone(), len.clone()).prop_map(|(key, len)| Op::Put { key, len }),
+            1 => (key.clone(), len).prop_map(|(key, len)| Op::Abandon { key, len }),
+            2 => key.clone().prop_map(|key| Op::Remove { key }),
+            1 => key.clone().prop_map(|key| Op::Pin { key }),
+            1 => key.clone().prop_map(|key| Op::Unpin { key }),
+            2 => key.prop_map(|key| Op::Lease { key }),
+            2 => any::<u8>().prop_map(|nth| Op::Release { nth }),
+        ]
+    }
+
+    fn key(i: u8) -> BlockKey {
+        BlockKey::new(
+            Namespace::new("prop").unwrap(),
+            BlockHash::from_opaque(&[i]),
+        )
+    }
+
+    /// The pool's own accounting agrees with its blocks.
+    fn check(pool: &DramPool) {
+        let inner = pool.inner.lock();
+        let mut spans: Vec<(u64, u64)> = inner
+            .blocks
+            .values()
+            .map(|b| b.alloc)
+            .chain(inner.doomed.values().map(|d| d.alloc))
+            .map(|a| (a.offset as u64, inner.alloc.allocation_size(a) as u64))
+            .collect();
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "blocks overlap: {w:?}");
+        }
+        let allocated: u64 = spans.iter().map(|(_, n)| n).sum();
+        assert_eq!(
+            allocated, inner.used_units,
+            "allocated units leak or double count"
+        );
+        assert!(
+            inner.used_units * UNIT <= pool.region.len() as u64,
+            "over capacity"
+        );
+        for (stamp, k) in &inner.lru {
+            let b = &inner.blocks[k];
+            assert!(
+                b.evictable() && b.stamp == *stamp,
+                "an unevictable block in the LRU"
+            );
+        }
+        let evictable = inner.blocks.values().filter(|b| b.evictable()).count();
+        assert_eq!(
+            evictable,
+            inner.lru.len(),
+            "an evictable block missing from the LRU"
+        );
+        let pinned = inner.blocks.values().filter(|b| b.pins > 0).count() as u64;
+        assert_eq!(pinned, inner.pinned);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn any_sequence_keeps_the_pool_consistent(ops in proptest::collection::vec(op(), 1..200)) {
+            let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
+            let mut leases: Vec<ReadLease> = Vec::new();
+            let mut pinned: std::collections::HashSet<u8> = Default::default();
+            for op in ops {
+                match op {
+                    Op::Put { key: k, len } => {
+                        let value = vec![k; len as usize];
+                        if let Ok(mut slot) = pool.reserve(key(k), len as u64, checksum(&value)) {
+                            slot.buf_mut().copy_from_slice(&value);
+                            slot.commit().unwrap();
+                        }
+                    }
+                    Op::Abandon { key: k, len } => {
+                        drop(pool.reserve(key(k), len as u64, 0));
+                    }
+                    Op::Remove { key: k } => {
+                        if pool.remove(&key(k)).is_ok() {
+                            pinned.remove(&k);
+                        }
+                    }
+                    Op::Pin { key: k } => {
+                        if !pinned.contains(&k) && pool.pin(&key(k)).is_ok() {
+                            pinned.insert(k);
+                        }
+                    }
+                    Op::Unpin { key: k } => {
+                        if pinned.remove(&k) {
+                            pool.unpin(&key(k)).unwrap();
+                        }
+                    }
+                    Op::Lease { key: k } => leases.extend(pool.get(&key(k))),
+                    Op::Release { nth } => {
+                        if !leases.is_empty() {
+                            let i = nth as usize % leases.len();
+                            leases.swap_remove(i);
+                        }
+                    }
+                }
+                check(&pool);
+                for k in &pinned {
+                    prop_assert!(pool.contains(&key(*k)), "pinned block {k} was evicted");
+                }
+                for lease in &leases {
+                    // A leased block's bytes stay in place, removed or not.
+                    prop_assert!(lease.verify(), "leased bytes changed under a reader");
+                }
+            }
+            drop(leases);
+            for k in 0..48 {
+                let _ = pool.unpin(&key(k));
+                let _ = pool.remove(&key(k));
+            }
+            check(&pool);
+            prop_assert_eq!(pool.stats().used, 0, "bytes leaked after everything was removed");
+        }
+    }
+}
