@@ -29,3 +29,6 @@ pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
 "${pip[@]}" maturin pytest numpy
 "${pip[@]}" ./client/python
 MOONCAKE_BIN="$CARGO_TARGET_DIR/debug/mooncake-store" "$VENV/bin/python" -m pytest -q client/python/tests
+
+# Every parser that reads the network or the disk, fuzzed for a bounded time.
+tools/fuzz.sh "${MOONCAKE_FUZZ_SECONDS:-20}"

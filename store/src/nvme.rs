@@ -91,6 +91,18 @@ fn parse_index_key(b: &[u8]) -> Option<BlockKey> {
     ))
 }
 
+/// An index entry read back from RocksDB: the block's key and record, or
+/// `None` for bytes that are not one (dropped on open, never trusted).
+fn decode_entry(key: &[u8], value: &[u8]) -> Option<(BlockKey, Record)> {
+    Some((parse_index_key(key)?, Record::decode(value)?))
+}
+
+/// What recovery makes of an index entry, for the fuzzer: the key, the
+/// offset, length and checksum, or `None`.
+pub fn decode_index_entry(key: &[u8], value: &[u8]) -> Option<(BlockKey, u64, u32, u64)> {
+    decode_entry(key, value).map(|(k, r)| (k, r.offset, r.len, r.checksum))
+}
+
 /// Free space of the device as extents (offset -> length), first fit,
 /// coalesced on free.
 #[derive(Debug, Default)]
@@ -199,8 +211,8 @@ impl NvmeTier {
         let mut dropped = Vec::new();
         for item in db.iterator(rocksdb::IteratorMode::Start) {
             let (k, v) = item?;
-            match (parse_index_key(&k), Record::decode(&v)) {
-                (Some(key), Some(rec)) if state.extents.claim(rec.offset, rec.extent()) => {
+            match decode_entry(&k, &v) {
+                Some((key, rec)) if state.extents.claim(rec.offset, rec.extent()) => {
                     state.clock += 1;
                     state.lru.insert(state.clock, key.clone());
                     state.blocks.insert(key, (rec, state.clock));
