@@ -62,6 +62,9 @@ pub struct ClientConfig {
     /// Block locations remembered, so that gets of known blocks skip the
     /// meta lookup (0 disables). Default 1M (about 100 MiB at most).
     pub location_cache: usize,
+    /// Token presented to servers that require authentication (its tenant
+    /// decides which namespaces this client may use). Default none.
+    pub token: Option<Arc<str>>,
 }
 
 impl ClientConfig {
@@ -75,7 +78,14 @@ impl ClientConfig {
             resolver: None,
             metrics: None,
             node: hostname(),
+            token: None,
         }
+    }
+
+    /// Authenticates with `token` (see `docs/security.md`).
+    pub fn with_token(mut self, token: impl Into<Arc<str>>) -> Self {
+        self.token = Some(token.into());
+        self
     }
 
     /// Records latency, hits and misses in `registry` (which the
@@ -100,6 +110,12 @@ impl ClientConfig {
         self.timeout = timeout;
         self
     }
+}
+
+/// A connection pool to `addr` with the client's limits and token.
+fn pool_for(cfg: &ClientConfig, addr: String, side: ErrorSource) -> ConnPool {
+    ConnPool::new(addr, side, cfg.connect_timeout, cfg.max_idle_per_peer)
+        .with_token(cfg.token.clone())
 }
 
 fn hostname() -> String {
@@ -166,11 +182,10 @@ impl Client {
     /// A client that connects lazily; see [`Client::connect`].
     pub fn new(cfg: ClientConfig) -> Self {
         let cfg_locations = cfg.location_cache;
-        let meta = RwLock::new(Arc::new(ConnPool::new(
+        let meta = RwLock::new(Arc::new(pool_for(
+            &cfg,
             cfg.meta_addr.clone(),
             ErrorSource::Meta,
-            cfg.connect_timeout,
-            cfg.max_idle_per_peer,
         )));
         Client {
             cfg,
@@ -920,12 +935,7 @@ impl Client {
         match resolver.resolve().await {
             Ok(addr) if addr != failed.addr() => {
                 tracing::info!(leader = %addr, "following the new meta leader");
-                *self.meta.write() = Arc::new(ConnPool::new(
-                    addr,
-                    ErrorSource::Meta,
-                    self.cfg.connect_timeout,
-                    self.cfg.max_idle_per_peer,
-                ));
+                *self.meta.write() = Arc::new(pool_for(&self.cfg, addr, ErrorSource::Meta));
             }
             Ok(_) => {
                 failed.clear();
@@ -973,12 +983,7 @@ impl Client {
             if known.get(&d.id).is_none_or(|p| p.addr() != d.addr) {
                 known.insert(
                     d.id,
-                    Arc::new(ConnPool::new(
-                        d.addr.clone(),
-                        ErrorSource::Daemon,
-                        self.cfg.connect_timeout,
-                        self.cfg.max_idle_per_peer,
-                    )),
+                    Arc::new(pool_for(&self.cfg, d.addr.clone(), ErrorSource::Daemon)),
                 );
             }
         }

@@ -100,6 +100,17 @@ impl Connection {
         self.writer.next_id == self.reader.next_id
     }
 
+    /// Presents a token (`Opcode::Auth`), as the first request on a
+    /// connection to a server that requires one.
+    pub async fn authenticate(&mut self, token: &str) -> Result<(), ClientError> {
+        let req = mooncake_proto::auth::AuthRequest {
+            token: token.to_string(),
+        };
+        self.call::<mooncake_proto::message::Empty>(Opcode::Auth, &req, "auth")
+            .await
+            .map(|_| ())
+    }
+
     /// One request, one response, for control messages.
     pub async fn call<Resp: Body>(
         &mut self,

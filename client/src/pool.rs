@@ -2,6 +2,7 @@
 //! when its last call finished cleanly; one dropped mid-call (a deadline, an
 //! error) is closed, so a pooled connection never holds a stale response.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -14,6 +15,7 @@ pub struct ConnPool {
     side: ErrorSource,
     connect_timeout: Duration,
     max_idle: usize,
+    token: Option<Arc<str>>,
     idle: Mutex<Vec<Connection>>,
 }
 
@@ -29,8 +31,16 @@ impl ConnPool {
             side,
             connect_timeout,
             max_idle,
+            token: None,
             idle: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Presents `token` on every new connection (servers that require
+    /// authentication refuse anything else).
+    pub fn with_token(mut self, token: Option<Arc<str>>) -> Self {
+        self.token = token;
+        self
     }
 
     pub fn addr(&self) -> &str {
@@ -42,7 +52,10 @@ impl ConnPool {
         if let Some(conn) = self.idle.lock().pop() {
             return Ok((conn, true));
         }
-        let conn = Connection::connect(&self.addr, self.side, self.connect_timeout).await?;
+        let mut conn = Connection::connect(&self.addr, self.side, self.connect_timeout).await?;
+        if let Some(token) = &self.token {
+            conn.authenticate(token).await?;
+        }
         Ok((conn, false))
     }
 

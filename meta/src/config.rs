@@ -27,6 +27,14 @@ pub struct MetaConfig {
     pub max_connections: usize,
     /// Longest time one request may take once its header arrived. Default 10s.
     pub request_timeout: HumanDuration,
+    /// Token file (`docs/security.md`): when set, every connection must
+    /// present a token listed there; clients may use only their tenant's
+    /// namespaces, daemons need a `cluster` token. Default none: no
+    /// authentication (loopback and trusted networks only).
+    pub auth: Option<std::path::PathBuf>,
+    /// This replica's own token (role `cluster`), presented to daemons
+    /// that require authentication. Default none.
+    pub token: Option<String>,
 }
 
 impl Default for MetaConfig {
@@ -39,6 +47,8 @@ impl Default for MetaConfig {
             put_timeout: HumanDuration(Duration::from_secs(30)),
             max_connections: 4096,
             request_timeout: HumanDuration(Duration::from_secs(10)),
+            auth: None,
+            token: None,
         }
     }
 }
@@ -54,7 +64,18 @@ impl MetaConfig {
         if self.max_connections == 0 {
             return Err("max_connections must be at least 1".into());
         }
+        self.tokens()?;
         Ok(())
+    }
+
+    /// The token table `auth` names, read now; `None` without one.
+    pub fn tokens(
+        &self,
+    ) -> Result<Option<std::sync::Arc<mooncake_proto::auth::TokenTable>>, String> {
+        self.auth
+            .as_deref()
+            .map(|p| mooncake_proto::auth::TokenTable::load(p).map(std::sync::Arc::new))
+            .transpose()
     }
 }
 

@@ -95,7 +95,7 @@ pub fn serve(
         leadership.revision,
         coordinator,
         stop.clone(),
-    ));
+    )?);
     metrics.set_term(&state);
     let tasks = vec![
         tokio::spawn(async move {

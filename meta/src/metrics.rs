@@ -33,7 +33,7 @@ const OPS: [Opcode; 14] = [
     Opcode::Inventory,
     Opcode::Drain,
 ];
-const CODES: usize = 15;
+const CODES: usize = ErrorCode::COUNT;
 /// Operations timed in a histogram.
 const TIMED: [Opcode; 4] = [
     Opcode::PutStart,

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooncake_client::{ConnPool, ErrorSource};
+use mooncake_proto::auth::{AuthRequest, Gate, Identity, TokenTable};
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::{
     Body, ClusterStats, Empty, EventsRequest, HeartbeatRequest, InventoryRequest, KeyRequest,
     KeysRequest, ListRequest, ListResponse, Locations, PinRequest, PutCommitRequest,
     PutStartRequest, PutStartResponse, RegisterRequest, RegisterResponse, Slot, Statuses,
 };
-use mooncake_proto::{BlockKey, ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
+use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, ProtoError, HEADER_LEN};
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
@@ -43,6 +44,10 @@ pub struct State {
     coordinator: Arc<dyn Coordinator>,
     /// Cancelled when the term ends.
     stop: CancellationToken,
+    /// Tokens accepted from clients and daemons; `None`: no authentication.
+    tokens: Option<Arc<TokenTable>>,
+    /// Presented to daemons that require authentication.
+    token: Option<Arc<str>>,
 }
 
 impl State {
@@ -52,8 +57,8 @@ impl State {
         revision: u64,
         coordinator: Arc<dyn Coordinator>,
         stop: CancellationToken,
-    ) -> Self {
-        State {
+    ) -> Result<Self, crate::MetaError> {
+        Ok(State {
             index: Index::new(),
             daemons: Daemons::default(),
             daemon_ttl: cfg.daemon_ttl.0,
@@ -63,7 +68,9 @@ impl State {
             revision,
             coordinator,
             stop,
-        }
+            tokens: cfg.tokens().map_err(crate::MetaError::Config)?,
+            token: cfg.token.as_deref().map(Arc::from),
+        })
     }
 
     pub fn revision(&self) -> u64 {
@@ -98,12 +105,10 @@ impl State {
             links
                 .entry(daemon)
                 .or_insert_with(|| {
-                    Arc::new(ConnPool::new(
-                        addr,
-                        ErrorSource::Daemon,
-                        DAEMON_CALL_TIMEOUT,
-                        4,
-                    ))
+                    Arc::new(
+                        ConnPool::new(addr, ErrorSource::Daemon, DAEMON_CALL_TIMEOUT, 4)
+                            .with_token(self.token.clone()),
+                    )
                 })
                 .clone()
         };
@@ -213,6 +218,7 @@ async fn serve(
     let (rd, wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
     let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
+    let mut gate = Gate::new(state.tokens.clone());
     loop {
         if rd.buffer().len() < HEADER_LEN {
             wr.flush().await?;
@@ -245,10 +251,25 @@ async fn serve(
                 return Err(err.into());
             }
         };
+        let who = match gate.admit(header.opcode) {
+            _ if header.opcode == Opcode::Auth => None,
+            Ok(who) => Some(who.clone()),
+            Err(code) => {
+                // No token yet, or not the role: answer and close.
+                wr.write_all(&Header::error_reply(&raw, code as u16))
+                    .await?;
+                wr.flush().await?;
+                metrics.record(header.opcode, code, 0.0);
+                return Ok(());
+            }
+        };
         let answer = async {
             let mut body = vec![0u8; header.body_len as usize];
             rd.read_exact(&mut body).await?;
-            Ok::<_, ConnError>(dispatch(state, metrics, header.opcode, &body).await)
+            Ok::<_, ConnError>(match &who {
+                Some(who) => dispatch(state, metrics, header.opcode, &body, who).await,
+                None => authenticate(&mut gate, &body),
+            })
         };
         let started = Instant::now();
         let (code, reply) = match tokio::time::timeout(request_timeout, answer).await {
@@ -272,11 +293,33 @@ async fn serve(
         );
         wr.write_all(&h.encode()).await?;
         wr.write_all(&reply).await?;
+        if header.opcode == Opcode::Auth && code != ErrorCode::Ok {
+            // A wrong token: no second try on this connection.
+            wr.flush().await?;
+            return Ok(());
+        }
+    }
+}
+
+fn authenticate(gate: &mut Gate, body: &[u8]) -> Result<Vec<u8>, Failure> {
+    let req = AuthRequest::from_bytes(body)?;
+    match gate.present(&req.token) {
+        ErrorCode::Ok => Ok(Vec::new()),
+        code => Err(Failure::Code(code)),
+    }
+}
+
+/// `Unauthorized` unless `who` may use blocks of `ns`.
+fn owns(who: &Identity, ns: &Namespace) -> Result<(), Failure> {
+    if who.may_use(ns) {
+        Ok(())
+    } else {
+        Err(Failure::Code(ErrorCode::Unauthorized))
     }
 }
 
 fn is_data_plane(op: Opcode) -> bool {
-    (op as u8) < 0x20 && op != Opcode::Ping
+    (op as u8) < 0x20 && op != Opcode::Ping && op != Opcode::Auth
 }
 
 enum Failure {
@@ -297,6 +340,7 @@ async fn dispatch(
     metrics: &MetaMetrics,
     op: Opcode,
     body: &[u8],
+    who: &Identity,
 ) -> Result<Vec<u8>, Failure> {
     let now = Instant::now();
     Ok(match op {
@@ -307,9 +351,14 @@ async fn dispatch(
             }
             .to_bytes()
         }
-        Opcode::PutStart => put_start(state, PutStartRequest::from_bytes(body)?, now).to_bytes(),
+        Opcode::PutStart => {
+            let req = PutStartRequest::from_bytes(body)?;
+            owns(who, &req.namespace)?;
+            put_start(state, req, now).to_bytes()
+        }
         Opcode::PutCommit => {
             let req = PutCommitRequest::from_bytes(body)?;
+            owns(who, &req.namespace)?;
             let codes = req
                 .items
                 .iter()
@@ -319,6 +368,7 @@ async fn dispatch(
         }
         Opcode::Lookup => {
             let req = KeysRequest::from_bytes(body)?;
+            owns(who, &req.namespace)?;
             let items = state.index.lookup(&req.namespace, &req.hashes);
             let hits = items.iter().flatten().count() as u64;
             metrics.lookup_hits.inc_by(hits);
@@ -327,6 +377,7 @@ async fn dispatch(
         }
         Opcode::MatchPrefix => {
             let req = KeysRequest::from_bytes(body)?;
+            owns(who, &req.namespace)?;
             let items = state.index.match_prefix(&req.namespace, &req.hashes);
             metrics.match_hits.inc_by(items.len() as u64);
             metrics
@@ -336,6 +387,7 @@ async fn dispatch(
         }
         Opcode::MetaRemove => {
             let req = KeysRequest::from_bytes(body)?;
+            owns(who, &req.namespace)?;
             let removed = state.index.remove(&req.namespace, &req.hashes);
             let mut codes = Vec::with_capacity(removed.len());
             for (hash, daemon) in req.hashes.iter().zip(removed) {
@@ -357,6 +409,7 @@ async fn dispatch(
         Opcode::MetaPin => {
             let req = PinRequest::from_bytes(body)?;
             let ns = &req.keys.namespace;
+            owns(who, ns)?;
             let locations = state.index.lookup(ns, &req.keys.hashes);
             let op = if req.pin { Opcode::Pin } else { Opcode::Unpin };
             let mut codes = Vec::with_capacity(locations.len());
@@ -389,6 +442,12 @@ async fn dispatch(
         }
         Opcode::List => {
             let req = ListRequest::from_bytes(body)?;
+            match &req.namespace {
+                Some(ns) => owns(who, ns)?,
+                // Every namespace: not for a tenant.
+                None if who.tenant.is_some() => return Err(Failure::Code(ErrorCode::Unauthorized)),
+                None => {}
+            }
             let limit = (req.limit as usize).clamp(1, MAX_BATCH);
             let filter = ListFilter {
                 prefix: &req.prefix,
@@ -458,7 +517,8 @@ async fn dispatch(
         | Opcode::Unpin
         | Opcode::DaemonStats
         | Opcode::Verify
-        | Opcode::Evict => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
+        | Opcode::Evict
+        | Opcode::Auth => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
     })
 }
 

@@ -37,6 +37,15 @@ pub enum ErrorCode {
     NoReservation = 13,
     /// An invariant broke inside the server.
     Internal = 14,
+    /// No valid token was presented, or its identity may not do this (its
+    /// tenant does not own the namespace, or the operation needs a role
+    /// it does not have).
+    Unauthorized = 15,
+}
+
+impl ErrorCode {
+    /// How many codes there are (for tables indexed by code).
+    pub const COUNT: usize = 16;
 }
 
 impl ErrorCode {
@@ -60,6 +69,7 @@ impl ErrorCode {
             12 => Unavailable,
             13 => NoReservation,
             14 => Internal,
+            15 => Unauthorized,
             _ => return None,
         })
     }
@@ -98,6 +108,7 @@ impl ErrorCode {
             Unavailable => "unavailable",
             NoReservation => "no_reservation",
             Internal => "internal",
+            Unauthorized => "unauthorized",
         }
     }
 }
@@ -146,11 +157,11 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_unknown_codes_are_rejected() {
-        for raw in 0..=14u16 {
+        for raw in 0..ErrorCode::COUNT as u16 {
             let code = ErrorCode::from_u16(raw).expect("known code");
             assert_eq!(code as u16, raw);
         }
-        assert_eq!(ErrorCode::from_u16(15), None);
+        assert_eq!(ErrorCode::from_u16(ErrorCode::COUNT as u16), None);
     }
 
     #[test]

@@ -65,6 +65,9 @@ opcodes! {
     Verify = 0x08,
     /// Evict the coldest blocks now, up to a number of bytes (admin).
     Evict = 0x09,
+    /// Presents a token; the first request on a connection to a server
+    /// that requires authentication (served by daemons and meta alike).
+    Auth = 0x0A,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).

@@ -6,6 +6,7 @@
 //! Parsing is pure (byte slices in, typed values out), so that the daemon,
 //! the meta service, the client SDK and the fuzzers all share one parser.
 
+pub mod auth;
 pub mod checksum;
 pub mod codec;
 pub mod error;

@@ -59,6 +59,14 @@ pub struct DaemonConfig {
     pub promote_after: u32,
     /// Meta service to register with. Default none (a standalone daemon).
     pub meta: Option<String>,
+    /// Token file (`docs/security.md`): when set, every connection must
+    /// present a token listed there, and may use only its tenant's
+    /// namespaces. Default none: no authentication (loopback and trusted
+    /// networks only).
+    pub auth: Option<std::path::PathBuf>,
+    /// This daemon's own token (role `cluster`), presented to the meta
+    /// service when it requires authentication. Default none.
+    pub token: Option<String>,
     /// How often to report to the meta service. Default 1s.
     pub heartbeat_interval: HumanDuration,
 }
@@ -84,6 +92,8 @@ impl Default for DaemonConfig {
             nvme_depth: 32,
             promote_after: 2,
             meta: None,
+            auth: None,
+            token: None,
             heartbeat_interval: HumanDuration(Duration::from_secs(1)),
         }
     }
@@ -162,7 +172,18 @@ impl DaemonConfig {
             max_connections: self.max_connections,
             request_timeout: self.request_timeout.0,
             verify_on_read: self.verify_on_read,
+            tokens: None,
         }
+    }
+
+    /// The token table `auth` names, read now; `None` without one.
+    pub fn tokens(
+        &self,
+    ) -> Result<Option<std::sync::Arc<mooncake_proto::auth::TokenTable>>, String> {
+        self.auth
+            .as_deref()
+            .map(|p| mooncake_proto::auth::TokenTable::load(p).map(std::sync::Arc::new))
+            .transpose()
     }
 }
 

@@ -149,7 +149,10 @@ pub async fn start(
     let mut tasks = vec![tokio::spawn(server::run(
         listener,
         tiers.clone(),
-        config.server(),
+        server::ServerConfig {
+            tokens: config.tokens().map_err(DaemonError::Config)?,
+            ..config.server()
+        },
         metrics,
         shutdown.child_token(),
     ))];
@@ -169,6 +172,7 @@ pub async fn start(
                 node: config.node.clone(),
                 advertise,
                 interval: config.heartbeat_interval.0,
+                token: config.token.clone(),
             },
             tiers.clone(),
             shutdown.child_token(),

@@ -35,6 +35,8 @@ pub struct LinkConfig {
     pub node: String,
     pub advertise: String,
     pub interval: Duration,
+    /// Presented to a meta service that requires authentication.
+    pub token: Option<String>,
 }
 
 pub async fn run(cfg: LinkConfig, tiers: Arc<Tiers>, shutdown: CancellationToken) {
@@ -100,6 +102,9 @@ async fn session(
     let deadline = cfg.interval.max(Duration::from_secs(1)) * 3;
     let addr = meta_addr(&cfg.target).await?;
     let mut conn = Connection::connect(&addr, ErrorSource::Meta, deadline).await?;
+    if let Some(token) = &cfg.token {
+        with_deadline(deadline, conn.authenticate(token)).await?;
+    }
     let register = RegisterRequest {
         node: cfg.node.clone(),
         addr: cfg.advertise.clone(),

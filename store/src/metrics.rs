@@ -26,7 +26,7 @@ const OPS: [Opcode; 9] = [
     Opcode::Verify,
     Opcode::Evict,
 ];
-const CODES: usize = 15;
+const CODES: usize = ErrorCode::COUNT;
 
 pub struct DaemonMetrics {
     requests: Vec<IntCounter>,

@@ -6,6 +6,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mooncake_proto::auth::{AuthRequest, Gate, Identity, TokenTable};
 use mooncake_proto::message::{Body, KeyRequest, PutHead};
 use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
@@ -23,6 +24,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     pub request_timeout: Duration,
     pub verify_on_read: bool,
+    /// Tokens accepted; `None`: no authentication.
+    pub tokens: Option<Arc<TokenTable>>,
 }
 
 /// Why a connection was closed by the server.
@@ -99,6 +102,7 @@ async fn serve(
     let (rd, wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
     let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
+    let mut gate = Gate::new(cfg.tokens.clone());
     loop {
         // Answers are batched while more requests are already buffered.
         if rd.buffer().len() < HEADER_LEN {
@@ -124,11 +128,37 @@ async fn serve(
             }
             Err(err) => return Err(reject(&mut wr, &raw, err).await),
         };
+        if header.opcode == Opcode::Auth {
+            let req: AuthRequest = match read_body(header, &mut rd).await {
+                Ok(r) => r,
+                Err(ConnError::Protocol(err)) => return Err(reject(&mut wr, &raw, err).await),
+                Err(err) => return Err(err),
+            };
+            let code = gate.present(&req.token);
+            reply(&mut wr, header, code, &[]).await?;
+            metrics.record(header.opcode, code, 0.0);
+            if code != ErrorCode::Ok {
+                wr.flush().await?;
+                return Err(ConnError::Refused(code));
+            }
+            continue;
+        }
+        let who = match gate.admit(header.opcode) {
+            Ok(who) => who,
+            Err(code) => {
+                // No token yet, or not the role: answer and close.
+                wr.write_all(&Header::error_reply(&raw, code as u16))
+                    .await?;
+                wr.flush().await?;
+                metrics.record(header.opcode, code, 0.0);
+                return Err(ConnError::Refused(code));
+            }
+        };
         let started = Instant::now();
         metrics.in_flight.inc();
         let handled = tokio::time::timeout(
             cfg.request_timeout,
-            handle(header, &mut rd, &mut wr, tiers, cfg, metrics),
+            handle(header, &mut rd, &mut wr, tiers, cfg, metrics, who),
         )
         .await;
         metrics.in_flight.dec();
@@ -164,6 +194,7 @@ async fn handle<R, W>(
     tiers: &Arc<Tiers>,
     cfg: &ServerConfig,
     metrics: &DaemonMetrics,
+    who: &Identity,
 ) -> Result<ErrorCode, ConnError>
 where
     R: AsyncRead + Unpin,
@@ -171,13 +202,21 @@ where
 {
     let pool = &tiers.dram;
     match header.opcode {
-        Opcode::Put => handle_put(header, rd, wr, tiers, metrics, cfg.request_timeout / 2).await,
+        Opcode::Put => {
+            handle_put(header, rd, wr, tiers, metrics, cfg.request_timeout / 2, who).await
+        }
         Opcode::Get => {
             let req: KeyRequest = read_body(header, rd).await?;
+            if !who.may_use(&req.key.namespace) {
+                return reply(wr, header, ErrorCode::Unauthorized, &[]).await;
+            }
             handle_get(header, req, wr, tiers, cfg.verify_on_read, metrics).await
         }
         Opcode::Verify => {
             let req: KeyRequest = read_body(header, rd).await?;
+            if !who.may_use(&req.key.namespace) {
+                return reply(wr, header, ErrorCode::Unauthorized, &[]).await;
+            }
             let code = match pool.get(&req.key) {
                 None => ErrorCode::NotFound,
                 Some(lease) if lease.verify() => ErrorCode::Ok,
@@ -197,6 +236,9 @@ where
         }
         Opcode::Remove | Opcode::Pin | Opcode::Unpin => {
             let req: KeyRequest = read_body(header, rd).await?;
+            if !who.may_use(&req.key.namespace) {
+                return reply(wr, header, ErrorCode::Unauthorized, &[]).await;
+            }
             let result = match header.opcode {
                 Opcode::Remove => {
                     if tiers.remove(&req.key) {
@@ -257,6 +299,7 @@ async fn handle_put<R, W>(
     tiers: &Tiers,
     metrics: &DaemonMetrics,
     backpressure: Duration,
+    who: &Identity,
 ) -> Result<ErrorCode, ConnError>
 where
     R: AsyncRead + Unpin,
@@ -276,6 +319,10 @@ where
     rd.read_exact(&mut head[2..2 + rest]).await?;
     let put = PutHead::from_bytes(&head[..2 + rest])?;
     let value_len = body_len - 2 - rest;
+    if !who.may_use(&put.key.namespace) {
+        discard(rd, value_len).await?;
+        return reply(wr, header, ErrorCode::Unauthorized, &[]).await;
+    }
     let pool = &tiers.dram;
     let reserved = {
         let _gate = tiers.room_to_demote(value_len as u64, backpressure).await;

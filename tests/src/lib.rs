@@ -15,6 +15,8 @@ pub struct TestCluster {
     pub meta_addr: String,
     pub daemons: Vec<TestDaemon>,
     pub shutdown: CancellationToken,
+    /// Presented by `client()`, when the cluster requires authentication.
+    pub token: Option<Arc<str>>,
 }
 
 pub struct TestDaemon {
@@ -47,6 +49,16 @@ impl TestCluster {
     }
 
     pub async fn start_with(meta: MetaConfig, daemons: Vec<DaemonConfig>) -> TestCluster {
+        Self::start_as(meta, daemons, None).await
+    }
+
+    /// A cluster whose own clients (`client()`, the readiness checks)
+    /// present `token`, for servers that require authentication.
+    pub async fn start_as(
+        meta: MetaConfig,
+        daemons: Vec<DaemonConfig>,
+        token: Option<&str>,
+    ) -> TestCluster {
         let shutdown = CancellationToken::new();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let handle = mooncake_meta::start(
@@ -62,6 +74,7 @@ impl TestCluster {
             meta_addr: handle.addr.to_string(),
             daemons: Vec::new(),
             shutdown,
+            token: token.map(Arc::from),
         };
         for cfg in daemons {
             cluster.add_daemon(cfg).await;
@@ -101,7 +114,9 @@ impl TestCluster {
     }
 
     pub fn client_with_timeout(&self, timeout: Duration) -> Client {
-        Client::new(ClientConfig::new(self.meta_addr.clone()).with_timeout(timeout))
+        let mut cfg = ClientConfig::new(self.meta_addr.clone()).with_timeout(timeout);
+        cfg.token = self.token.clone();
+        Client::new(cfg)
     }
 
     pub fn daemon_addr(&self, i: usize) -> String {

@@ -1,0 +1,215 @@
+//! Authentication and tenants: with a token file, nothing is served before
+//! a valid token, each tenant's clients use only their own namespaces (at
+//! the meta service and straight at the daemons alike), operator calls need
+//! the admin role, and a daemon without a cluster token cannot join.
+
+use std::time::Duration;
+
+use mooncake_client::{
+    Client, ClientConfig, ClientError, Connection, ErrorSource, GetOutcome, PutOutcome,
+};
+use mooncake_proto::auth::token_digest;
+use mooncake_proto::message::{Empty, KeyRequest, ListRequest};
+use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
+use mooncake_tests::{daemon_config, fast_meta, TestCluster};
+
+const ACME: &str = "acme-token";
+const GLOBEX: &str = "globex-token";
+const CLUSTER: &str = "cluster-token";
+const ADMIN: &str = "admin-token";
+
+fn token_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let entry = |name: &str, token: &str, role: &str, tenant: Option<&str>| {
+        let tenant = tenant.map_or(String::new(), |t| format!("tenant = \"{t}\"\n"));
+        format!(
+            "[[tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\nrole = \"{role}\"\n{tenant}",
+            token_digest(token)
+        )
+    };
+    let text = [
+        entry("acme-workers", ACME, "client", Some("acme")),
+        entry("globex-workers", GLOBEX, "client", Some("globex")),
+        entry("storage", CLUSTER, "cluster", None),
+        entry("ops", ADMIN, "admin", None),
+    ]
+    .join("\n");
+    let path = dir.join("tokens.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn secured() -> (TestCluster, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "mooncake-auth-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = token_file(&dir);
+    let mut meta = fast_meta();
+    meta.auth = Some(tokens.clone());
+    meta.token = Some(CLUSTER.into());
+    let mut daemon = daemon_config(32 << 20);
+    daemon.auth = Some(tokens.clone());
+    daemon.token = Some(CLUSTER.into());
+    let cluster = TestCluster::start_as(meta, vec![daemon], Some(ADMIN)).await;
+    (cluster, dir)
+}
+
+fn client(cluster: &TestCluster, token: Option<&str>) -> Client {
+    let mut cfg = ClientConfig::new(cluster.meta_addr.clone()).with_timeout(Duration::from_secs(5));
+    if let Some(t) = token {
+        cfg = cfg.with_token(t);
+    }
+    Client::new(cfg)
+}
+
+fn ns(name: &str) -> Namespace {
+    Namespace::new(name).unwrap()
+}
+
+fn unauthorized<T: std::fmt::Debug>(result: Result<T, ClientError>) -> bool {
+    matches!(
+        result,
+        Err(ClientError::Server {
+            code: ErrorCode::Unauthorized,
+            ..
+        })
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_served_without_a_valid_token() {
+    let (cluster, dir) = secured().await;
+    let h = [BlockHash::from_opaque(b"k")];
+    assert!(unauthorized(
+        client(&cluster, None).exists(&ns("acme"), &h).await
+    ));
+    assert!(unauthorized(
+        client(&cluster, Some("wrong"))
+            .exists(&ns("acme"), &h)
+            .await
+    ));
+    // Straight at the daemon, without a token: refused before any work.
+    let mut conn = Connection::connect(
+        &cluster.daemon_addr(0),
+        ErrorSource::Daemon,
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    let req = KeyRequest {
+        key: BlockKey::new(ns("acme"), h[0]),
+    };
+    assert!(unauthorized(
+        conn.call::<Empty>(Opcode::Remove, &req, "remove").await
+    ));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_can_neither_read_nor_write_nor_probe_each_other() {
+    let (cluster, dir) = secured().await;
+    let acme = client(&cluster, Some(ACME));
+    let globex = client(&cluster, Some(GLOBEX));
+    let h = [BlockHash::from_opaque(b"system-prompt")];
+    let secret = b"acme's KV block".to_vec();
+    assert_eq!(
+        acme.put(&ns("acme/llama"), &[(h[0], &secret)])
+            .await
+            .unwrap(),
+        vec![PutOutcome::Stored]
+    );
+    assert!(acme.exists(&ns("acme/llama"), &h).await.unwrap()[0]);
+
+    // Globex names acme's namespace: refused everywhere, not a miss (a miss
+    // would tell whether acme has the prefix cached).
+    assert!(unauthorized(globex.exists(&ns("acme/llama"), &h).await));
+    assert!(unauthorized(
+        globex.match_prefix(&ns("acme/llama"), &h).await
+    ));
+    let mut buf = [0u8; 64];
+    assert!(unauthorized(
+        globex
+            .get_into(&ns("acme/llama"), &h, &mut [&mut buf[..]])
+            .await
+    ));
+    assert!(unauthorized(
+        globex.put(&ns("acme/llama"), &[(h[0], b"poison")]).await
+    ));
+    assert!(unauthorized(globex.remove(&ns("acme/llama"), &h).await));
+    assert!(unauthorized(
+        globex
+            .list(&ListRequest {
+                namespace: None,
+                after: None,
+                prefix: vec![],
+                daemon: 0,
+                limit: 10
+            })
+            .await
+    ));
+
+    // Straight at the daemon with the key in hand: refused too.
+    let mut conn = Connection::connect(
+        &cluster.daemon_addr(0),
+        ErrorSource::Daemon,
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    conn.authenticate(GLOBEX).await.unwrap();
+    let req = KeyRequest {
+        key: BlockKey::new(ns("acme/llama"), h[0]),
+    };
+    assert!(unauthorized(
+        conn.call::<Empty>(Opcode::Remove, &req, "remove").await
+    ));
+
+    // Globex's own namespace works, and the same hash there is a different
+    // block: acme's bytes never come back to it.
+    assert!(!globex.exists(&ns("globex"), &h).await.unwrap()[0]);
+    globex
+        .put(&ns("globex"), &[(h[0], b"globex's own")])
+        .await
+        .unwrap();
+    let got = acme
+        .get_into(&ns("acme/llama"), &h, &mut [&mut buf[..]])
+        .await
+        .unwrap();
+    assert_eq!(got, vec![GetOutcome::Hit(secret.len())]);
+    assert_eq!(&buf[..secret.len()], &secret[..]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_calls_need_the_admin_role_and_daemons_a_cluster_token() {
+    let (mut cluster, dir) = secured().await;
+    let acme = client(&cluster, Some(ACME));
+    let admin = client(&cluster, Some(ADMIN));
+    let daemon = admin.cluster_stats().await.unwrap().daemons[0].id;
+    assert!(unauthorized(acme.drain(daemon, true).await));
+    admin.drain(daemon, true).await.unwrap();
+    admin.drain(daemon, false).await.unwrap();
+
+    // A daemon whose token is not a cluster token never joins.
+    let mut rogue = daemon_config(8 << 20);
+    rogue.auth = Some(dir.join("tokens.toml"));
+    rogue.token = Some(ACME.into());
+    let stop = cluster.shutdown.child_token();
+    rogue.meta = Some(cluster.meta_addr.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rogue_addr = listener.local_addr().unwrap().to_string();
+    let _handle = mooncake_daemon::start(rogue, listener, None, &prometheus::Registry::new(), stop)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = admin.cluster_stats().await.unwrap();
+    assert!(
+        st.daemons.iter().all(|d| d.addr != rogue_addr),
+        "a client token registered a daemon"
+    );
+    assert_eq!(st.daemons.len(), 1);
+    cluster.daemons.truncate(1);
+    let _ = std::fs::remove_dir_all(dir);
+}
