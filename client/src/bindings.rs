@@ -42,18 +42,22 @@ pub mod status {
     pub const INVALID_KEY: i64 = -400;
     pub const WRITE_FAIL: i64 = -500;
     pub const INVALID_PARAMS: i64 = -600;
+    /// The caller may not do this (no valid token, or another tenant's
+    /// namespace).
+    pub const ILLEGAL_CLIENT: i64 = -601;
     pub const OBJECT_NOT_FOUND: i64 = -704;
     pub const TRANSFER_FAIL: i64 = -800;
     pub const RPC_FAIL: i64 = -900;
 
     /// Every code with its name, for bindings that export them.
-    pub const NAMED: [(&str, i64); 9] = [
+    pub const NAMED: [(&str, i64); 10] = [
         ("OK", OK),
         ("INTERNAL_ERROR", INTERNAL_ERROR),
         ("NO_AVAILABLE_HANDLE", NO_AVAILABLE_HANDLE),
         ("INVALID_KEY", INVALID_KEY),
         ("WRITE_FAIL", WRITE_FAIL),
         ("INVALID_PARAMS", INVALID_PARAMS),
+        ("ILLEGAL_CLIENT", ILLEGAL_CLIENT),
         ("OBJECT_NOT_FOUND", OBJECT_NOT_FOUND),
         ("TRANSFER_FAIL", TRANSFER_FAIL),
         ("RPC_FAIL", RPC_FAIL),
@@ -70,6 +74,7 @@ pub mod status {
                 TRANSFER_FAIL
             }
             ErrorCode::Timeout | ErrorCode::Unavailable => RPC_FAIL,
+            ErrorCode::Unauthorized => ILLEGAL_CLIENT,
             _ => INTERNAL_ERROR,
         }
     }

@@ -80,6 +80,9 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
     let meta_addr = client.config().meta_addr.clone();
     let mut conn =
         Connection::connect(&meta_addr, ErrorSource::Meta, Duration::from_secs(2)).await?;
+    if let Some(token) = &client.config().token {
+        conn.authenticate(token).await?;
+    }
     let start = Instant::now();
     for chain in chains.iter() {
         let req = PutStartRequest {

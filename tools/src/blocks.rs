@@ -92,7 +92,10 @@ pub struct LsArgs {
 /// A client of the store `target` names: a fixed meta address, or the
 /// leader found (and followed) through etcd.
 pub async fn client(target: &Target) -> Result<Client, Failure> {
-    let cfg = ClientConfig::new(target.meta.clone()).with_timeout(target.timeout);
+    let mut cfg = ClientConfig::new(target.meta.clone()).with_timeout(target.timeout);
+    if let Some(token) = &target.token {
+        cfg = cfg.with_token(token.as_str());
+    }
     if target.etcd.is_empty() {
         return Ok(Client::new(cfg));
     }

@@ -16,6 +16,7 @@ mod replay;
 mod serve;
 mod simulate;
 mod svg;
+mod token;
 mod trace;
 
 use std::time::Duration;
@@ -56,6 +57,10 @@ pub struct Target {
     /// (instead of --meta).
     #[arg(long, env = "MOONCAKE_ETCD", value_delimiter = ',', global = true)]
     etcd: Vec<String>,
+    /// Token for a store that requires authentication (`token new` makes
+    /// one); its tenant decides which namespaces this command may use.
+    #[arg(long, env = "MOONCAKE_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -101,6 +106,9 @@ enum Command {
     /// Show the configuration.
     #[command(subcommand)]
     Config(config::ConfigCommand),
+    /// Make tokens for a store that requires authentication.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
 }
 
 fn main() {
@@ -144,6 +152,7 @@ fn main() {
             Command::Replay(a) => replay::run(a).await,
             Command::Simulate(a) => simulate::run(a),
             Command::Config(c) => config::run(c),
+            Command::Token(c) => token::run(c),
         }
     });
     if let Err(failure) = result {

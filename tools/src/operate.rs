@@ -90,6 +90,9 @@ pub async fn evict(args: EvictArgs) -> Result<(), Failure> {
     let client = client(&args.target).await?;
     let (id, addr) = find_daemon(&client, &args.daemon).await?;
     let mut conn = Connection::connect(&addr, ErrorSource::Daemon, Duration::from_secs(2)).await?;
+    if let Some(token) = &client.config().token {
+        conn.authenticate(token).await?;
+    }
     let request = EvictRequest {
         bytes: args.bytes.0,
     };

@@ -80,6 +80,12 @@ pub struct MetaArgs {
     /// Admin address (/metrics, /health); "" for none.
     #[arg(long)]
     admin: Option<String>,
+    /// Token file: require a token on every connection (docs/security.md).
+    #[arg(long)]
+    auth: Option<PathBuf>,
+    /// This replica's token (role cluster), for daemons that require one.
+    #[arg(long, env = "MOONCAKE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[arg(long)]
     config: Option<PathBuf>,
     /// Control address.
@@ -97,6 +103,13 @@ pub struct DaemonArgs {
     /// Admin address (/metrics, /health); "" for none.
     #[arg(long)]
     admin: Option<String>,
+    /// Token file: require a token on every connection (docs/security.md).
+    #[arg(long)]
+    auth: Option<PathBuf>,
+    /// This daemon's token (role cluster), for a meta service that
+    /// requires one.
+    #[arg(long, env = "MOONCAKE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[arg(long)]
     config: Option<PathBuf>,
     /// Meta service to register with (without --etcd).
@@ -231,6 +244,14 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
     if let Some(a) = args.admin {
         cfg.admin = a;
     }
+    if args.auth.is_some() {
+        cfg.auth = args.auth;
+    }
+    if args.token.is_some() {
+        cfg.token = args.token;
+    }
+    cfg.validate()
+        .map_err(|e| Failure::usage(format!("[meta] {e}")))?;
     let stop = stop_on_signal();
     let registry = Registry::new();
     let Some(etcd) = args.etcd.connect().await? else {
@@ -334,6 +355,12 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     }
     if !args.nvme.is_empty() {
         cfg.nvme = args.nvme;
+    }
+    if args.auth.is_some() {
+        cfg.auth = args.auth;
+    }
+    if args.token.is_some() {
+        cfg.token = args.token;
     }
     if let Some(a) = args.admin {
         cfg.admin = a;

@@ -21,6 +21,8 @@
 
 #define MC_INVALID_PARAMS -600
 
+#define MC_ILLEGAL_CLIENT -601
+
 #define MC_OBJECT_NOT_FOUND -704
 
 #define MC_TRANSFER_FAIL -800
@@ -40,12 +42,16 @@ extern "C" {
 const char *mc_last_error(void);
 
 // Connects to the meta service at `meta` ("host:port"); every key of the
-// client lives in namespace `ns`; every call ends within `timeout_ms`.
-// Returns NULL on failure (see `mc_last_error`).
+// client lives in namespace `ns`; `token` (or NULL) authenticates with a
+// store that requires it; every call ends within `timeout_ms`. Returns
+// NULL on failure (see `mc_last_error`).
 //
 // # Safety
-// `meta` and `ns` are NUL-terminated strings.
-struct McClient *mc_connect(const char *meta, const char *ns, uint32_t timeout_ms);
+// `meta` and `ns` are NUL-terminated strings; `token` is one or NULL.
+struct McClient *mc_connect(const char *meta,
+                            const char *ns,
+                            const char *token,
+                            uint32_t timeout_ms);
 
 // Closes a client (NULL is ignored).
 //

@@ -24,6 +24,7 @@ pub const MC_NO_AVAILABLE_HANDLE: i64 = -200;
 pub const MC_INVALID_KEY: i64 = -400;
 pub const MC_WRITE_FAIL: i64 = -500;
 pub const MC_INVALID_PARAMS: i64 = -600;
+pub const MC_ILLEGAL_CLIENT: i64 = -601;
 pub const MC_OBJECT_NOT_FOUND: i64 = -704;
 pub const MC_TRANSFER_FAIL: i64 = -800;
 pub const MC_RPC_FAIL: i64 = -900;
@@ -99,15 +100,17 @@ pub extern "C" fn mc_last_error() -> *const c_char {
 }
 
 /// Connects to the meta service at `meta` ("host:port"); every key of the
-/// client lives in namespace `ns`; every call ends within `timeout_ms`.
-/// Returns NULL on failure (see `mc_last_error`).
+/// client lives in namespace `ns`; `token` (or NULL) authenticates with a
+/// store that requires it; every call ends within `timeout_ms`. Returns
+/// NULL on failure (see `mc_last_error`).
 ///
 /// # Safety
-/// `meta` and `ns` are NUL-terminated strings.
+/// `meta` and `ns` are NUL-terminated strings; `token` is one or NULL.
 #[no_mangle]
 pub unsafe extern "C" fn mc_connect(
     meta: *const c_char,
     ns: *const c_char,
+    token: *const c_char,
     timeout_ms: u32,
 ) -> *mut McClient {
     // SAFETY: the caller's promise.
@@ -122,7 +125,12 @@ pub unsafe extern "C" fn mc_connect(
             return std::ptr::null_mut();
         }
     };
-    let cfg = ClientConfig::new(meta).with_timeout(Duration::from_millis(timeout_ms.max(1) as u64));
+    let mut cfg =
+        ClientConfig::new(meta).with_timeout(Duration::from_millis(timeout_ms.max(1) as u64));
+    // SAFETY: the caller's promise.
+    if let Some(token) = unsafe { text(token) } {
+        cfg = cfg.with_token(token);
+    }
     let connected = catch_unwind(AssertUnwindSafe(|| {
         runtime().block_on(Client::connect(cfg))
     }));
@@ -408,6 +416,7 @@ mod tests {
             MC_INVALID_KEY,
             MC_WRITE_FAIL,
             MC_INVALID_PARAMS,
+            MC_ILLEGAL_CLIENT,
             MC_OBJECT_NOT_FOUND,
             MC_TRANSFER_FAIL,
             MC_RPC_FAIL,

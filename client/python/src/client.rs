@@ -19,7 +19,9 @@ use mooncake_client::bindings::except;
 use crate::buffers::{overlapping, Region, Registered};
 use crate::codes;
 use crate::keys::{hash_of, hashes_of};
-use crate::{runtime, StoreUnavailable};
+use crate::{runtime, StoreError, StoreUnavailable};
+use mooncake_client::ClientError;
+use mooncake_proto::ErrorCode;
 
 /// A connection to a Mooncake Store cluster, safe to share between threads.
 #[pyclass(frozen, module = "mooncake_store._native")]
@@ -128,15 +130,17 @@ impl Client {
     /// Connects to the meta service at `meta` (default `$MOONCAKE_META`, or
     /// 127.0.0.1:7070), or to whichever meta replica leads, through `etcd`
     /// (a list of endpoints). `namespace` scopes every key (a tenant or a
-    /// model); `timeout` (seconds) bounds every call.
+    /// model); `timeout` (seconds) bounds every call; `token` (default
+    /// `$MOONCAKE_TOKEN`) authenticates with a store that requires it.
     #[new]
-    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0))]
+    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0, token = None))]
     fn new(
         py: Python<'_>,
         meta: Option<String>,
         etcd: Option<Vec<String>>,
         namespace: &str,
         timeout: f64,
+        token: Option<String>,
     ) -> PyResult<Self> {
         let ns = crate::keys::namespace(namespace)?;
         if !(timeout > 0.0 && timeout.is_finite()) {
@@ -147,7 +151,11 @@ impl Client {
         let meta = meta
             .or_else(|| std::env::var("MOONCAKE_META").ok())
             .unwrap_or_else(|| "127.0.0.1:7070".into());
-        let cfg = ClientConfig::new(meta.clone()).with_timeout(Duration::from_secs_f64(timeout));
+        let mut cfg =
+            ClientConfig::new(meta.clone()).with_timeout(Duration::from_secs_f64(timeout));
+        if let Some(token) = token.or_else(|| std::env::var("MOONCAKE_TOKEN").ok()) {
+            cfg = cfg.with_token(token);
+        }
         let client = py.detach(|| {
             runtime().block_on(async {
                 let cfg = match etcd.filter(|e| !e.is_empty()) {
@@ -155,18 +163,30 @@ impl Client {
                     Some(endpoints) => {
                         let etcd = EtcdCoordinator::connect(EtcdConfig::new(endpoints.clone()))
                             .await
-                            .map_err(|e| format!("etcd at {endpoints:?}: {e}"))?;
+                            .map_err(|e| {
+                                StoreUnavailable::new_err(format!("etcd at {endpoints:?}: {e}"))
+                            })?;
                         cfg.with_resolver(Arc::new(LeaderResolver(etcd)))
                             .await
-                            .map_err(|e| e.to_string())?
+                            .map_err(|e| StoreUnavailable::new_err(e.to_string()))?
                     }
                 };
-                mooncake_client::Client::connect(cfg).await.map_err(|e| {
-                    format!("{e} (is the store running? `mooncake-store up` starts one)")
-                })
+                mooncake_client::Client::connect(cfg)
+                    .await
+                    .map_err(|e| match e {
+                        ClientError::Server {
+                            code: ErrorCode::Unauthorized,
+                            ..
+                        } => StoreError::new_err(format!(
+                            "{e} (pass token=, or set MOONCAKE_TOKEN, to a token of this store)"
+                        )),
+                        e => StoreUnavailable::new_err(format!(
+                            "{e} (is the store running? `mooncake-store up` starts one)"
+                        )),
+                    })
             })
         });
-        let client = client.map_err(StoreUnavailable::new_err)?;
+        let client = client?;
         Ok(Client {
             inner: Arc::new(client),
             namespace: ns,

@@ -24,10 +24,10 @@ static void hex(const uint8_t *h, char *out) {
 
 int main(int argc, char **argv) {
     CHECK(argc == 2);
-    McClient *bad = mc_connect("127.0.0.1:1", "c/test", 500);
+    McClient *bad = mc_connect("127.0.0.1:1", "c/test", NULL, 500);
     CHECK(bad == NULL && strlen(mc_last_error()) > 0);
 
-    McClient *c = mc_connect(argv[1], "c/test", 5000);
+    McClient *c = mc_connect(argv[1], "c/test", NULL, 5000);
     CHECK(c != NULL);
 
     /* The documented test vectors (docs/block-keys.md). */

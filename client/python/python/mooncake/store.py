@@ -99,6 +99,7 @@ class MooncakeDistributedStore:
             host = "127.0.0.1"
         namespace = os.environ.get("MOONCAKE_NAMESPACE", "default")
         try:
+            # The token, if the store requires one, comes from $MOONCAKE_TOKEN.
             client = mooncake_store.Client(master_server_addr, etcd=etcd, namespace=namespace)
         except (mooncake_store.StoreError, OSError):
             return RPC_FAIL

@@ -13,6 +13,7 @@ For code written against ``mooncake.store.MooncakeDistributedStore``, the
 from ._native import (
     INTERNAL_ERROR,
     INVALID_KEY,
+    ILLEGAL_CLIENT,
     INVALID_PARAMS,
     NO_AVAILABLE_HANDLE,
     OBJECT_NOT_FOUND,
@@ -43,6 +44,7 @@ __all__ = [
     "INVALID_KEY",
     "WRITE_FAIL",
     "INVALID_PARAMS",
+    "ILLEGAL_CLIENT",
     "OBJECT_NOT_FOUND",
     "TRANSFER_FAIL",
     "RPC_FAIL",

@@ -12,6 +12,7 @@ NO_AVAILABLE_HANDLE: int
 INVALID_KEY: int
 WRITE_FAIL: int
 INVALID_PARAMS: int
+ILLEGAL_CLIENT: int
 OBJECT_NOT_FOUND: int
 TRANSFER_FAIL: int
 RPC_FAIL: int
@@ -35,6 +36,7 @@ class Client:
         etcd: Optional[list[str]] = None,
         namespace: str = "default",
         timeout: float = 5.0,
+        token: Optional[str] = None,
     ) -> None: ...
     @property
     def namespace(self) -> str: ...
