@@ -3,6 +3,8 @@
 
 use std::net::TcpListener;
 
+pub mod cluster;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_mooncake-store");
 
 /// A path in the repository, resolved at run time (a build cache may be

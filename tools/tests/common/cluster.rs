@@ -1,0 +1,276 @@
+//! A cluster on one machine, as an operator runs it: a real etcd, meta
+//! replicas and daemons as separate `mooncake-store` processes, and faults
+//! made by killing and pausing real processes. Shared by the cluster tests
+//! and the fault suite.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mooncake_client::{Client, ClientConfig};
+use mooncake_coord::{Coordinator, EtcdConfig, EtcdCoordinator, LeaderResolver};
+
+use super::{free_port, BIN};
+
+pub const TTL: Duration = Duration::from_secs(2);
+
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mooncake-{name}-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A child process that is killed (SIGKILL) and reaped when dropped.
+pub struct Proc {
+    pub child: Child,
+    name: String,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, program: &str, args: &[&str], logs: &Path) -> Proc {
+        // Appended: a restarted process keeps its earlier log.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(logs.join(format!("{name}.log")))
+            .unwrap();
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+        Proc {
+            child,
+            name: name.to_string(),
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {}", self.name);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.signal_quietly();
+        self.kill9();
+    }
+}
+
+impl Proc {
+    pub fn signal_quietly(&self) {
+        // A paused process must be resumed to die promptly.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+pub struct Cluster {
+    pub etcd: Proc,
+    pub etcd_url: String,
+    pub etcd_peer_url: String,
+    pub metas: Vec<(String, Proc)>,
+    pub daemons: Vec<(String, Proc)>,
+    pub logs: PathBuf,
+    pub daemon_config: PathBuf,
+}
+
+impl Cluster {
+    pub async fn start(metas: usize, daemons: usize) -> Cluster {
+        let logs = scratch_dir("cluster");
+        let (client_port, peer_port) = (free_port(), free_port());
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd = spawn_etcd(&logs, &etcd_url, &peer_url);
+        let daemon_config = logs.join("daemon.toml");
+        std::fs::write(
+            &daemon_config,
+            "[daemon]\nhugepages = false\nprefault = false\nheartbeat_interval = \"200ms\"\n",
+        )
+        .unwrap();
+        let mut cluster = Cluster {
+            etcd,
+            etcd_url,
+            etcd_peer_url: peer_url,
+            metas: Vec::new(),
+            daemons: Vec::new(),
+            logs,
+            daemon_config,
+        };
+        for _ in 0..metas {
+            cluster.spawn_meta();
+        }
+        for _ in 0..daemons {
+            let addr = format!("127.0.0.1:{}", free_port());
+            cluster.spawn_daemon(&addr);
+        }
+        cluster.wait_healthy(daemons, Duration::from_secs(15)).await;
+        cluster
+    }
+
+    /// Stops etcd (SIGKILL) and starts it again on its data and ports.
+    pub fn restart_etcd(&mut self) {
+        self.etcd.kill9();
+        self.etcd = spawn_etcd(&self.logs, &self.etcd_url, &self.etcd_peer_url);
+    }
+
+    pub fn spawn_meta(&mut self) {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let name = format!("meta-{}", self.metas.len());
+        let p = Proc::spawn(
+            &name,
+            BIN,
+            &[
+                "meta",
+                "--etcd",
+                &self.etcd_url,
+                "--listen",
+                &addr,
+                "--lease-ttl",
+                "2s",
+                "--admin",
+                "",
+            ],
+            &self.logs,
+        );
+        self.metas.push((addr, p));
+    }
+
+    pub fn spawn_daemon(&mut self, addr: &str) -> usize {
+        let name = format!("daemon-{}", self.daemons.len());
+        let p = Proc::spawn(
+            &name,
+            BIN,
+            &[
+                "daemon",
+                "--etcd",
+                &self.etcd_url,
+                "--listen",
+                addr,
+                "--dram",
+                "64MiB",
+                "--lease-ttl",
+                "2s",
+                "--config",
+                self.daemon_config.to_str().unwrap(),
+                "--admin",
+                "",
+            ],
+            &self.logs,
+        );
+        self.daemons.push((addr.to_string(), p));
+        self.daemons.len() - 1
+    }
+
+    pub async fn coordinator(&self) -> Arc<EtcdCoordinator> {
+        EtcdCoordinator::connect(EtcdConfig {
+            ttl: TTL,
+            ..EtcdConfig::new(vec![self.etcd_url.clone()])
+        })
+        .await
+        .unwrap()
+    }
+
+    pub async fn client(&self, timeout: Duration) -> Client {
+        let resolver = Arc::new(LeaderResolver(self.coordinator().await));
+        let cfg = ClientConfig::new("")
+            .with_timeout(timeout)
+            .with_resolver(resolver)
+            .await
+            .unwrap();
+        Client::new(cfg)
+    }
+
+    /// Waits for a leader with `daemons` live daemons registered.
+    pub async fn wait_healthy(&self, daemons: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        let coordinator = self.coordinator().await;
+        loop {
+            if let Ok(Some(_)) = coordinator.leader().await {
+                let client = self.client(Duration::from_secs(2)).await;
+                if let Ok(st) = client.cluster_stats().await {
+                    if st.daemons.iter().filter(|d| d.alive).count() == daemons {
+                        return;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster not healthy within {within:?}; logs in {}",
+                self.logs.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn leader_index(&self) -> usize {
+        let leader = self.coordinator().await.leader().await.unwrap().unwrap();
+        self.metas
+            .iter()
+            .position(|(a, _)| *a == leader.addr)
+            .unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.daemons.clear();
+        self.metas.clear();
+        self.etcd.kill9();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.logs);
+        }
+    }
+}
+
+/// etcd on `client_url`, its data under `logs`; returns once it listens.
+fn spawn_etcd(logs: &Path, client_url: &str, peer_url: &str) -> Proc {
+    let data = logs.join("etcd-data");
+    let etcd = Proc::spawn(
+        "etcd",
+        "etcd",
+        &[
+            "--name",
+            "t",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen-client-urls",
+            client_url,
+            "--advertise-client-urls",
+            client_url,
+            "--listen-peer-urls",
+            peer_url,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--initial-cluster",
+            &format!("t={peer_url}"),
+        ],
+        logs,
+    );
+    let port: u16 = client_url.rsplit(':').next().unwrap().parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "etcd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    etcd
+}
