@@ -57,6 +57,11 @@ pub struct DaemonConfig {
     /// A block read from NVMe this many times goes back to DRAM (0: never).
     /// Default 2.
     pub promote_after: u32,
+    /// Shares of the DRAM pool per tenant, e.g. `{ acme = 0.5, globex =
+    /// 0.25 }`: a tenant's blocks (its namespace and those below it) never
+    /// take more than its share, and past it its own coldest blocks are
+    /// evicted first. Tenants not listed share what is left. Default none.
+    pub dram_quota: std::collections::BTreeMap<String, f64>,
     /// Meta service to register with. Default none (a standalone daemon).
     pub meta: Option<String>,
     /// Token file (`docs/security.md`): when set, every connection must
@@ -91,6 +96,7 @@ impl Default for DaemonConfig {
             nvme_engine: crate::io::EngineKind::Uring,
             nvme_depth: 32,
             promote_after: 2,
+            dram_quota: Default::default(),
             meta: None,
             auth: None,
             token: None,
@@ -128,6 +134,15 @@ impl DaemonConfig {
             return Err("max_connections must be at least 1".into());
         }
         self.nvme_drives()?;
+        for (tenant, share) in &self.dram_quota {
+            mooncake_proto::Namespace::new(tenant.clone())
+                .map_err(|e| format!("dram_quota: tenant {tenant:?}: {e}"))?;
+            if !(*share > 0.0 && *share <= 1.0) {
+                return Err(format!(
+                    "dram_quota: {tenant} = {share}: a share is above 0 and at most 1"
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -164,6 +179,11 @@ impl DaemonConfig {
             low_watermark: self.low_watermark,
             hugepages: self.hugepages,
             prefault: self.prefault,
+            quotas: self
+                .dram_quota
+                .iter()
+                .map(|(t, s)| (std::sync::Arc::from(t.as_str()), *s))
+                .collect(),
         }
     }
 

@@ -136,6 +136,9 @@ struct PoolCollector {
     moves: IntCounterVec,
     io_errors: IntCounterVec,
     drives_full: IntGauge,
+    tenant_used: IntGaugeVec,
+    tenant_quota: IntGaugeVec,
+    quota_evictions: IntCounter,
     corrupt: IntCounter,
     descs: Vec<Desc>,
 }
@@ -200,7 +203,32 @@ impl PoolCollector {
             "NVMe drives taking no new blocks because their index's filesystem is full.",
         )?;
         descs.extend(drives_full.desc().into_iter().cloned());
+        let tenant_used = IntGaugeVec::new(
+            Opts::new(
+                "mooncake_daemon_tenant_used_bytes",
+                "DRAM held by each tenant with a quota.",
+            ),
+            &["tenant"],
+        )?;
+        let tenant_quota = IntGaugeVec::new(
+            Opts::new(
+                "mooncake_daemon_tenant_quota_bytes",
+                "DRAM each tenant with a quota may hold.",
+            ),
+            &["tenant"],
+        )?;
+        let quota_evictions = IntCounter::new(
+            "mooncake_daemon_quota_evictions_total",
+            "Blocks evicted because their tenant was over its DRAM share.",
+        )?;
+        for c in [&tenant_used, &tenant_quota] {
+            descs.extend(c.desc().into_iter().cloned());
+        }
+        descs.extend(quota_evictions.desc().into_iter().cloned());
         Ok(PoolCollector {
+            tenant_used,
+            tenant_quota,
+            quota_evictions,
             tiers,
             moves,
             io_errors,
@@ -272,6 +300,15 @@ impl Collector for PoolCollector {
         }
         self.corrupt
             .inc_by(corrupt.saturating_sub(self.corrupt.get()));
+        for (tenant, used, limit) in pool.tenant_usage() {
+            self.tenant_used
+                .with_label_values(&[&tenant])
+                .set(used as i64);
+            self.tenant_quota
+                .with_label_values(&[&tenant])
+                .set(limit as i64);
+        }
+        bump(self.quota_evictions.clone(), pool.quota_evictions());
         let mut out = Vec::new();
         for c in [
             &self.capacity,
@@ -290,6 +327,11 @@ impl Collector for PoolCollector {
             out.extend(self.drives_full.collect());
         }
         out.extend(self.corrupt.collect());
+        if !pool.tenant_usage().is_empty() {
+            out.extend(self.tenant_used.collect());
+            out.extend(self.tenant_quota.collect());
+            out.extend(self.quota_evictions.collect());
+        }
         out
     }
 }

@@ -42,6 +42,9 @@ pub struct PoolConfig {
     pub low_watermark: f64,
     pub hugepages: bool,
     pub prefault: bool,
+    /// Tenants with a share of the pool (0 to 1): a tenant's blocks never
+    /// take more than its share; past it, its own coldest blocks go first.
+    pub quotas: Vec<(Arc<str>, f64)>,
 }
 
 impl PoolConfig {
@@ -54,9 +57,13 @@ impl PoolConfig {
             low_watermark: 0.85,
             hugepages: false,
             prefault: false,
+            quotas: Vec::new(),
         }
     }
 }
+
+/// Blocks looked at, coldest first, for one of an over-quota tenant's own.
+const MAX_QUOTA_SCAN: usize = 1 << 16;
 
 /// Why a block could not be stored, read or changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -98,6 +105,8 @@ pub struct DramPool {
     /// Where evicted blocks go instead of away (the NVMe tier), if set.
     demote: std::sync::OnceLock<tokio::sync::mpsc::Sender<Demoted>>,
     demotions: AtomicU64,
+    /// Blocks evicted because their tenant was over its share.
+    quota_evictions: AtomicU64,
     /// Evicted while the demotion queue was full: gone from DRAM, perhaps
     /// still on the next tier; the tiers decide whether to report them.
     overflow: Mutex<Vec<BlockKey>>,
@@ -116,6 +125,8 @@ pub struct Demoted {
 struct Inner {
     alloc: Allocator,
     blocks: HashMap<BlockKey, Block>,
+    /// Units held by each tenant of `PoolConfig::quotas`, in its order.
+    tenant_used: Vec<u64>,
     /// Evictable blocks (ready, unpinned, unleased) by last access.
     lru: BTreeMap<u64, BlockKey>,
     /// Removed blocks whose bytes are still leased by readers, by offset.
@@ -127,6 +138,8 @@ struct Inner {
 
 struct Block {
     alloc: Allocation,
+    /// Index of its tenant in `PoolConfig::quotas`, if it has a quota.
+    tenant: Option<u16>,
     len: u32,
     checksum: u64,
     ready: bool,
@@ -143,6 +156,7 @@ impl Block {
 
 struct Doomed {
     alloc: Allocation,
+    tenant: Option<u16>,
     leases: u32,
 }
 
@@ -152,12 +166,14 @@ impl DramPool {
         let region = Region::new((units as u64 * UNIT) as usize, cfg.hugepages, cfg.prefault)?;
         // One allocation per block of at least 1 KiB, at most 4M of them.
         let max_allocs = (cfg.capacity / 1024).clamp(1024, 4 << 20) as u32;
+        let tenants = cfg.quotas.len();
         Ok(DramPool {
             region,
             cfg,
             inner: Mutex::new(Inner {
                 alloc: Allocator::with_max_allocs(units, max_allocs),
                 blocks: HashMap::new(),
+                tenant_used: vec![0; tenants],
                 lru: BTreeMap::new(),
                 doomed: HashMap::new(),
                 clock: 0,
@@ -172,6 +188,7 @@ impl DramPool {
             misses: AtomicU64::new(0),
             demote: std::sync::OnceLock::new(),
             demotions: AtomicU64::new(0),
+            quota_evictions: AtomicU64::new(0),
             overflow: Mutex::new(Vec::new()),
             demote_queued: AtomicU64::new(0),
         })
@@ -220,6 +237,19 @@ impl DramPool {
                 }
             }
         }
+        let tenant = self.tenant_of(&key.namespace);
+        if let Some(t) = tenant {
+            // Over its share, a tenant makes room from its own blocks.
+            let limit = (capacity_units as f64 * self.cfg.quotas[t as usize].1) as u64;
+            if units as u64 > limit {
+                return Err(PoolError::NoSpace);
+            }
+            while inner.tenant_used[t as usize] + units as u64 > limit {
+                if !self.evict_tenant_one(&mut inner, t) {
+                    return Err(PoolError::NoSpace);
+                }
+            }
+        }
         let alloc = loop {
             if let Some(a) = inner.alloc.allocate(units) {
                 break a;
@@ -230,11 +260,16 @@ impl DramPool {
                 return Err(PoolError::NoSpace);
             }
         };
-        inner.used_units += inner.alloc.allocation_size(alloc) as u64;
+        let size = inner.alloc.allocation_size(alloc) as u64;
+        inner.used_units += size;
+        if let Some(t) = tenant {
+            inner.tenant_used[t as usize] += size;
+        }
         inner.blocks.insert(
             key.clone(),
             Block {
                 alloc,
+                tenant,
                 len: len as u32,
                 checksum,
                 ready: false,
@@ -253,10 +288,59 @@ impl DramPool {
         })
     }
 
+    /// The tenant (index in `quotas`) a namespace belongs to: the longest
+    /// tenant name that is the namespace or a path above it.
+    fn tenant_of(&self, ns: &mooncake_proto::Namespace) -> Option<u16> {
+        let ns = ns.as_str();
+        self.cfg
+            .quotas
+            .iter()
+            .enumerate()
+            .filter(|(_, (t, _))| {
+                ns == &**t || (ns.starts_with(&**t) && ns.as_bytes().get(t.len()) == Some(&b'/'))
+            })
+            .max_by_key(|(_, (t, _))| t.len())
+            .map(|(i, _)| i as u16)
+    }
+
     fn evict_one(&self, inner: &mut Inner) -> bool {
         let Some((_, key)) = inner.lru.pop_first() else {
             return false;
         };
+        self.evict(inner, key);
+        true
+    }
+
+    /// Evicts the coldest evictable block of tenant `t`; `false` if none
+    /// is found among the coldest `MAX_QUOTA_SCAN`.
+    fn evict_tenant_one(&self, inner: &mut Inner, t: u16) -> bool {
+        let found = inner
+            .lru
+            .iter()
+            .take(MAX_QUOTA_SCAN)
+            .find(|(_, k)| inner.blocks[*k].tenant == Some(t))
+            .map(|(stamp, k)| (*stamp, k.clone()));
+        let Some((stamp, key)) = found else {
+            return false;
+        };
+        inner.lru.remove(&stamp);
+        self.quota_evictions.fetch_add(1, Ordering::Relaxed);
+        self.evict(inner, key);
+        true
+    }
+
+    /// Frees a block's space (and its tenant's share).
+    fn free(inner: &mut Inner, alloc: Allocation, tenant: Option<u16>) {
+        let size = inner.alloc.allocation_size(alloc) as u64;
+        inner.used_units -= size;
+        if let Some(t) = tenant {
+            inner.tenant_used[t as usize] -= size;
+        }
+        inner.alloc.free(alloc);
+    }
+
+    /// Evicts a block already taken off the LRU.
+    fn evict(&self, inner: &mut Inner, key: BlockKey) {
         let block = inner.blocks.remove(&key).expect("lru entries are indexed");
         debug_assert!(block.evictable());
         // Demotion: the bytes leave for the next tier before the space is
@@ -281,8 +365,7 @@ impl DramPool {
             }
         }
         let overflowed = !kept && self.demote.get().is_some();
-        inner.used_units -= inner.alloc.allocation_size(block.alloc) as u64;
-        inner.alloc.free(block.alloc);
+        Self::free(inner, block.alloc, block.tenant);
         self.evictions.fetch_add(1, Ordering::Relaxed);
         if overflowed {
             let mut overflow = self.overflow.lock();
@@ -292,7 +375,6 @@ impl DramPool {
         } else if !kept {
             self.report_removed(key);
         }
-        true
     }
 
     /// Blocks evicted while the demotion queue was full.
@@ -327,6 +409,23 @@ impl DramPool {
         let capacity_units = self.region.len() as u64 / UNIT;
         let high = (capacity_units as f64 * self.cfg.high_watermark) as u64;
         inner.used_units + extra.div_ceil(UNIT) > high
+    }
+
+    /// Each tenant with a quota: (tenant, bytes used, bytes allowed).
+    pub fn tenant_usage(&self) -> Vec<(Arc<str>, u64, u64)> {
+        let inner = self.inner.lock();
+        let capacity = self.region.len() as u64;
+        self.cfg
+            .quotas
+            .iter()
+            .zip(&inner.tenant_used)
+            .map(|((t, share), used)| (t.clone(), used * UNIT, (capacity as f64 * share) as u64))
+            .collect()
+    }
+
+    /// Blocks evicted because their tenant was over its share.
+    pub fn quota_evictions(&self) -> u64 {
+        self.quota_evictions.load(Ordering::Relaxed)
     }
 
     /// Blocks sent to the next tier since start.
@@ -402,8 +501,7 @@ impl DramPool {
         doomed.leases -= 1;
         if doomed.leases == 0 {
             let doomed = inner.doomed.remove(&offset).expect("just found");
-            inner.used_units -= inner.alloc.allocation_size(doomed.alloc) as u64;
-            inner.alloc.free(doomed.alloc);
+            Self::free(inner, doomed.alloc, doomed.tenant);
         }
     }
 
@@ -431,12 +529,12 @@ impl DramPool {
                 block.alloc.offset,
                 Doomed {
                     alloc: block.alloc,
+                    tenant: block.tenant,
                     leases: block.leases,
                 },
             );
         } else {
-            inner.used_units -= inner.alloc.allocation_size(block.alloc) as u64;
-            inner.alloc.free(block.alloc);
+            Self::free(inner, block.alloc, block.tenant);
         }
     }
 
@@ -616,8 +714,7 @@ impl Drop for WriteSlot {
         }
         let mut inner = self.pool.inner.lock();
         let block = inner.blocks.remove(&self.key).expect("reserved block");
-        inner.used_units -= inner.alloc.allocation_size(block.alloc) as u64;
-        inner.alloc.free(block.alloc);
+        DramPool::free(&mut inner, block.alloc, block.tenant);
     }
 }
 
@@ -677,6 +774,47 @@ mod tests {
         let mut slot = pool.reserve(k, len as u64, checksum(&value))?;
         slot.buf_mut().copy_from_slice(&value);
         slot.commit()
+    }
+
+    #[test]
+    fn a_tenant_over_its_share_evicts_its_own_blocks_first() {
+        let cfg = PoolConfig {
+            quotas: vec![("acme".into(), 0.25)],
+            ..PoolConfig::with_capacity(1 << 20)
+        };
+        let p = Arc::new(DramPool::new(cfg).unwrap());
+        let in_ns = |ns: &str, i: u32| {
+            let mut h = [0u8; 32];
+            h[..4].copy_from_slice(&i.to_le_bytes());
+            BlockKey::new(Namespace::new(ns).unwrap(), BlockHash(h))
+        };
+        // Another tenant's blocks, colder than all of acme's.
+        for i in 0..4 {
+            put(&p, in_ns("globex", i), 1, 64 << 10).unwrap();
+        }
+        // Acme writes twice its share (256 KiB) of 32 KiB blocks.
+        for i in 0..16 {
+            put(&p, in_ns("acme/llama", i), 2, 32 << 10).unwrap();
+            let (_, used, limit) = p.tenant_usage()[0].clone();
+            assert!(used <= limit, "acme at {used} of {limit}");
+        }
+        for i in 0..4 {
+            assert!(
+                p.contains(&in_ns("globex", i)),
+                "globex's block {i} was evicted for acme"
+            );
+        }
+        assert!(
+            !p.contains(&in_ns("acme/llama", 0)),
+            "acme's coldest went first"
+        );
+        assert!(p.contains(&in_ns("acme/llama", 15)));
+        assert_eq!(p.quota_evictions(), 8);
+        // A block larger than the whole share is refused.
+        assert_eq!(
+            put(&p, in_ns("acme", 99), 3, 300 << 10),
+            Err(PoolError::NoSpace)
+        );
     }
 
     #[test]
@@ -893,11 +1031,11 @@ mod props {
         ]
     }
 
+    /// Even keys belong to tenant `quota` (30% of the pool), odd ones to a
+    /// namespace without a quota.
     fn key(i: u8) -> BlockKey {
-        BlockKey::new(
-            Namespace::new("prop").unwrap(),
-            BlockHash::from_opaque(&[i]),
-        )
+        let ns = if i % 2 == 0 { "quota/model" } else { "free" };
+        BlockKey::new(Namespace::new(ns).unwrap(), BlockHash::from_opaque(&[i]))
     }
 
     /// The pool's own accounting agrees with its blocks.
@@ -938,6 +1076,28 @@ mod props {
         );
         let pinned = inner.blocks.values().filter(|b| b.pins > 0).count() as u64;
         assert_eq!(pinned, inner.pinned);
+        let capacity_units = pool.region.len() as u64 / UNIT;
+        for (t, (_, share)) in pool.cfg.quotas.iter().enumerate() {
+            let held: u64 = inner
+                .blocks
+                .values()
+                .filter(|b| b.tenant == Some(t as u16))
+                .map(|b| b.alloc)
+                .chain(
+                    inner
+                        .doomed
+                        .values()
+                        .filter(|d| d.tenant == Some(t as u16))
+                        .map(|d| d.alloc),
+                )
+                .map(|a| inner.alloc.allocation_size(a) as u64)
+                .sum();
+            assert_eq!(held, inner.tenant_used[t], "tenant accounting");
+            assert!(
+                held <= (capacity_units as f64 * share) as u64,
+                "tenant over its share"
+            );
+        }
     }
 
     proptest! {
@@ -945,7 +1105,11 @@ mod props {
 
         #[test]
         fn any_sequence_keeps_the_pool_consistent(ops in proptest::collection::vec(op(), 1..200)) {
-            let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
+            let cfg = PoolConfig {
+                quotas: vec![("quota".into(), 0.3)],
+                ..PoolConfig::with_capacity(1 << 20)
+            };
+            let pool = Arc::new(DramPool::new(cfg).unwrap());
             let mut leases: Vec<ReadLease> = Vec::new();
             let mut pinned: std::collections::HashSet<u8> = Default::default();
             for op in ops {

@@ -213,3 +213,35 @@ async fn operator_calls_need_the_admin_role_and_daemons_a_cluster_token() {
     cluster.daemons.truncate(1);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_dram_share_cannot_push_out_another_tenants_blocks() {
+    let mut cfg = daemon_config(8 << 20);
+    cfg.dram_quota.insert("noisy".into(), 0.25);
+    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let client = cluster.client();
+    let block = vec![9u8; 256 << 10];
+    // A quiet tenant stores 4 MiB first: the coldest blocks of the pool.
+    let quiet: Vec<BlockHash> = (0..16u32)
+        .map(|i| BlockHash::from_opaque(&i.to_le_bytes()))
+        .collect();
+    for h in &quiet {
+        client.put(&ns("quiet"), &[(*h, &block)]).await.unwrap();
+    }
+    // The noisy tenant writes 8 MiB, four times its 2 MiB share.
+    for i in 0..32u32 {
+        let h = BlockHash::from_opaque(&(1000 + i).to_le_bytes());
+        let out = client
+            .put(&ns("noisy/model"), &[(h, &block)])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored]);
+    }
+    let kept = client.exists(&ns("quiet"), &quiet).await.unwrap();
+    assert!(
+        kept.iter().all(|k| *k),
+        "the quiet tenant lost blocks: {kept:?}"
+    );
+    let (_, used, limit) = cluster.daemons[0].handle.pool.tenant_usage()[0].clone();
+    assert!(used <= limit, "noisy holds {used} of {limit}");
+}
