@@ -25,6 +25,8 @@ pub struct MetaConfig {
     pub put_timeout: HumanDuration,
     /// Most concurrent connections; more are refused. Default 4096.
     pub max_connections: usize,
+    /// Most concurrent connections from one client address. Default 256.
+    pub max_connections_per_client: usize,
     /// Longest time one request may take once its header arrived. Default 10s.
     pub request_timeout: HumanDuration,
     /// Token file (`docs/security.md`): when set, every connection must
@@ -46,6 +48,7 @@ impl Default for MetaConfig {
             daemon_ttl: HumanDuration(Duration::from_secs(5)),
             put_timeout: HumanDuration(Duration::from_secs(30)),
             max_connections: 4096,
+            max_connections_per_client: 256,
             request_timeout: HumanDuration(Duration::from_secs(10)),
             auth: None,
             token: None,
@@ -61,8 +64,8 @@ impl MetaConfig {
         if self.put_timeout.0 < Duration::from_millis(100) {
             return Err(format!("put_timeout = {} is below 100ms", self.put_timeout));
         }
-        if self.max_connections == 0 {
-            return Err("max_connections must be at least 1".into());
+        if self.max_connections == 0 || self.max_connections_per_client == 0 {
+            return Err("max_connections and max_connections_per_client must be at least 1".into());
         }
         self.tokens()?;
         Ok(())

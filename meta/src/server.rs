@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use mooncake_client::{ConnPool, ErrorSource};
 use mooncake_proto::auth::{AuthRequest, Gate, Identity, TokenTable};
 use mooncake_proto::frame::MAX_BATCH;
+use mooncake_proto::limits::PerClient;
 use mooncake_proto::message::{
     Body, ClusterStats, Empty, EventsRequest, HeartbeatRequest, InventoryRequest, KeyRequest,
     KeysRequest, ListRequest, ListResponse, Locations, PinRequest, PutCommitRequest,
@@ -169,6 +170,7 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let permits = Arc::new(Semaphore::new(cfg.max_connections));
+    let per_client = PerClient::new(cfg.max_connections_per_client);
     let request_timeout = cfg.request_timeout.0;
     loop {
         let (stream, peer) = tokio::select! {
@@ -186,12 +188,16 @@ pub async fn run(
             tracing::warn!(%peer, "connection refused: max_connections reached");
             continue;
         };
+        let Some(slot) = per_client.admit(peer.ip()) else {
+            tracing::warn!(%peer, "connection refused: max_connections_per_client reached");
+            continue;
+        };
         let (state, stop, metrics) = (state.clone(), stop.clone(), metrics.clone());
         tokio::spawn(async move {
             if let Err(err) = serve(stream, &state, &metrics, request_timeout, &stop).await {
                 tracing::debug!(%peer, %err, "connection closed");
             }
-            drop(permit);
+            drop((permit, slot));
         });
     }
     tracing::info!("meta service stopped accepting");

@@ -12,6 +12,7 @@ pub mod codec;
 pub mod error;
 pub mod frame;
 pub mod key;
+pub mod limits;
 pub mod message;
 pub mod units;
 

@@ -40,6 +40,9 @@ pub struct DaemonConfig {
     pub verify_on_read: bool,
     /// Most concurrent client connections; more are refused. Default 1024.
     pub max_connections: usize,
+    /// Most concurrent connections from one client address, so that one
+    /// host cannot take them all. Default 256.
+    pub max_connections_per_client: usize,
     /// Longest time one request may take once its header arrived, reading
     /// its body and writing its answer included. Default 30s.
     pub request_timeout: HumanDuration,
@@ -62,6 +65,8 @@ pub struct DaemonConfig {
     /// take more than its share, and past it its own coldest blocks are
     /// evicted first. Tenants not listed share what is left. Default none.
     pub dram_quota: std::collections::BTreeMap<String, f64>,
+    /// Shares of each NVMe drive per tenant, as `dram_quota`. Default none.
+    pub nvme_quota: std::collections::BTreeMap<String, f64>,
     /// Meta service to register with. Default none (a standalone daemon).
     pub meta: Option<String>,
     /// Token file (`docs/security.md`): when set, every connection must
@@ -91,12 +96,14 @@ impl Default for DaemonConfig {
             prefault: true,
             verify_on_read: false,
             max_connections: 1024,
+            max_connections_per_client: 256,
             request_timeout: HumanDuration(Duration::from_secs(30)),
             nvme: Vec::new(),
             nvme_engine: crate::io::EngineKind::Uring,
             nvme_depth: 32,
             promote_after: 2,
             dram_quota: Default::default(),
+            nvme_quota: Default::default(),
             meta: None,
             auth: None,
             token: None,
@@ -130,17 +137,22 @@ impl DaemonConfig {
                 self.low_watermark, self.high_watermark
             ));
         }
-        if self.max_connections == 0 {
-            return Err("max_connections must be at least 1".into());
+        if self.max_connections == 0 || self.max_connections_per_client == 0 {
+            return Err("max_connections and max_connections_per_client must be at least 1".into());
         }
         self.nvme_drives()?;
-        for (tenant, share) in &self.dram_quota {
-            mooncake_proto::Namespace::new(tenant.clone())
-                .map_err(|e| format!("dram_quota: tenant {tenant:?}: {e}"))?;
-            if !(*share > 0.0 && *share <= 1.0) {
-                return Err(format!(
-                    "dram_quota: {tenant} = {share}: a share is above 0 and at most 1"
-                ));
+        for (field, quota) in [
+            ("dram_quota", &self.dram_quota),
+            ("nvme_quota", &self.nvme_quota),
+        ] {
+            for (tenant, share) in quota {
+                mooncake_proto::Namespace::new(tenant.clone())
+                    .map_err(|e| format!("{field}: tenant {tenant:?}: {e}"))?;
+                if !(*share > 0.0 && *share <= 1.0) {
+                    return Err(format!(
+                        "{field}: {tenant} = {share}: a share is above 0 and at most 1"
+                    ));
+                }
             }
         }
         Ok(())
@@ -179,11 +191,7 @@ impl DaemonConfig {
             low_watermark: self.low_watermark,
             hugepages: self.hugepages,
             prefault: self.prefault,
-            quotas: self
-                .dram_quota
-                .iter()
-                .map(|(t, s)| (std::sync::Arc::from(t.as_str()), *s))
-                .collect(),
+            quotas: quotas(&self.dram_quota),
         }
     }
 
@@ -193,7 +201,13 @@ impl DaemonConfig {
             request_timeout: self.request_timeout.0,
             verify_on_read: self.verify_on_read,
             tokens: None,
+            max_connections_per_client: self.max_connections_per_client,
         }
+    }
+
+    /// Tenants' shares of each NVMe drive.
+    pub(crate) fn nvme_quotas(&self) -> crate::quota::Quotas {
+        quotas(&self.nvme_quota)
     }
 
     /// The token table `auth` names, read now; `None` without one.
@@ -205,6 +219,14 @@ impl DaemonConfig {
             .map(|p| mooncake_proto::auth::TokenTable::load(p).map(std::sync::Arc::new))
             .transpose()
     }
+}
+
+fn quotas(shares: &std::collections::BTreeMap<String, f64>) -> crate::quota::Quotas {
+    crate::quota::Quotas::new(
+        shares
+            .iter()
+            .map(|(t, s)| (std::sync::Arc::from(t.as_str()), *s)),
+    )
 }
 
 /// Accepts `nvme = "PATH:SIZE"` as well as a list of them.

@@ -14,6 +14,7 @@ mod meta_link;
 pub mod metrics;
 pub mod nvme;
 pub mod pool;
+pub mod quota;
 mod region;
 mod server;
 pub mod tiers;
@@ -204,5 +205,6 @@ fn open_drive(
         }
     };
     nvme::NvmeTier::open(engine, capacity, &nvme::NvmeTier::index_dir_for(path))
+        .map(|tier| tier.with_quotas(config.nvme_quotas()))
         .map_err(|e| e.to_string())
 }

@@ -206,16 +206,16 @@ impl PoolCollector {
         let tenant_used = IntGaugeVec::new(
             Opts::new(
                 "mooncake_daemon_tenant_used_bytes",
-                "DRAM held by each tenant with a quota.",
+                "Bytes held by each tenant with a quota, by tier.",
             ),
-            &["tenant"],
+            &["tenant", "tier"],
         )?;
         let tenant_quota = IntGaugeVec::new(
             Opts::new(
                 "mooncake_daemon_tenant_quota_bytes",
-                "DRAM each tenant with a quota may hold.",
+                "Bytes each tenant with a quota may hold, by tier.",
             ),
-            &["tenant"],
+            &["tenant", "tier"],
         )?;
         let quota_evictions = IntCounter::new(
             "mooncake_daemon_quota_evictions_total",
@@ -300,13 +300,18 @@ impl Collector for PoolCollector {
         }
         self.corrupt
             .inc_by(corrupt.saturating_sub(self.corrupt.get()));
-        for (tenant, used, limit) in pool.tenant_usage() {
-            self.tenant_used
-                .with_label_values(&[&tenant])
-                .set(used as i64);
-            self.tenant_quota
-                .with_label_values(&[&tenant])
-                .set(limit as i64);
+        for (tier, usage) in [
+            ("dram", pool.tenant_usage()),
+            ("nvme", self.tiers.nvme_tenant_usage()),
+        ] {
+            for (tenant, used, limit) in usage {
+                self.tenant_used
+                    .with_label_values(&[&tenant, tier])
+                    .set(used as i64);
+                self.tenant_quota
+                    .with_label_values(&[&tenant, tier])
+                    .set(limit as i64);
+            }
         }
         bump(self.quota_evictions.clone(), pool.quota_evictions());
         let mut out = Vec::new();
@@ -327,7 +332,7 @@ impl Collector for PoolCollector {
             out.extend(self.drives_full.collect());
         }
         out.extend(self.corrupt.collect());
-        if !pool.tenant_usage().is_empty() {
+        if !pool.tenant_usage().is_empty() || !self.tiers.nvme_tenant_usage().is_empty() {
             out.extend(self.tenant_used.collect());
             out.extend(self.tenant_quota.collect());
             out.extend(self.quota_evictions.collect());

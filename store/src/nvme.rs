@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 
 use crate::headroom::Headroom;
 use crate::io::{AlignedBuf, IoEngine, IoKind, IoRequest, ALIGN};
+use crate::quota::{Quotas, MAX_QUOTA_SCAN};
 
 /// Why a block could not be stored or read on the tier.
 #[derive(Debug, thiserror::Error)]
@@ -171,6 +172,9 @@ struct State {
     blocks: HashMap<BlockKey, (Record, u64)>,
     lru: BTreeMap<u64, BlockKey>,
     clock: u64,
+    /// Bytes (extents) held by each tenant with a quota, writes in flight
+    /// included.
+    tenant_used: Vec<u64>,
 }
 
 /// One NVMe tier: a file or device, its index, and the blocks in it.
@@ -183,6 +187,7 @@ pub struct NvmeTier {
     evictions: AtomicU64,
     io_errors: AtomicU64,
     headroom: Headroom,
+    quotas: Quotas,
 }
 
 impl NvmeTier {
@@ -207,6 +212,7 @@ impl NvmeTier {
             blocks: HashMap::new(),
             lru: BTreeMap::new(),
             clock: 0,
+            tenant_used: Vec::new(),
         };
         let mut dropped = Vec::new();
         for item in db.iterator(rocksdb::IteratorMode::Start) {
@@ -239,7 +245,50 @@ impl NvmeTier {
             evictions: AtomicU64::new(0),
             io_errors: AtomicU64::new(0),
             headroom,
+            quotas: Quotas::default(),
         })
+    }
+
+    /// Gives tenants shares of this drive (see `quota`); blocks already on
+    /// it count against them.
+    pub fn with_quotas(mut self, quotas: Quotas) -> Self {
+        let state = self.state.get_mut();
+        state.tenant_used = vec![0; quotas.len()];
+        for (key, (rec, _)) in &state.blocks {
+            if let Some(t) = quotas.tenant_of(&key.namespace) {
+                state.tenant_used[t as usize] += rec.extent();
+            }
+        }
+        self.quotas = quotas;
+        self
+    }
+
+    /// Each tenant with a quota: (tenant, bytes used, bytes allowed).
+    pub fn tenant_usage(&self) -> Vec<(std::sync::Arc<str>, u64, u64)> {
+        let state = self.state.lock();
+        (0..self.quotas.len() as u16)
+            .map(|t| {
+                let used = state.tenant_used[t as usize];
+                (
+                    self.quotas.name(t).clone(),
+                    used,
+                    self.quotas.limit(t, self.capacity),
+                )
+            })
+            .collect()
+    }
+
+    /// Drops a block from the index and frees its extent (the entry goes
+    /// before the space can be reused), with its tenant's share.
+    fn drop_locked(&self, state: &mut State, key: &BlockKey) -> Result<Record, TierError> {
+        let (rec, stamp) = state.blocks.remove(key).expect("an indexed block");
+        state.lru.remove(&stamp);
+        self.db.delete(index_key(key))?;
+        state.extents.release(rec.offset, rec.extent());
+        if let Some(t) = self.quotas.tenant_of(&key.namespace) {
+            state.tenant_used[t as usize] -= rec.extent();
+        }
+        Ok(rec)
     }
 
     /// Where the index lives for a data file: beside it.
@@ -322,29 +371,48 @@ impl NvmeTier {
         if !self.headroom.admits_writes() {
             return Err(TierError::IndexFull);
         }
+        let tenant = self.quotas.tenant_of(&key.namespace);
         let (offset, evicted) = {
             let mut state = self.state.lock();
             if state.blocks.contains_key(key) {
                 return Ok(Vec::new());
             }
             let mut evicted = Vec::new();
+            if let Some(t) = tenant {
+                // Over its share, a tenant makes room from its own blocks.
+                let limit = self.quotas.limit(t, self.capacity);
+                if extent > limit {
+                    return Err(TierError::NoSpace);
+                }
+                while state.tenant_used[t as usize] + extent > limit {
+                    let victim = state
+                        .lru
+                        .values()
+                        .take(MAX_QUOTA_SCAN)
+                        .find(|k| self.quotas.tenant_of(&k.namespace) == Some(t))
+                        .cloned();
+                    let Some(victim) = victim else {
+                        return Err(TierError::NoSpace);
+                    };
+                    self.drop_locked(&mut state, &victim)?;
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                    evicted.push(victim);
+                }
+            }
             let offset = loop {
                 if let Some(at) = state.extents.allocate(extent) {
                     break at;
                 }
-                let Some((_, victim)) = state.lru.pop_first() else {
+                let Some(victim) = state.lru.values().next().cloned() else {
                     return Err(TierError::NoSpace);
                 };
-                let (rec, _) = state
-                    .blocks
-                    .remove(&victim)
-                    .expect("lru entries are indexed");
-                // The entry goes before the space is reused.
-                self.db.delete(index_key(&victim))?;
-                state.extents.release(rec.offset, rec.extent());
+                self.drop_locked(&mut state, &victim)?;
                 self.evictions.fetch_add(1, Ordering::Relaxed);
                 evicted.push(victim);
             };
+            if let Some(t) = tenant {
+                state.tenant_used[t as usize] += extent;
+            }
             (offset, evicted)
         };
         let mut buf = AlignedBuf::zeroed(extent as usize);
@@ -383,6 +451,9 @@ impl NvmeTier {
             }
             Err(err) => {
                 state.extents.release(offset, extent);
+                if let Some(t) = tenant {
+                    state.tenant_used[t as usize] -= extent;
+                }
                 Err(err)
             }
         }
@@ -439,15 +510,8 @@ impl NvmeTier {
 
     fn remove_record(&self, key: &BlockKey, record: Record) -> Result<(), TierError> {
         let mut state = self.state.lock();
-        match state.blocks.get(key) {
-            Some((r, stamp)) if *r == record => {
-                let stamp = *stamp;
-                self.db.delete(index_key(key))?;
-                state.blocks.remove(key);
-                state.lru.remove(&stamp);
-                state.extents.release(record.offset, record.extent());
-            }
-            _ => {}
+        if state.blocks.get(key).is_some_and(|(r, _)| *r == record) {
+            self.drop_locked(&mut state, key)?;
         }
         Ok(())
     }
@@ -563,6 +627,44 @@ mod tests {
             tier.put(&key(100), &huge, 0).await,
             Err(TierError::TooLarge(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_tenant_over_its_share_of_a_drive_evicts_its_own_blocks() {
+        let dir = Scratch::new();
+        let quotas = || Quotas::new([("acme".into(), 0.25)]);
+        let tier = open(&dir.0, EngineKind::Psync, 1 << 20).with_quotas(quotas());
+        let in_ns = |ns: &str, i: u64| {
+            BlockKey::new(
+                Namespace::new(ns).unwrap(),
+                BlockHash::from_opaque(&i.to_le_bytes()),
+            )
+        };
+        for i in 0..4 {
+            let v = value(i, 64 << 10);
+            tier.put(&in_ns("globex", i), &v, checksum(&v))
+                .await
+                .unwrap();
+        }
+        for i in 0..8 {
+            let v = value(i, 64 << 10);
+            tier.put(&in_ns("acme/llama", i), &v, checksum(&v))
+                .await
+                .unwrap();
+            let (_, used, limit) = tier.tenant_usage()[0].clone();
+            assert!(used <= limit, "acme holds {used} of {limit}");
+        }
+        for i in 0..4 {
+            assert!(
+                tier.contains(&in_ns("globex", i)),
+                "globex's block {i} went for acme"
+            );
+        }
+        assert!(!tier.contains(&in_ns("acme/llama", 0)) && tier.contains(&in_ns("acme/llama", 7)));
+        drop(tier);
+        // After a restart, the blocks found again count against the share.
+        let tier = open(&dir.0, EngineKind::Psync, 1 << 20).with_quotas(quotas());
+        assert_eq!(tier.tenant_usage()[0].1, 4 * (64 << 10));
     }
 
     #[tokio::test]

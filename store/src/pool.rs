@@ -17,6 +17,7 @@ use offset_allocator::{Allocation, Allocator};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::quota::{Quotas, MAX_QUOTA_SCAN};
 use crate::region::Region;
 
 /// Allocation granularity: small enough for 1 KiB blocks, large enough that
@@ -42,9 +43,9 @@ pub struct PoolConfig {
     pub low_watermark: f64,
     pub hugepages: bool,
     pub prefault: bool,
-    /// Tenants with a share of the pool (0 to 1): a tenant's blocks never
-    /// take more than its share; past it, its own coldest blocks go first.
-    pub quotas: Vec<(Arc<str>, f64)>,
+    /// Tenants with a share of the pool: a tenant's blocks never take more
+    /// than its share; past it, its own coldest blocks go first.
+    pub quotas: Quotas,
 }
 
 impl PoolConfig {
@@ -57,13 +58,10 @@ impl PoolConfig {
             low_watermark: 0.85,
             hugepages: false,
             prefault: false,
-            quotas: Vec::new(),
+            quotas: Quotas::default(),
         }
     }
 }
-
-/// Blocks looked at, coldest first, for one of an over-quota tenant's own.
-const MAX_QUOTA_SCAN: usize = 1 << 16;
 
 /// Why a block could not be stored, read or changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -237,10 +235,10 @@ impl DramPool {
                 }
             }
         }
-        let tenant = self.tenant_of(&key.namespace);
+        let tenant = self.cfg.quotas.tenant_of(&key.namespace);
         if let Some(t) = tenant {
             // Over its share, a tenant makes room from its own blocks.
-            let limit = (capacity_units as f64 * self.cfg.quotas[t as usize].1) as u64;
+            let limit = self.cfg.quotas.limit(t, capacity_units);
             if units as u64 > limit {
                 return Err(PoolError::NoSpace);
             }
@@ -286,21 +284,6 @@ impl DramPool {
             checksum,
             committed: false,
         })
-    }
-
-    /// The tenant (index in `quotas`) a namespace belongs to: the longest
-    /// tenant name that is the namespace or a path above it.
-    fn tenant_of(&self, ns: &mooncake_proto::Namespace) -> Option<u16> {
-        let ns = ns.as_str();
-        self.cfg
-            .quotas
-            .iter()
-            .enumerate()
-            .filter(|(_, (t, _))| {
-                ns == &**t || (ns.starts_with(&**t) && ns.as_bytes().get(t.len()) == Some(&b'/'))
-            })
-            .max_by_key(|(_, (t, _))| t.len())
-            .map(|(i, _)| i as u16)
     }
 
     fn evict_one(&self, inner: &mut Inner) -> bool {
@@ -415,11 +398,15 @@ impl DramPool {
     pub fn tenant_usage(&self) -> Vec<(Arc<str>, u64, u64)> {
         let inner = self.inner.lock();
         let capacity = self.region.len() as u64;
-        self.cfg
-            .quotas
-            .iter()
-            .zip(&inner.tenant_used)
-            .map(|((t, share), used)| (t.clone(), used * UNIT, (capacity as f64 * share) as u64))
+        (0..self.cfg.quotas.len() as u16)
+            .map(|t| {
+                let used = inner.tenant_used[t as usize] * UNIT;
+                (
+                    self.cfg.quotas.name(t).clone(),
+                    used,
+                    self.cfg.quotas.limit(t, capacity),
+                )
+            })
             .collect()
     }
 
@@ -779,7 +766,7 @@ mod tests {
     #[test]
     fn a_tenant_over_its_share_evicts_its_own_blocks_first() {
         let cfg = PoolConfig {
-            quotas: vec![("acme".into(), 0.25)],
+            quotas: Quotas::new([("acme".into(), 0.25)]),
             ..PoolConfig::with_capacity(1 << 20)
         };
         let p = Arc::new(DramPool::new(cfg).unwrap());
@@ -1077,7 +1064,7 @@ mod props {
         let pinned = inner.blocks.values().filter(|b| b.pins > 0).count() as u64;
         assert_eq!(pinned, inner.pinned);
         let capacity_units = pool.region.len() as u64 / UNIT;
-        for (t, (_, share)) in pool.cfg.quotas.iter().enumerate() {
+        for t in 0..pool.cfg.quotas.len() {
             let held: u64 = inner
                 .blocks
                 .values()
@@ -1094,7 +1081,7 @@ mod props {
                 .sum();
             assert_eq!(held, inner.tenant_used[t], "tenant accounting");
             assert!(
-                held <= (capacity_units as f64 * share) as u64,
+                held <= pool.cfg.quotas.limit(t as u16, capacity_units),
                 "tenant over its share"
             );
         }
@@ -1106,7 +1093,7 @@ mod props {
         #[test]
         fn any_sequence_keeps_the_pool_consistent(ops in proptest::collection::vec(op(), 1..200)) {
             let cfg = PoolConfig {
-                quotas: vec![("quota".into(), 0.3)],
+                quotas: Quotas::new([("quota".into(), 0.3)]),
                 ..PoolConfig::with_capacity(1 << 20)
             };
             let pool = Arc::new(DramPool::new(cfg).unwrap());

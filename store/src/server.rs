@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooncake_proto::auth::{AuthRequest, Gate, Identity, TokenTable};
+use mooncake_proto::limits::PerClient;
 use mooncake_proto::message::{Body, KeyRequest, PutHead};
 use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
@@ -26,6 +27,8 @@ pub struct ServerConfig {
     pub verify_on_read: bool,
     /// Tokens accepted; `None`: no authentication.
     pub tokens: Option<Arc<TokenTable>>,
+    /// Most connections from one client address.
+    pub max_connections_per_client: usize,
 }
 
 /// Why a connection was closed by the server.
@@ -49,6 +52,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let permits = Arc::new(Semaphore::new(cfg.max_connections));
+    let per_client = PerClient::new(cfg.max_connections_per_client);
     let cfg = Arc::new(cfg);
     loop {
         let (stream, peer) = tokio::select! {
@@ -69,6 +73,12 @@ pub async fn run(
             tokio::spawn(refuse(stream));
             continue;
         };
+        let Some(slot) = per_client.admit(peer.ip()) else {
+            tracing::warn!(%peer, "connection refused: max_connections_per_client reached");
+            metrics.refused_connections.inc();
+            tokio::spawn(refuse(stream));
+            continue;
+        };
         let (tiers, cfg, shutdown) = (tiers.clone(), cfg.clone(), shutdown.clone());
         let metrics = metrics.clone();
         tokio::spawn(async move {
@@ -77,7 +87,7 @@ pub async fn run(
                 tracing::debug!(%peer, %err, "connection closed");
             }
             metrics.connections.dec();
-            drop(permit);
+            drop((permit, slot));
         });
     }
     tracing::info!("data server stopped accepting");

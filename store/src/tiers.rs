@@ -222,6 +222,24 @@ impl Tiers {
         ))
     }
 
+    /// Each tenant with an NVMe quota, summed over the drives: (tenant,
+    /// bytes used, bytes allowed).
+    pub fn nvme_tenant_usage(&self) -> Vec<(Arc<str>, u64, u64)> {
+        let mut total: Vec<(Arc<str>, u64, u64)> = Vec::new();
+        for drive in &self.nvme {
+            for (i, (tenant, used, limit)) in drive.tenant_usage().into_iter().enumerate() {
+                match total.get_mut(i) {
+                    Some(t) => {
+                        t.1 += used;
+                        t.2 += limit;
+                    }
+                    None => total.push((tenant, used, limit)),
+                }
+            }
+        }
+        total
+    }
+
     pub fn nvme_gets(&self) -> (u64, u64) {
         (
             self.nvme_hits.load(Ordering::Relaxed),

@@ -245,3 +245,44 @@ async fn a_tenant_over_its_dram_share_cannot_push_out_another_tenants_blocks() {
     let (_, used, limit) = cluster.daemons[0].handle.pool.tenant_usage()[0].clone();
     assert!(used <= limit, "noisy holds {used} of {limit}");
 }
+
+/// Connects from a given loopback address (127.0.0.0/8 is all local).
+async fn connect_from(local: &str, daemon: &str) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{local}:0").parse().unwrap()).unwrap();
+    socket.connect(daemon.parse().unwrap()).await.unwrap()
+}
+
+/// Whether the daemon serves a ping on `stream` (a refused connection is
+/// answered `busy` and closed).
+async fn serves(stream: tokio::net::TcpStream) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = stream;
+    let ping = mooncake_proto::Header::request(Opcode::Ping, 1, 0).encode();
+    if stream.write_all(&ping).await.is_err() {
+        return false;
+    }
+    let mut answer = [0u8; mooncake_proto::HEADER_LEN];
+    match tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut answer)).await {
+        Ok(Ok(_)) => u16::from_le_bytes([answer[4], answer[5]]) == ErrorCode::Ok as u16,
+        _ => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_address_cannot_take_every_connection() {
+    let mut cfg = daemon_config(8 << 20);
+    cfg.max_connections_per_client = 2;
+    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let daemon = cluster.daemon_addr(0);
+    let a1 = connect_from("127.0.0.2", &daemon).await;
+    let a2 = connect_from("127.0.0.2", &daemon).await;
+    let a3 = connect_from("127.0.0.2", &daemon).await;
+    let b1 = connect_from("127.0.0.3", &daemon).await;
+    assert!(serves(a1).await && serves(a2).await, "within the allowance");
+    assert!(
+        !serves(a3).await,
+        "a third connection from one address is refused"
+    );
+    assert!(serves(b1).await, "another client is not held back");
+}
