@@ -7,9 +7,10 @@
 //! and the time until the cluster served a fresh put and get again (from
 //! the kill for killed processes, from the restart or resume for etcd and
 //! the stalled daemon).
-//! Run with `--no-capture` to see the table. Disk-full and I/O-error faults
-//! need a small filesystem and an injected engine: `disk_full.rs` and the
-//! NVMe tier's unit tests cover them.
+//! Run with `--no-capture` to see the table. One daemon keeps an NVMe drive
+//! on a small tmpfs of its own (a private mount namespace), which another
+//! program fills. I/O errors need an injected engine: the NVMe tier's unit
+//! tests cover them.
 
 mod common;
 use common::cluster::Cluster;
@@ -201,13 +202,52 @@ async fn vanish_mid_put(meta: &str, id: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_one_at_a_time_then_together_never_return_wrong_bytes() {
-    let mut cluster = Cluster::start(2, 2).await;
+    // Small pools, so that every daemon evicts (and the NVMe one demotes)
+    // within seconds of load.
+    let mut cluster = Cluster::start_sized(2, 2, "16MiB").await;
     let client = Arc::new(cluster.client(DEADLINE).await);
     let tokens: Vec<u32> = (0..128).collect();
     let chain = PrefixHasher::chain(b"faults", &tokens, 16, b"");
     let head: Vec<(BlockHash, Vec<u8>)> = chain.iter().map(|h| (*h, vec![7u8; 4096])).collect();
     let blocks: Vec<(BlockHash, &[u8])> = head.iter().map(|(h, v)| (*h, &v[..])).collect();
     client.put(&ns(), &blocks).await.unwrap();
+
+    // A third daemon with a 16 MiB drive behind its DRAM, on a 64 MiB tmpfs
+    // that a helper fills (and empties) when told to.
+    let disk = cluster.logs.join("disk");
+    std::fs::create_dir_all(&disk).unwrap();
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let mut args = cluster.daemon_args(&addr, "16MiB");
+    args.extend(["--nvme".into(), "$MNT/drive.bin:16MiB".into()]);
+    let script = format!(
+        "mount -t tmpfs -o size=64m none \"$MNT\" || exit 99
+         ( until [ -e \"{d}/fill\" ]; do sleep 0.05; done
+           dd if=/dev/zero of=\"$MNT/filler\" bs=1M count=64 2>/dev/null
+           until [ -e \"{d}/release\" ]; do sleep 0.05; done
+           rm \"$MNT/filler\" ) &
+         exec \"$0\" {}",
+        args.iter()
+            .map(|a| format!("\"{a}\""))
+            .collect::<Vec<_>>()
+            .join(" "),
+        d = disk.display()
+    );
+    std::fs::create_dir_all(disk.join("mnt")).unwrap();
+    let p = {
+        let log = cluster.logs.join("daemon-disk.log");
+        let log = std::fs::File::create(log).unwrap();
+        std::process::Command::new("unshare")
+            .args(["-rm", "sh", "-c", &script, common::BIN])
+            .env("MNT", disk.join("mnt"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    };
+    cluster
+        .daemons
+        .push((addr, common::cluster::Proc::from_child("daemon-disk", p)));
+    cluster.wait_healthy(3, Duration::from_secs(15)).await;
 
     let names = [
         "none (baseline)",
@@ -216,6 +256,7 @@ async fn faults_one_at_a_time_then_together_never_return_wrong_bytes() {
         "etcd stopped and restarted",
         "client gone mid-put",
         "daemon stalled (SIGSTOP 3 s)",
+        "a daemon's disk filled, then freed",
         "all of them at once",
     ];
     let load = Arc::new(Load {
@@ -314,9 +355,26 @@ async fn faults_one_at_a_time_then_together_never_return_wrong_bytes() {
         .expect("recovered from a stall");
     tokio::time::sleep(SETTLE).await;
 
-    // 6: everything at once: a daemon killed, the other stalled, the
-    // leader killed, etcd restarted.
+    // 6: the NVMe daemon's filesystem fills (its drive takes no new
+    // blocks: demotions are dropped, misses follow), then is freed.
     load.phase.store(6, Ordering::Relaxed);
+    std::fs::write(disk.join("fill"), b"").unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t = Instant::now();
+    std::fs::write(disk.join("release"), b"").unwrap();
+    let log = std::fs::read_to_string(cluster.logs.join("daemon-disk.log")).unwrap();
+    assert!(
+        log.contains("index filesystem nearly full"),
+        "the drive noticed its full filesystem: {log}"
+    );
+    recovered[6] = recovery(&client, t, 6)
+        .await
+        .expect("served with a full disk");
+    tokio::time::sleep(SETTLE).await;
+
+    // 7: everything at once: a daemon killed, another stalled, the
+    // leader killed, etcd restarted.
+    load.phase.store(7, Ordering::Relaxed);
     let live: Vec<usize> = (0..cluster.daemons.len())
         .filter(|i| {
             cluster.daemons[*i]
@@ -341,7 +399,7 @@ async fn faults_one_at_a_time_then_together_never_return_wrong_bytes() {
     cluster.daemons[stalled].1.signal("-CONT");
     cluster.spawn_daemon(&killed_addr);
     cluster.spawn_meta();
-    recovered[6] = recovery(&client, t, 6)
+    recovered[7] = recovery(&client, t, 7)
         .await
         .expect("recovered from everything at once");
     tokio::time::sleep(SETTLE).await;

@@ -52,6 +52,14 @@ impl Proc {
         }
     }
 
+    /// Takes charge of a process started some other way.
+    pub fn from_child(name: &str, child: Child) -> Proc {
+        Proc {
+            child,
+            name: name.to_string(),
+        }
+    }
+
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -92,10 +100,16 @@ pub struct Cluster {
     pub daemons: Vec<(String, Proc)>,
     pub logs: PathBuf,
     pub daemon_config: PathBuf,
+    pub daemon_dram: String,
 }
 
 impl Cluster {
     pub async fn start(metas: usize, daemons: usize) -> Cluster {
+        Self::start_sized(metas, daemons, "64MiB").await
+    }
+
+    /// As `start`, with `dram` of pool per daemon.
+    pub async fn start_sized(metas: usize, daemons: usize, dram: &str) -> Cluster {
         let logs = scratch_dir("cluster");
         let (client_port, peer_port) = (free_port(), free_port());
         let etcd_url = format!("http://127.0.0.1:{client_port}");
@@ -115,6 +129,7 @@ impl Cluster {
             daemons: Vec::new(),
             logs,
             daemon_config,
+            daemon_dram: dram.to_string(),
         };
         for _ in 0..metas {
             cluster.spawn_meta();
@@ -156,29 +171,33 @@ impl Cluster {
     }
 
     pub fn spawn_daemon(&mut self, addr: &str) -> usize {
+        let args = self.daemon_args(addr, &self.daemon_dram.clone());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let name = format!("daemon-{}", self.daemons.len());
-        let p = Proc::spawn(
-            &name,
-            BIN,
-            &[
-                "daemon",
-                "--etcd",
-                &self.etcd_url,
-                "--listen",
-                addr,
-                "--dram",
-                "64MiB",
-                "--lease-ttl",
-                "2s",
-                "--config",
-                self.daemon_config.to_str().unwrap(),
-                "--admin",
-                "",
-            ],
-            &self.logs,
-        );
+        let p = Proc::spawn(&name, BIN, &args, &self.logs);
         self.daemons.push((addr.to_string(), p));
         self.daemons.len() - 1
+    }
+
+    /// The arguments of a daemon of this cluster serving on `addr`.
+    pub fn daemon_args(&self, addr: &str, dram: &str) -> Vec<String> {
+        [
+            "daemon",
+            "--etcd",
+            &self.etcd_url,
+            "--listen",
+            addr,
+            "--dram",
+            dram,
+            "--lease-ttl",
+            "2s",
+            "--config",
+            self.daemon_config.to_str().unwrap(),
+            "--admin",
+            "",
+        ]
+        .map(String::from)
+        .to_vec()
     }
 
     pub async fn coordinator(&self) -> Arc<EtcdCoordinator> {
