@@ -4,13 +4,17 @@
 # from protobuf at build time), RocksDB and libclang (the NVMe tier's index
 # links Debian's librocksdb), etcd (the cluster tests start a real one),
 # Prometheus (a test scrapes the store with it) and Python (the block-key
-# spec's snippet is run by a test). Idempotent and quick
-# when everything is there.
+# spec's snippet is run by a test; the Python SDK is tested in a virtual
+# environment). Idempotent and quick when everything is there.
 set -euo pipefail
 
 need=()
 command -v cc >/dev/null || need+=(build-essential)
 command -v python3 >/dev/null || need+=(python3)
+# The Python SDK is built and tested in a virtual environment.
+python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
+# The disk-full tests mount a small tmpfs in a private namespace.
+command -v unshare >/dev/null || need+=(util-linux)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 [[ -e /usr/include/google/protobuf/descriptor.proto ]] || need+=(libprotobuf-dev)
 command -v etcd >/dev/null || need+=(etcd-server)
