@@ -22,6 +22,10 @@ use crate::error::{ClientError, ErrorSource};
 use crate::locations::LocationCache;
 use crate::metrics::ClientMetrics;
 use crate::pool::ConnPool;
+use crate::shm::ShmLink;
+
+/// Pause between attempts to reach the same-host daemon's socket.
+const SHM_RETRY: Duration = Duration::from_secs(1);
 use crate::MetaResolver;
 
 impl std::fmt::Debug for ClientConfig {
@@ -65,6 +69,10 @@ pub struct ClientConfig {
     /// Token presented to servers that require authentication (its tenant
     /// decides which namespaces this client may use). Default none.
     pub token: Option<Arc<str>>,
+    /// The Unix socket of the daemon on this host (its `shm_socket`): its
+    /// blocks are then copied straight out of its shared pool. Default
+    /// none.
+    pub shm_socket: Option<std::path::PathBuf>,
 }
 
 impl ClientConfig {
@@ -79,6 +87,7 @@ impl ClientConfig {
             metrics: None,
             node: hostname(),
             token: None,
+            shm_socket: None,
         }
     }
 
@@ -162,13 +171,16 @@ pub struct Client {
     corrupt_reads: AtomicU64,
     /// Highest meta election revision seen (fencing).
     leader_revision: AtomicU64,
+    /// The same-host link, once made (and when it was last tried).
+    shm: parking_lot::Mutex<(Option<Arc<ShmLink>>, Option<std::time::Instant>)>,
+    shm_reads: AtomicU64,
 }
 
-struct GetItem<'b> {
-    index: usize,
-    hash: BlockHash,
-    location: Location,
-    buf: &'b mut [u8],
+pub(crate) struct GetItem<'b> {
+    pub index: usize,
+    pub hash: BlockHash,
+    pub location: Location,
+    pub buf: &'b mut [u8],
 }
 
 struct PutItem<'v> {
@@ -193,6 +205,8 @@ impl Client {
             daemons: RwLock::new(HashMap::new()),
             locations: LocationCache::new(cfg_locations),
             corrupt_reads: AtomicU64::new(0),
+            shm: parking_lot::Mutex::new((None, None)),
+            shm_reads: AtomicU64::new(0),
             leader_revision: AtomicU64::new(0),
         }
     }
@@ -206,6 +220,26 @@ impl Client {
 
     pub fn config(&self) -> &ClientConfig {
         &self.cfg
+    }
+
+    /// Blocks read through the same-host shared pool.
+    pub fn shm_reads(&self) -> u64 {
+        self.shm_reads.load(Ordering::Relaxed)
+    }
+
+    /// The same-host link to the daemon at `addr`, if configured and up;
+    /// (re)connects at most once a second.
+    fn shm_link(&self, addr: &str) -> Option<Arc<ShmLink>> {
+        let path = self.cfg.shm_socket.as_ref()?;
+        let mut shm = self.shm.lock();
+        if shm.0.is_none() && shm.1.is_none_or(|t| t.elapsed() > SHM_RETRY) {
+            shm.1 = Some(std::time::Instant::now());
+            match ShmLink::connect(path) {
+                Ok(link) => shm.0 = Some(Arc::new(link)),
+                Err(err) => tracing::debug!(%err, path = %path.display(), "no shared-memory link"),
+            }
+        }
+        shm.0.clone().filter(|l| l.addr == addr)
     }
 
     /// Blocks whose bytes failed their checksum on read (each was a miss).
@@ -622,6 +656,57 @@ impl Client {
         items: &mut [GetItem<'_>],
     ) -> Result<Vec<Read>, ClientError> {
         let pool = self.daemon_pool(daemon)?;
+        if let Some(link) = self.shm_link(pool.addr()) {
+            match link.get(namespace, items).await {
+                Ok(mut reads) => {
+                    self.shm_reads.fetch_add(
+                        reads.iter().filter(|r| matches!(r, Read::Hit(_))).count() as u64,
+                        Ordering::Relaxed,
+                    );
+                    for (item, read) in items.iter().zip(&reads) {
+                        if matches!(read, Read::Corrupt) {
+                            self.report_corrupt(&pool, BlockKey::new(namespace.clone(), item.hash));
+                        }
+                    }
+                    // Blocks not in the daemon's DRAM (on NVMe) come over TCP.
+                    let rest: Vec<usize> = (0..reads.len())
+                        .filter(|i| matches!(reads[*i], Read::Missing))
+                        .collect();
+                    if rest.is_empty() {
+                        return Ok(reads);
+                    }
+                    let mut tcp: Vec<GetItem<'_>> = items
+                        .iter_mut()
+                        .enumerate()
+                        .filter(|(i, _)| rest.contains(i))
+                        .map(|(_, it)| GetItem {
+                            index: it.index,
+                            hash: it.hash,
+                            location: it.location,
+                            buf: &mut *it.buf,
+                        })
+                        .collect();
+                    let got = self.get_over_tcp(&pool, namespace, &mut tcp).await?;
+                    for (i, read) in rest.into_iter().zip(got) {
+                        reads[i] = read;
+                    }
+                    return Ok(reads);
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "shared-memory link lost; reading over TCP");
+                    *self.shm.lock() = (None, Some(std::time::Instant::now()));
+                }
+            }
+        }
+        self.get_over_tcp(&pool, namespace, items).await
+    }
+
+    async fn get_over_tcp(
+        &self,
+        pool: &Arc<ConnPool>,
+        namespace: &Namespace,
+        items: &mut [GetItem<'_>],
+    ) -> Result<Vec<Read>, ClientError> {
         let requests: Vec<Vec<u8>> = items
             .iter()
             .map(|it| {
@@ -653,7 +738,7 @@ impl Client {
                     pool.put_back(conn);
                     for (item, read) in items.iter().zip(&got) {
                         if matches!(read, Read::Corrupt) {
-                            self.report_corrupt(&pool, BlockKey::new(namespace.clone(), item.hash));
+                            self.report_corrupt(pool, BlockKey::new(namespace.clone(), item.hash));
                         }
                     }
                     return Ok(got);
@@ -1011,7 +1096,7 @@ impl Client {
 
 /// What one read found, before it is told to the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Read {
+pub(crate) enum Read {
     Hit(usize),
     /// No location, or the daemon does not hold the block.
     Missing,

@@ -12,6 +12,7 @@ mod error;
 mod locations;
 mod metrics;
 mod pool;
+mod shm;
 
 pub use client::{Client, ClientConfig, GetOutcome, PrefixMatch, PutOutcome};
 pub use conn::{Connection, FrameReader, FrameWriter};

@@ -53,4 +53,7 @@ fn for_each_body(body: &[u8]) {
     round_trip::<InventoryRequest>(body);
     round_trip::<HeartbeatRequest>(body);
     round_trip::<EventsRequest>(body);
+    round_trip::<ShmLease>(body);
+    round_trip::<ShmRelease>(body);
+    round_trip::<ShmHello>(body);
 }

@@ -524,7 +524,9 @@ async fn dispatch(
         | Opcode::DaemonStats
         | Opcode::Verify
         | Opcode::Evict
-        | Opcode::Auth => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
+        | Opcode::Auth
+        | Opcode::ShmGet
+        | Opcode::ShmRelease => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
     })
 }
 

@@ -68,6 +68,11 @@ opcodes! {
     /// Presents a token; the first request on a connection to a server
     /// that requires authentication (served by daemons and meta alike).
     Auth = 0x0A,
+    /// Same host, over the daemon's Unix socket: lease a block in the
+    /// shared pool; the answer says where its bytes are.
+    ShmGet = 0x0B,
+    /// Same host: end leases taken with `ShmGet`.
+    ShmRelease = 0x0C,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).

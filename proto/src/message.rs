@@ -1049,3 +1049,74 @@ mod tests {
         assert!(KeyRequest::from_bytes(&w.buf).is_err());
     }
 }
+
+/// Where a leased block lies in the daemon's shared pool (`ShmGet`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmLease {
+    pub lease: u64,
+    pub offset: u64,
+    pub len: u32,
+    pub checksum: u64,
+}
+
+impl Body for ShmLease {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.lease);
+        w.u64(self.offset);
+        w.u32(self.len);
+        w.u64(self.checksum);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmLease {
+            lease: r.u64()?,
+            offset: r.u64()?,
+            len: r.u32()?,
+            checksum: r.u64()?,
+        })
+    }
+}
+
+/// Leases to end (`ShmRelease`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmRelease {
+    pub leases: Vec<u64>,
+}
+
+impl Body for ShmRelease {
+    fn encode(&self, w: &mut Writer) {
+        w.count(self.leases.len());
+        for l in &self.leases {
+            w.u64(*l);
+        }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let n = r.count(8)?;
+        let leases = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+        Ok(ShmRelease { leases })
+    }
+}
+
+/// The first message on a daemon's Unix socket, sent with the pool's file
+/// descriptor: the pool's size and the daemon's TCP address (which client
+/// locations name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmHello {
+    pub len: u64,
+    pub addr: String,
+}
+
+impl Body for ShmHello {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.len);
+        w.str(&self.addr);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmHello {
+            len: r.u64()?,
+            addr: r.str()?.to_string(),
+        })
+    }
+}

@@ -67,6 +67,11 @@ pub struct DaemonConfig {
     pub dram_quota: std::collections::BTreeMap<String, f64>,
     /// Shares of each NVMe drive per tenant, as `dram_quota`. Default none.
     pub nvme_quota: std::collections::BTreeMap<String, f64>,
+    /// Unix socket for clients on the same host: they map the DRAM pool
+    /// read-only and copy blocks straight out of it. The pool is then kept
+    /// in a memfd. Anyone who can connect reads every block: not with
+    /// `auth`. Default none.
+    pub shm_socket: Option<std::path::PathBuf>,
     /// Meta service to register with. Default none (a standalone daemon).
     pub meta: Option<String>,
     /// Token file (`docs/security.md`): when set, every connection must
@@ -104,6 +109,7 @@ impl Default for DaemonConfig {
             promote_after: 2,
             dram_quota: Default::default(),
             nvme_quota: Default::default(),
+            shm_socket: None,
             meta: None,
             auth: None,
             token: None,
@@ -141,6 +147,12 @@ impl DaemonConfig {
             return Err("max_connections and max_connections_per_client must be at least 1".into());
         }
         self.nvme_drives()?;
+        if self.shm_socket.is_some() && self.auth.is_some() {
+            return Err(
+                "shm_socket lets local processes read every block: it cannot be combined with auth"
+                    .into(),
+            );
+        }
         for (field, quota) in [
             ("dram_quota", &self.dram_quota),
             ("nvme_quota", &self.nvme_quota),
@@ -192,6 +204,7 @@ impl DaemonConfig {
             hugepages: self.hugepages,
             prefault: self.prefault,
             quotas: quotas(&self.dram_quota),
+            shared: self.shm_socket.is_some(),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod pool;
 pub mod quota;
 mod region;
 mod server;
+mod shm;
 pub mod tiers;
 
 use std::net::SocketAddr;
@@ -158,6 +159,15 @@ pub async fn start(
         shutdown.child_token(),
     ))];
     let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    if let Some(path) = config.shm_socket.clone() {
+        shm::usable(&path).map_err(DaemonError::Config)?;
+        let (pool, advertise, stop) = (pool.clone(), advertise.clone(), shutdown.child_token());
+        tasks.push(tokio::spawn(async move {
+            if let Err(err) = shm::run(path.clone(), pool, advertise, stop).await {
+                tracing::error!(%err, path = %path.display(), "shared-memory socket failed");
+            }
+        }));
+    }
     let target = match (coordinator, config.meta.clone()) {
         (Some(c), _) => {
             c.register(MemberKind::Daemon, advertise.clone()).await?;

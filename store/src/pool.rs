@@ -46,6 +46,8 @@ pub struct PoolConfig {
     /// Tenants with a share of the pool: a tenant's blocks never take more
     /// than its share; past it, its own coldest blocks go first.
     pub quotas: Quotas,
+    /// Keep the pool in a memfd that same-host clients can map.
+    pub shared: bool,
 }
 
 impl PoolConfig {
@@ -59,6 +61,7 @@ impl PoolConfig {
             hugepages: false,
             prefault: false,
             quotas: Quotas::default(),
+            shared: false,
         }
     }
 }
@@ -161,7 +164,12 @@ struct Doomed {
 impl DramPool {
     pub fn new(cfg: PoolConfig) -> std::io::Result<Self> {
         let units = (cfg.capacity / UNIT).min(u32::MAX as u64) as u32;
-        let region = Region::new((units as u64 * UNIT) as usize, cfg.hugepages, cfg.prefault)?;
+        let len = (units as u64 * UNIT) as usize;
+        let region = if cfg.shared {
+            Region::shared(len, cfg.hugepages, cfg.prefault)?
+        } else {
+            Region::new(len, cfg.hugepages, cfg.prefault)?
+        };
         // One allocation per block of at least 1 KiB, at most 4M of them.
         let max_allocs = (cfg.capacity / 1024).clamp(1024, 4 << 20) as u32;
         let tenants = cfg.quotas.len();
@@ -190,6 +198,11 @@ impl DramPool {
             overflow: Mutex::new(Vec::new()),
             demote_queued: AtomicU64::new(0),
         })
+    }
+
+    /// The memfd and size of a shared pool (`PoolConfig::shared`).
+    pub fn shared_region(&self) -> Option<(std::os::fd::BorrowedFd<'_>, u64)> {
+        self.region.fd().map(|fd| (fd, self.region.len() as u64))
     }
 
     pub fn uses_hugepages(&self) -> bool {
@@ -715,6 +728,19 @@ pub struct ReadLease {
 }
 
 impl ReadLease {
+    /// Where the bytes start in the pool's region.
+    pub fn byte_offset(&self) -> u64 {
+        self.offset as u64 * UNIT
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: a leased block is neither freed nor rewritten until every
         // lease on it is dropped.

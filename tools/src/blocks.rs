@@ -96,6 +96,7 @@ pub async fn client(target: &Target) -> Result<Client, Failure> {
     if let Some(token) = &target.token {
         cfg = cfg.with_token(token.as_str());
     }
+    cfg.shm_socket = target.shm_socket.clone();
     if target.etcd.is_empty() {
         return Ok(Client::new(cfg));
     }

@@ -61,6 +61,10 @@ pub struct Target {
     /// one); its tenant decides which namespaces this command may use.
     #[arg(long, env = "MOONCAKE_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
+    /// Unix socket of the daemon on this host (its --shm-socket): its
+    /// blocks are read straight from its shared pool.
+    #[arg(long, env = "MOONCAKE_SHM_SOCKET", global = true)]
+    shm_socket: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]

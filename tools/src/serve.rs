@@ -70,6 +70,10 @@ pub struct UpArgs {
     /// /mnt/nvme0/mc.bin:200GiB; repeat for several drives.
     #[arg(long)]
     nvme: Vec<String>,
+    /// Serve clients on this host through shared memory, on this Unix
+    /// socket (not with --auth).
+    #[arg(long)]
+    shm_socket: Option<PathBuf>,
     /// Admin address (/metrics, /health) of the process; "" for none.
     #[arg(long)]
     admin: Option<String>,
@@ -128,6 +132,10 @@ pub struct DaemonArgs {
     /// /mnt/nvme0/mc.bin:200GiB; repeat for several drives.
     #[arg(long)]
     nvme: Vec<String>,
+    /// Serve clients on this host through shared memory, on this Unix
+    /// socket (not with --auth).
+    #[arg(long)]
+    shm_socket: Option<PathBuf>,
     #[command(flatten)]
     etcd: EtcdArgs,
 }
@@ -184,6 +192,9 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     }
     if !args.nvme.is_empty() {
         cfg.daemon.nvme = args.nvme;
+    }
+    if args.shm_socket.is_some() {
+        cfg.daemon.shm_socket = args.shm_socket;
     }
     if let Some(a) = args.admin {
         cfg.meta.admin = a;
@@ -355,6 +366,9 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     }
     if !args.nvme.is_empty() {
         cfg.nvme = args.nvme;
+    }
+    if args.shm_socket.is_some() {
+        cfg.shm_socket = args.shm_socket;
     }
     if args.auth.is_some() {
         cfg.auth = args.auth;

@@ -133,7 +133,7 @@ impl Client {
     /// model); `timeout` (seconds) bounds every call; `token` (default
     /// `$MOONCAKE_TOKEN`) authenticates with a store that requires it.
     #[new]
-    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0, token = None))]
+    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0, token = None, shm_socket = None))]
     fn new(
         py: Python<'_>,
         meta: Option<String>,
@@ -141,6 +141,7 @@ impl Client {
         namespace: &str,
         timeout: f64,
         token: Option<String>,
+        shm_socket: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let ns = crate::keys::namespace(namespace)?;
         if !(timeout > 0.0 && timeout.is_finite()) {
@@ -156,6 +157,9 @@ impl Client {
         if let Some(token) = token.or_else(|| std::env::var("MOONCAKE_TOKEN").ok()) {
             cfg = cfg.with_token(token);
         }
+        // The daemon on this host, read through its shared pool.
+        cfg.shm_socket =
+            shm_socket.or_else(|| std::env::var_os("MOONCAKE_SHM_SOCKET").map(Into::into));
         let client = py.detach(|| {
             runtime().block_on(async {
                 let cfg = match etcd.filter(|e| !e.is_empty()) {

@@ -37,6 +37,7 @@ class Client:
         namespace: str = "default",
         timeout: float = 5.0,
         token: Optional[str] = None,
+        shm_socket: Optional[str] = None,
     ) -> None: ...
     @property
     def namespace(self) -> str: ...

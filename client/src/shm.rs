@@ -1,0 +1,244 @@
+//! Same-host reads: the daemon on this host shares its DRAM pool (a memfd
+//! received over its Unix socket, mapped read-only here); a block is read
+//! by leasing it (`ShmGet`: where its bytes are, kept in place until the
+//! lease ends), copying it into the caller's buffer and checking it against
+//! its checksum, then ending the leases (`ShmRelease`). No byte crosses a
+//! socket. See `store/src/shm.rs` for the daemon's side.
+
+use std::io::{self, IoSliceMut};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::Path;
+use std::ptr::NonNull;
+
+use mooncake_proto::message::{Body, KeyRequest, ShmHello, ShmLease, ShmRelease};
+use mooncake_proto::{checksum, BlockKey, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use crate::client::{GetItem, Read};
+
+/// A read-only mapping of a daemon's pool.
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: read-only memory; what may be read when is decided by leases.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `connect` mapped.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Idle socket connections kept to the daemon.
+const MAX_IDLE: usize = 64;
+
+/// The link to the daemon on this host: its pool, mapped once, and a few
+/// socket connections for leases (one call at a time on each).
+pub(crate) struct ShmLink {
+    /// The daemon's TCP address, as block locations name it.
+    pub addr: String,
+    map: Mapping,
+    path: std::path::PathBuf,
+    /// Connections whose last call finished cleanly; one cut short (a
+    /// deadline) is dropped with its call, never reused.
+    idle: parking_lot::Mutex<Vec<UnixStream>>,
+}
+
+impl ShmLink {
+    /// Connects to the daemon's socket at `path` and maps its pool.
+    pub fn connect(path: &Path) -> io::Result<ShmLink> {
+        let (stream, hello, fd) = open(path)?;
+        let len = usize::try_from(hello.len).map_err(io::Error::other)?;
+        // SAFETY: a read-only shared mapping of the memfd we were given.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let map = Mapping {
+            ptr: NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("null mapping"))?,
+            len,
+        };
+        drop(fd);
+        Ok(ShmLink {
+            addr: hello.addr,
+            map,
+            path: path.to_path_buf(),
+            idle: parking_lot::Mutex::new(vec![stream]),
+        })
+    }
+
+    /// An idle connection, or a new one (its copy of the pool's descriptor
+    /// is closed: the mapping is already there).
+    fn conn(&self) -> io::Result<UnixStream> {
+        if let Some(c) = self.idle.lock().pop() {
+            return Ok(c);
+        }
+        let (stream, hello, _fd) = open(&self.path)?;
+        if hello.addr != self.addr || hello.len as usize != self.map.len {
+            return Err(io::Error::other("another daemon now serves this socket"));
+        }
+        Ok(stream)
+    }
+
+    /// Reads `items` from the shared pool: one lease per block, all asked
+    /// at once, the bytes copied and checked, then all leases ended.
+    /// `Missing` for blocks the daemon does not hold in DRAM.
+    pub async fn get(
+        &self,
+        namespace: &Namespace,
+        items: &mut [GetItem<'_>],
+    ) -> io::Result<Vec<Read>> {
+        let mut conn = self.conn()?;
+        let mut out = Vec::with_capacity(items.len());
+        let mut frames = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            let body = KeyRequest {
+                key: BlockKey::new(namespace.clone(), it.hash),
+            }
+            .to_bytes();
+            frames.extend_from_slice(
+                &Header::request(Opcode::ShmGet, i as u64 + 1, body.len() as u32).encode(),
+            );
+            frames.extend_from_slice(&body);
+        }
+        conn.write_all(&frames).await?;
+        let mut leases = Vec::new();
+        for (i, item) in items.iter_mut().enumerate() {
+            let (status, body) = answer(&mut conn, Opcode::ShmGet, i as u64 + 1).await?;
+            out.push(match status {
+                ErrorCode::Ok => {
+                    let lease = ShmLease::from_bytes(&body).map_err(io::Error::other)?;
+                    leases.push(lease.lease);
+                    self.copy(&lease, item)?
+                }
+                ErrorCode::NotFound => Read::Missing,
+                other => Read::Failed(other),
+            });
+        }
+        if !leases.is_empty() {
+            let body = ShmRelease { leases }.to_bytes();
+            let id = items.len() as u64 + 1;
+            conn.write_all(&Header::request(Opcode::ShmRelease, id, body.len() as u32).encode())
+                .await?;
+            conn.write_all(&body).await?;
+            let (status, _) = answer(&mut conn, Opcode::ShmRelease, id).await?;
+            if status != ErrorCode::Ok {
+                return Err(io::Error::other(format!("leases not released: {status}")));
+            }
+        }
+        let mut idle = self.idle.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+        Ok(out)
+    }
+
+    /// Copies one leased block into its buffer and checks it.
+    fn copy(&self, lease: &ShmLease, item: &mut GetItem<'_>) -> io::Result<Read> {
+        let (offset, len) = (lease.offset as usize, lease.len as usize);
+        if offset.checked_add(len).is_none_or(|end| end > self.map.len) {
+            return Err(io::Error::other("a lease outside the shared pool"));
+        }
+        if len > item.buf.len() {
+            return Ok(Read::Failed(ErrorCode::TooLarge));
+        }
+        // SAFETY: in bounds (checked above), and the lease keeps these
+        // bytes in place, unwritten, until it is released.
+        let src = unsafe { std::slice::from_raw_parts(self.map.ptr.as_ptr().add(offset), len) };
+        let dst = &mut item.buf[..len];
+        dst.copy_from_slice(src);
+        if checksum(dst) != lease.checksum {
+            return Ok(Read::Corrupt);
+        }
+        if lease.checksum != item.location.checksum || len != item.location.size as usize {
+            return Ok(Read::Stale);
+        }
+        Ok(Read::Hit(len))
+    }
+}
+
+/// Connects to the daemon's socket: the stream (non-blocking, for tokio),
+/// its hello and the pool's descriptor.
+fn open(path: &Path) -> io::Result<(UnixStream, ShmHello, OwnedFd)> {
+    let stream = StdUnixStream::connect(path)?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(1)))?;
+    let (hello, fd) = recv_with_fd(&stream)?;
+    let hello = ShmHello::from_bytes(&hello).map_err(io::Error::other)?;
+    stream.set_read_timeout(None)?;
+    stream.set_nonblocking(true)?;
+    Ok((UnixStream::from_std(stream)?, hello, fd))
+}
+
+/// The next answer on the link, which must be to request `id` of `op`.
+async fn answer(conn: &mut UnixStream, op: Opcode, id: u64) -> io::Result<(ErrorCode, Vec<u8>)> {
+    let mut raw = [0u8; HEADER_LEN];
+    conn.read_exact(&mut raw).await?;
+    let header = Header::parse(&raw)
+        .map_err(io::Error::other)?
+        .ok_or_else(|| io::Error::other("short header"))?;
+    if !header.response || header.opcode != op || header.request_id != id {
+        return Err(io::Error::other(
+            "answers out of order on the shared-memory link",
+        ));
+    }
+    let mut body = vec![0u8; header.body_len as usize];
+    conn.read_exact(&mut body).await?;
+    let status = ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal);
+    Ok((status, body))
+}
+
+/// Receives one message with a file descriptor attached (SCM_RIGHTS).
+fn recv_with_fd(stream: &StdUnixStream) -> io::Result<(Vec<u8>, OwnedFd)> {
+    let mut bytes = vec![0u8; 4096];
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = [IoSliceMut::new(&mut bytes)];
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr().cast();
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: a connected socket and buffers that outlive the call.
+    let n = unsafe {
+        libc::recvmsg(
+            std::os::fd::AsRawFd::as_raw_fd(stream),
+            &mut msg,
+            libc::MSG_CMSG_CLOEXEC,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel filled `control`; we read the first header only.
+    let fd = unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Err(io::Error::other("no descriptor came with the hello"));
+        }
+        std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>())
+    };
+    // SAFETY: the kernel installed this descriptor for us.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    bytes.truncate(n as usize);
+    Ok((bytes, fd))
+}

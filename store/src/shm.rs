@@ -1,0 +1,209 @@
+//! Same-host reads through shared memory. The daemon's DRAM pool lives in a
+//! memfd; a client on the same host connects to the daemon's Unix socket,
+//! receives the memfd (SCM_RIGHTS), maps it read-only, and for each block
+//! asks for a lease (`ShmGet`): the daemon answers where the bytes are and
+//! keeps them in place (no eviction, no reuse) until the client ends the
+//! lease (`ShmRelease`) or goes away. The client copies the bytes and
+//! checks them against the block's checksum, so a copy is either right or
+//! a miss. Blocks only on NVMe answer `NotFound` here; the client reads
+//! those over TCP.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use mooncake_proto::message::{Body, KeyRequest, ShmHello, ShmLease, ShmRelease};
+use mooncake_proto::{ErrorCode, Header, Opcode, HEADER_LEN};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::pool::{DramPool, ReadLease};
+
+/// Leases one client may hold at once.
+const MAX_LEASES: usize = 1 << 16;
+
+/// Serves same-host clients on `path` until `shutdown`.
+pub async fn run(
+    path: PathBuf,
+    pool: Arc<DramPool>,
+    advertise: String,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    tracing::info!(path = %path.display(), "same-host clients served over shared memory");
+    let _cleanup = RemoveOnDrop(path);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((s, _)) => s,
+                Err(err) => {
+                    tracing::warn!(%err, "shm accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return Ok(()),
+        };
+        let (pool, advertise, shutdown) = (pool.clone(), advertise.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(err) = serve(stream, &pool, &advertise, &shutdown).await {
+                tracing::debug!(%err, "shm client gone");
+            }
+        });
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn serve(
+    mut stream: UnixStream,
+    pool: &Arc<DramPool>,
+    advertise: &str,
+    shutdown: &CancellationToken,
+) -> io::Result<()> {
+    let (fd, len) = pool
+        .shared_region()
+        .ok_or_else(|| io::Error::other("the pool is not shared"))?;
+    let hello = ShmHello {
+        len,
+        addr: advertise.to_string(),
+    }
+    .to_bytes();
+    stream.writable().await?;
+    send_with_fd(&stream, &hello, fd)?;
+    // Every lease this client holds; all end when it goes away.
+    let mut leases: HashMap<u64, ReadLease> = HashMap::new();
+    let mut next_lease = 1u64;
+    loop {
+        let mut raw = [0u8; HEADER_LEN];
+        tokio::select! {
+            read = stream.read_exact(&mut raw) => match read {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            },
+            _ = shutdown.cancelled() => return Ok(()),
+        }
+        let header = match Header::parse(&raw) {
+            Ok(Some(h))
+                if !h.response && matches!(h.opcode, Opcode::ShmGet | Opcode::ShmRelease) =>
+            {
+                h
+            }
+            Ok(_) => {
+                stream
+                    .write_all(&Header::error_reply(&raw, ErrorCode::UnknownOpcode as u16))
+                    .await?;
+                return Ok(());
+            }
+            Err(err) => {
+                stream
+                    .write_all(&Header::error_reply(&raw, err.code() as u16))
+                    .await?;
+                return Ok(());
+            }
+        };
+        let mut body = vec![0u8; header.body_len as usize];
+        stream.read_exact(&mut body).await?;
+        let (code, answer) = match header.opcode {
+            Opcode::ShmGet => match KeyRequest::from_bytes(&body) {
+                Err(err) => (err.code(), Vec::new()),
+                Ok(_) if leases.len() >= MAX_LEASES => (ErrorCode::Busy, Vec::new()),
+                Ok(req) => match pool.get(&req.key) {
+                    None => {
+                        pool.note_get(false);
+                        (ErrorCode::NotFound, Vec::new())
+                    }
+                    Some(lease) => {
+                        pool.note_get(true);
+                        let id = next_lease;
+                        next_lease += 1;
+                        let answer = ShmLease {
+                            lease: id,
+                            offset: lease.byte_offset(),
+                            len: lease.len() as u32,
+                            checksum: lease.checksum(),
+                        };
+                        leases.insert(id, lease);
+                        (ErrorCode::Ok, answer.to_bytes())
+                    }
+                },
+            },
+            _ => match ShmRelease::from_bytes(&body) {
+                Err(err) => (err.code(), Vec::new()),
+                Ok(req) => {
+                    for id in req.leases {
+                        leases.remove(&id);
+                    }
+                    (ErrorCode::Ok, Vec::new())
+                }
+            },
+        };
+        let h = Header::response(
+            header.opcode,
+            header.request_id,
+            code as u16,
+            answer.len() as u32,
+        );
+        stream.write_all(&h.encode()).await?;
+        stream.write_all(&answer).await?;
+    }
+}
+
+/// Sends `bytes` with a file descriptor attached (SCM_RIGHTS).
+fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+    let raw_fd = fd.as_raw_fd();
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: the control buffer has room for one header and one fd.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), raw_fd);
+    }
+    // SAFETY: a connected socket and a well-formed message.
+    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if sent as usize != bytes.len() {
+        return Err(io::Error::other("hello sent in part"));
+    }
+    Ok(())
+}
+
+/// Whether `path` names a socket a daemon could serve on (its directory
+/// exists).
+pub fn usable(path: &Path) -> Result<(), String> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(format!(
+            "shm_socket = {}: no directory {}",
+            path.display(),
+            dir.display()
+        )),
+        _ => Ok(()),
+    }
+}

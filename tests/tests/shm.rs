@@ -1,0 +1,162 @@
+//! Same-host reads through the daemon's shared pool: right bytes, straight
+//! from shared memory; blocks the pool does not hold (on NVMe) and daemons
+//! without a socket are read over TCP; a block replaced while clients copy
+//! it never comes back with mixed bytes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooncake_client::{Client, ClientConfig, GetOutcome, PutOutcome};
+use mooncake_proto::{BlockHash, Namespace};
+use mooncake_tests::{block_bytes, daemon_config, fast_meta, TestCluster};
+
+fn ns() -> Namespace {
+    Namespace::new("t/shm").unwrap()
+}
+
+fn hash(i: u64) -> BlockHash {
+    BlockHash::from_opaque(&i.to_le_bytes())
+}
+
+fn scratch() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mooncake-shm-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn cluster_with_shm(dir: &std::path::Path, dram: u64, nvme: bool) -> TestCluster {
+    let mut cfg = daemon_config(dram);
+    cfg.shm_socket = Some(dir.join("daemon.sock"));
+    if nvme {
+        cfg.nvme = vec![format!("{}:64MiB", dir.join("drive.bin").display())];
+    }
+    TestCluster::start_with(fast_meta(), vec![cfg]).await
+}
+
+fn client(cluster: &TestCluster, socket: &std::path::Path) -> Client {
+    let mut cfg = ClientConfig::new(cluster.meta_addr.clone()).with_timeout(Duration::from_secs(5));
+    cfg.shm_socket = Some(socket.to_path_buf());
+    Client::new(cfg)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_host_gets_are_copied_from_shared_memory_byte_for_byte() {
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
+    let client = client(&cluster, &dir.join("daemon.sock"));
+    let sizes: Vec<usize> = (0..50).map(|i| 1 + i * 20_011 % (512 << 10)).collect();
+    for (i, n) in sizes.iter().enumerate() {
+        let out = client
+            .put(&ns(), &[(hash(i as u64), &block_bytes(i as u64, *n))])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored]);
+    }
+    let hashes: Vec<BlockHash> = (0..50).map(hash).collect();
+    let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|n| vec![0u8; *n]).collect();
+    let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let got = client.get_into(&ns(), &hashes, &mut views).await.unwrap();
+    for (i, (g, n)) in got.iter().zip(&sizes).enumerate() {
+        assert_eq!(*g, GetOutcome::Hit(*n), "block {i}");
+        assert!(bufs[i] == block_bytes(i as u64, *n), "block {i} bytes");
+    }
+    assert_eq!(
+        client.shm_reads(),
+        50,
+        "every block came through shared memory"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_on_nvme_and_daemons_without_a_socket_are_read_over_tcp() {
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 8 << 20, true).await;
+    let client = client(&cluster, &dir.join("daemon.sock"));
+    let block = 1 << 20;
+    for i in 0..24u64 {
+        client
+            .put(&ns(), &[(hash(i), &block_bytes(i, block))])
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut buf = vec![0u8; block];
+    for i in 0..24u64 {
+        let got = client
+            .get_into(&ns(), &[hash(i)], &mut [&mut buf[..]])
+            .await
+            .unwrap();
+        assert_eq!(got, vec![GetOutcome::Hit(block)], "block {i}");
+        assert!(buf == block_bytes(i, block), "block {i} bytes");
+    }
+    let shm = client.shm_reads();
+    assert!(
+        shm > 0 && shm < 24,
+        "DRAM blocks through shared memory, NVMe ones over TCP: {shm}"
+    );
+
+    // A socket that is not there: everything over TCP, nothing lost.
+    let tcp_only = self::client(&cluster, &dir.join("no-such.sock"));
+    let got = tcp_only
+        .get_into(&ns(), &[hash(23)], &mut [&mut buf[..]])
+        .await
+        .unwrap();
+    assert_eq!(got, vec![GetOutcome::Hit(block)]);
+    assert_eq!(tcp_only.shm_reads(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_replaced_while_clients_copy_it_never_comes_back_mixed() {
+    let dir = scratch();
+    let cluster = Arc::new(cluster_with_shm(&dir, 16 << 20, false).await);
+    let socket = dir.join("daemon.sock");
+    let len = 256 << 10;
+    let versions = [block_bytes(1, len), block_bytes(2, len)];
+    let writer = {
+        let client = client(&cluster, &socket);
+        let versions = versions.clone();
+        tokio::spawn(async move {
+            for round in 0..200usize {
+                let _ = client.remove(&ns(), &[hash(7)]).await;
+                let _ = client.put(&ns(), &[(hash(7), &versions[round % 2])]).await;
+            }
+        })
+    };
+    let reader = client(&cluster, &socket);
+    let mut buf = vec![0u8; len];
+    let mut hits = 0;
+    while !writer.is_finished() {
+        if let Ok(got) = reader
+            .get_into(&ns(), &[hash(7)], &mut [&mut buf[..]])
+            .await
+        {
+            if got == vec![GetOutcome::Hit(len)] {
+                assert!(
+                    buf == versions[0] || buf == versions[1],
+                    "mixed bytes returned"
+                );
+                hits += 1;
+            }
+        }
+    }
+    writer.await.unwrap();
+    assert!(
+        hits > 0 && reader.shm_reads() > 0,
+        "the reader read through shared memory"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_shared_pool_cannot_be_combined_with_authentication() {
+    let mut cfg = daemon_config(8 << 20);
+    cfg.shm_socket = Some("/tmp/x.sock".into());
+    cfg.auth = Some("/tmp/tokens.toml".into());
+    assert!(cfg.validate().unwrap_err().contains("auth"));
+}
