@@ -438,6 +438,12 @@ impl Client {
         .map_err(codes::to_py)
     }
 
+    /// Blocks read through the same-host shared pool (`shm_socket`).
+    #[getter]
+    fn shm_reads(&self) -> u64 {
+        self.inner.shm_reads()
+    }
+
     /// Blocks whose bytes failed their checksum on the way (each was a miss).
     #[getter]
     fn corrupt_reads(&self) -> u64 {

@@ -60,3 +60,24 @@ def test_a_daemon_killed_mid_run_costs_errors_never_the_interpreter():
     finally:
         daemon.kill()
         meta_proc.kill()
+
+
+def test_same_host_reads_through_shared_memory(tmp_path):
+    meta = f"127.0.0.1:{free_port()}"
+    sock = tmp_path / "daemon.sock"
+    proc = Process(
+        "up", "--meta-listen", meta, "--listen", f"127.0.0.1:{free_port()}",
+        "--admin", "", "--dram", "64MiB", "--shm-socket", str(sock),
+    )
+    try:
+        wait_for_daemon(meta)
+        client = mooncake_store.Client(meta, namespace="t/shm", shm_socket=str(sock))
+        values = [bytes([i]) * (100_000 + i) for i in range(16)]
+        keys = [f"s{i}" for i in range(16)]
+        assert client.put_batch(keys, values) == [0] * 16
+        bufs = [bytearray(200_000) for _ in keys]
+        assert client.get_into_batch(keys, bufs) == [len(v) for v in values]
+        assert all(bytes(b[: len(v)]) == v for b, v in zip(bufs, values))
+        assert client.shm_reads == 16
+    finally:
+        proc.kill()
