@@ -4,12 +4,16 @@
 # the first two, bench for the store): same block sizes, same concurrency,
 # same number of operations. Then prefix matching of 128-key chains: the
 # store's match_prefix against pipelined EXISTS on redis.
-# Usage: tools/bench/compare.sh [SIZES] [CONCURRENCY] [OPS]
+# The store is measured twice: over TCP like the others, and through the
+# same-host shared pool (--shm-socket), the path a worker on the daemon's
+# host takes.
+# Usage: tools/bench/compare.sh [SIZES] [CONCURRENCY] [OPS] [CLIENT_THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SIZES="${1:-16KiB,256KiB,4MiB}"
 CONC="${2:-8}"
 OPS="${3:-4000}"
+THREADS="${4:-1}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
 
 need=()
@@ -36,17 +40,20 @@ pids+=($!)
 # memcached: 4 threads (its default), values up to 8 MiB, 4 GiB of memory.
 memcached -p "$CPORT" -l 127.0.0.1 -U 0 -I 8m -m 4096 -u "$(id -un)" >"$tmp/memcached.log" 2>&1 &
 pids+=($!)
-"$BIN" up --meta-listen "127.0.0.1:$MPORT" --listen "127.0.0.1:$DPORT" --admin "" --dram 4GiB >"$tmp/up.log" 2>&1 &
+"$BIN" up --meta-listen "127.0.0.1:$MPORT" --listen "127.0.0.1:$DPORT" --admin "" --dram 4GiB \
+    --shm-socket "$tmp/daemon.sock" >"$tmp/up.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
     "$BIN" stat --meta "127.0.0.1:$MPORT" --json 2>/dev/null | grep -q '"alive":true' && break
     sleep 0.1
 done
 
-echo "machine: $(nproc) cores, $(uname -r); concurrency $CONC; $OPS gets per size; redis $(redis-server --version | grep -o 'v=[0-9.]*'), memcached $(memcached -V | cut -d' ' -f2)"
-"$BIN" bench-peer --peer redis --addr "127.0.0.1:$RPORT" --sizes "$SIZES" --concurrency "$CONC" --ops "$OPS" --chain 128 >"$tmp/redis.json"
-"$BIN" bench-peer --peer memcached --addr "127.0.0.1:$CPORT" --sizes "$SIZES" --concurrency "$CONC" --ops "$OPS" >"$tmp/memcached.json"
-"$BIN" bench --meta "127.0.0.1:$MPORT" --sizes "$SIZES" --concurrency "$CONC" --ops "$OPS" --json >"$tmp/mooncake.json"
+echo "machine: $(nproc) cores, $(uname -r); concurrency $CONC; $OPS gets per size; client threads $THREADS; redis $(redis-server --version | grep -o 'v=[0-9.]*'), memcached $(memcached -V | cut -d' ' -f2)"
+common=(--threads "$THREADS" --sizes "$SIZES" --concurrency "$CONC" --ops "$OPS")
+"$BIN" bench-peer --peer redis --addr "127.0.0.1:$RPORT" "${common[@]}" --chain 128 >"$tmp/redis.json"
+"$BIN" bench-peer --peer memcached --addr "127.0.0.1:$CPORT" "${common[@]}" >"$tmp/memcached.json"
+"$BIN" bench --meta "127.0.0.1:$MPORT" "${common[@]}" --json >"$tmp/mooncake.json"
+"$BIN" bench --meta "127.0.0.1:$MPORT" "${common[@]}" --shm-socket "$tmp/daemon.sock" --json >"$tmp/shm.json"
 "$BIN" bench-meta --meta "127.0.0.1:$MPORT" --chain-len 128 --requests $((OPS * 10)) --json >"$tmp/meta.json"
 
 python3 - "$tmp" <<'PY'
@@ -54,7 +61,7 @@ import json, sys
 d = sys.argv[1]
 def rows(name):
     return [json.loads(l) for l in open(f"{d}/{name}.json") if l.strip()]
-redis, mc, moon = rows("redis"), rows("memcached"), rows("mooncake")
+redis, mc, moon, shm = rows("redis"), rows("memcached"), rows("mooncake"), rows("shm")
 def find(rs, op, size):
     return next((r for r in rs if r.get("op") == op and r.get("size") == size), None)
 def fmt_size(n):
@@ -62,14 +69,18 @@ def fmt_size(n):
         if n >= f and n % f == 0:
             return f"{n // f}{unit}"
     return f"{n}B"
-print(f"{'size':<7} {'op':<4} {'redis GB/s':>10} {'p99 ms':>7} {'memcached GB/s':>14} {'p99 ms':>7} {'mooncake GB/s':>13} {'p99 ms':>7} {'vs redis':>8} {'vs memcached':>12}")
+print(f"{'size':<7} {'op':<4} {'redis GB/s':>10} {'p99 ms':>7} {'memcached GB/s':>14} {'p99 ms':>7} {'mooncake GB/s':>13} {'p99 ms':>7} {'vs redis':>8} {'vs memcached':>12} {'shm GB/s':>9} {'p99 ms':>7} {'shm vs redis':>12} {'shm vs mc':>9}")
 for m in moon:
-    r, c = find(redis, m["op"], m["size"]), find(mc, m["op"], m["size"])
+    r, c, s = find(redis, m["op"], m["size"]), find(mc, m["op"], m["size"]), find(shm, m["op"], m["size"])
     if not r or not c:
         continue
-    print(f"{fmt_size(m['size']):<7} {m['op']:<4} {r['gb_per_sec']:>10.2f} {r['p99_us']/1000:>7.2f} "
-          f"{c['gb_per_sec']:>14.2f} {c['p99_us']/1000:>7.2f} {m['gb_per_sec']:>13.2f} {m['p99_us']/1000:>7.2f} "
-          f"{m['gb_per_sec']/r['gb_per_sec']:>7.2f}x {m['gb_per_sec']/c['gb_per_sec']:>11.2f}x")
+    line = (f"{fmt_size(m['size']):<7} {m['op']:<4} {r['gb_per_sec']:>10.2f} {r['p99_us']/1000:>7.2f} "
+            f"{c['gb_per_sec']:>14.2f} {c['p99_us']/1000:>7.2f} {m['gb_per_sec']:>13.2f} {m['p99_us']/1000:>7.2f} "
+            f"{m['gb_per_sec']/r['gb_per_sec']:>7.2f}x {m['gb_per_sec']/c['gb_per_sec']:>11.2f}x")
+    if s and m["op"] == "get":
+        line += (f" {s['gb_per_sec']:>9.2f} {s['p99_us']/1000:>7.2f} "
+                 f"{s['gb_per_sec']/r['gb_per_sec']:>11.2f}x {s['gb_per_sec']/c['gb_per_sec']:>8.2f}x")
+    print(line)
 ex = next(r for r in redis if r.get("op") == "match_prefix")
 meta = rows("meta")[0]
 print()
