@@ -174,6 +174,7 @@ pub struct Client {
     /// The same-host link, once made (and when it was last tried).
     shm: parking_lot::Mutex<(Option<Arc<ShmLink>>, Option<std::time::Instant>)>,
     shm_reads: AtomicU64,
+    shm_writes: AtomicU64,
 }
 
 pub(crate) struct GetItem<'b> {
@@ -183,11 +184,11 @@ pub(crate) struct GetItem<'b> {
     pub buf: &'b mut [u8],
 }
 
-struct PutItem<'v> {
-    index: usize,
-    hash: BlockHash,
-    value: &'v [u8],
-    checksum: u64,
+pub(crate) struct PutItem<'v> {
+    pub index: usize,
+    pub hash: BlockHash,
+    pub value: &'v [u8],
+    pub checksum: u64,
 }
 
 impl Client {
@@ -207,6 +208,7 @@ impl Client {
             corrupt_reads: AtomicU64::new(0),
             shm: parking_lot::Mutex::new((None, None)),
             shm_reads: AtomicU64::new(0),
+            shm_writes: AtomicU64::new(0),
             leader_revision: AtomicU64::new(0),
         }
     }
@@ -225,6 +227,11 @@ impl Client {
     /// Blocks read through the same-host shared pool.
     pub fn shm_reads(&self) -> u64 {
         self.shm_reads.load(Ordering::Relaxed)
+    }
+
+    /// Blocks stored through the same-host shared pool.
+    pub fn shm_writes(&self) -> u64 {
+        self.shm_writes.load(Ordering::Relaxed)
     }
 
     /// The same-host link to the daemon at `addr`, if configured and up;
@@ -394,6 +401,21 @@ impl Client {
         items: &[PutItem<'_>],
     ) -> Result<Vec<ErrorCode>, ClientError> {
         let pool = self.daemon_pool(daemon)?;
+        if let Some(link) = self.shm_link(pool.addr()) {
+            match link.put(namespace, items).await {
+                Ok(codes) => {
+                    self.shm_writes.fetch_add(
+                        codes.iter().filter(|c| **c == ErrorCode::Ok).count() as u64,
+                        Ordering::Relaxed,
+                    );
+                    return Ok(codes);
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "shared-memory link lost; writing over TCP");
+                    *self.shm.lock() = (None, Some(std::time::Instant::now()));
+                }
+            }
+        }
         let heads: Vec<Vec<u8>> = items
             .iter()
             .map(|it| {

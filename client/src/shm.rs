@@ -11,20 +11,24 @@ use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
 
-use mooncake_proto::message::{Body, KeyRequest, ShmHello, ShmLease, ShmRelease};
+use mooncake_proto::message::{
+    Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot,
+};
 use mooncake_proto::{checksum, BlockKey, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use crate::client::{GetItem, Read};
+use crate::client::{GetItem, PutItem, Read};
 
-/// A read-only mapping of a daemon's pool.
+/// A mapping of a daemon's pool: read for gets, written only into room
+/// the daemon reserved for a put.
 struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: read-only memory; what may be read when is decided by leases.
+// SAFETY: what may be read or written when is decided by the daemon's
+// leases and reservations.
 unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
@@ -60,7 +64,7 @@ impl ShmLink {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ,
+                libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 std::os::fd::AsRawFd::as_raw_fd(&fd),
                 0,
@@ -146,6 +150,74 @@ impl ShmLink {
             idle.push(conn);
         }
         Ok(out)
+    }
+
+    /// Stores `items` through the shared pool: room reserved for each at
+    /// once (`ShmPut`), the bytes written there, then each verified and
+    /// stored by the daemon (`ShmCommit`). A status per item.
+    pub async fn put(
+        &self,
+        namespace: &Namespace,
+        items: &[PutItem<'_>],
+    ) -> io::Result<Vec<ErrorCode>> {
+        let mut conn = self.conn()?;
+        let mut frames = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            let body = ShmPutRequest {
+                key: BlockKey::new(namespace.clone(), it.hash),
+                len: it.value.len() as u64,
+                checksum: it.checksum,
+            }
+            .to_bytes();
+            frames.extend_from_slice(
+                &Header::request(Opcode::ShmPut, i as u64 + 1, body.len() as u32).encode(),
+            );
+            frames.extend_from_slice(&body);
+        }
+        conn.write_all(&frames).await?;
+        let mut codes = vec![ErrorCode::Ok; items.len()];
+        let mut reserved = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            let (status, body) = answer(&mut conn, Opcode::ShmPut, i as u64 + 1).await?;
+            if status != ErrorCode::Ok {
+                codes[i] = status;
+                continue;
+            }
+            let slot = ShmSlot::from_bytes(&body).map_err(io::Error::other)?;
+            let (offset, len) = (slot.offset as usize, it.value.len());
+            if offset.checked_add(len).is_none_or(|end| end > self.map.len) {
+                return Err(io::Error::other("a reservation outside the shared pool"));
+            }
+            // SAFETY: in bounds (checked above), and reserved for this
+            // block alone until it is committed.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    it.value.as_ptr(),
+                    self.map.ptr.as_ptr().add(offset),
+                    len,
+                )
+            };
+            reserved.push((i, slot));
+        }
+        frames.clear();
+        let base = items.len() as u64 + 1;
+        for (k, (_, slot)) in reserved.iter().enumerate() {
+            let body = slot.to_bytes();
+            frames.extend_from_slice(
+                &Header::request(Opcode::ShmCommit, base + k as u64, body.len() as u32).encode(),
+            );
+            frames.extend_from_slice(&body);
+        }
+        conn.write_all(&frames).await?;
+        for (k, (i, _)) in reserved.iter().enumerate() {
+            let (status, _) = answer(&mut conn, Opcode::ShmCommit, base + k as u64).await?;
+            codes[*i] = status;
+        }
+        let mut idle = self.idle.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+        Ok(codes)
     }
 
     /// Copies one leased block into its buffer and checks it.

@@ -526,7 +526,9 @@ async fn dispatch(
         | Opcode::Evict
         | Opcode::Auth
         | Opcode::ShmGet
-        | Opcode::ShmRelease => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
+        | Opcode::ShmRelease
+        | Opcode::ShmPut
+        | Opcode::ShmCommit => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
     })
 }
 

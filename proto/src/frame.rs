@@ -73,6 +73,11 @@ opcodes! {
     ShmGet = 0x0B,
     /// Same host: end leases taken with `ShmGet`.
     ShmRelease = 0x0C,
+    /// Same host: reserve room for a block in the shared pool; the client
+    /// writes the bytes there itself.
+    ShmPut = 0x0D,
+    /// Same host: verify a block written with `ShmPut` and store it.
+    ShmCommit = 0x0E,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).

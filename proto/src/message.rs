@@ -1120,3 +1120,50 @@ impl Body for ShmHello {
         })
     }
 }
+
+/// A block a same-host client is about to write into the shared pool
+/// (`ShmPut`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmPutRequest {
+    pub key: BlockKey,
+    pub len: u64,
+    pub checksum: u64,
+}
+
+impl Body for ShmPutRequest {
+    fn encode(&self, w: &mut Writer) {
+        encode_key(w, &self.key);
+        w.u64(self.len);
+        w.u64(self.checksum);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmPutRequest {
+            key: decode_key(r)?,
+            len: r.u64()?,
+            checksum: r.u64()?,
+        })
+    }
+}
+
+/// Where to write a reserved block (`ShmPut`'s answer), and the slot to
+/// commit (`ShmCommit`'s request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmSlot {
+    pub slot: u64,
+    pub offset: u64,
+}
+
+impl Body for ShmSlot {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.slot);
+        w.u64(self.offset);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmSlot {
+            slot: r.u64()?,
+            offset: r.u64()?,
+        })
+    }
+}

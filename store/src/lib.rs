@@ -161,9 +161,9 @@ pub async fn start(
     let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
     if let Some(path) = config.shm_socket.clone() {
         shm::usable(&path).map_err(DaemonError::Config)?;
-        let (pool, advertise, stop) = (pool.clone(), advertise.clone(), shutdown.child_token());
+        let (tiers, advertise, stop) = (tiers.clone(), advertise.clone(), shutdown.child_token());
         tasks.push(tokio::spawn(async move {
-            if let Err(err) = shm::run(path.clone(), pool, advertise, stop).await {
+            if let Err(err) = shm::run(path.clone(), tiers, advertise, stop).await {
                 tracing::error!(%err, path = %path.display(), "shared-memory socket failed");
             }
         }));

@@ -680,6 +680,11 @@ pub struct WriteSlot {
 }
 
 impl WriteSlot {
+    /// Where the block's bytes go in the pool's region.
+    pub fn byte_offset(&self) -> u64 {
+        self.offset
+    }
+
     pub fn buf_mut(&mut self) -> &mut [u8] {
         // SAFETY: the allocator gave this range to this slot alone; no
         // lease exists until the block is committed.

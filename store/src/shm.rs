@@ -14,21 +14,26 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mooncake_proto::message::{Body, KeyRequest, ShmHello, ShmLease, ShmRelease};
+use mooncake_proto::message::{
+    Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot,
+};
 use mooncake_proto::{ErrorCode, Header, Opcode, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::pool::{DramPool, ReadLease};
+use crate::pool::{ReadLease, WriteSlot};
+use crate::tiers::Tiers;
 
-/// Leases one client may hold at once.
+/// Leases (and reserved slots) one client may hold at once.
 const MAX_LEASES: usize = 1 << 16;
+/// Longest a writer waits for the demotion queue before its put evicts.
+const BACKPRESSURE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves same-host clients on `path` until `shutdown`.
 pub async fn run(
     path: PathBuf,
-    pool: Arc<DramPool>,
+    tiers: Arc<Tiers>,
     advertise: String,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
@@ -48,9 +53,9 @@ pub async fn run(
             },
             _ = shutdown.cancelled() => return Ok(()),
         };
-        let (pool, advertise, shutdown) = (pool.clone(), advertise.clone(), shutdown.clone());
+        let (tiers, advertise, shutdown) = (tiers.clone(), advertise.clone(), shutdown.clone());
         tokio::spawn(async move {
-            if let Err(err) = serve(stream, &pool, &advertise, &shutdown).await {
+            if let Err(err) = serve(stream, &tiers, &advertise, &shutdown).await {
                 tracing::debug!(%err, "shm client gone");
             }
         });
@@ -67,10 +72,11 @@ impl Drop for RemoveOnDrop {
 
 async fn serve(
     mut stream: UnixStream,
-    pool: &Arc<DramPool>,
+    tiers: &Arc<Tiers>,
     advertise: &str,
     shutdown: &CancellationToken,
 ) -> io::Result<()> {
+    let pool = &tiers.dram;
     let (fd, len) = pool
         .shared_region()
         .ok_or_else(|| io::Error::other("the pool is not shared"))?;
@@ -83,6 +89,9 @@ async fn serve(
     send_with_fd(&stream, &hello, fd)?;
     // Every lease this client holds; all end when it goes away.
     let mut leases: HashMap<u64, ReadLease> = HashMap::new();
+    // Blocks reserved and being written by this client; dropped (their
+    // space freed) if it goes away before committing.
+    let mut slots: HashMap<u64, WriteSlot> = HashMap::new();
     let mut next_lease = 1u64;
     loop {
         let mut raw = [0u8; HEADER_LEN];
@@ -96,7 +105,11 @@ async fn serve(
         }
         let header = match Header::parse(&raw) {
             Ok(Some(h))
-                if !h.response && matches!(h.opcode, Opcode::ShmGet | Opcode::ShmRelease) =>
+                if !h.response
+                    && matches!(
+                        h.opcode,
+                        Opcode::ShmGet | Opcode::ShmRelease | Opcode::ShmPut | Opcode::ShmCommit
+                    ) =>
             {
                 h
             }
@@ -137,6 +150,39 @@ async fn serve(
                         leases.insert(id, lease);
                         (ErrorCode::Ok, answer.to_bytes())
                     }
+                },
+            },
+            Opcode::ShmPut => match ShmPutRequest::from_bytes(&body) {
+                Err(err) => (err.code(), Vec::new()),
+                Ok(_) if slots.len() >= MAX_LEASES => (ErrorCode::Busy, Vec::new()),
+                Ok(req) => {
+                    let reserved = {
+                        let _gate = tiers.room_to_demote(req.len, BACKPRESSURE).await;
+                        pool.reserve(req.key, req.len, req.checksum)
+                    };
+                    match reserved {
+                        Err(err) => (err.code(), Vec::new()),
+                        Ok(slot) => {
+                            let id = next_lease;
+                            next_lease += 1;
+                            let answer = ShmSlot {
+                                slot: id,
+                                offset: slot.byte_offset(),
+                            };
+                            slots.insert(id, slot);
+                            (ErrorCode::Ok, answer.to_bytes())
+                        }
+                    }
+                }
+            },
+            Opcode::ShmCommit => match ShmSlot::from_bytes(&body) {
+                Err(err) => (err.code(), Vec::new()),
+                Ok(req) => match slots.remove(&req.slot) {
+                    None => (ErrorCode::NoReservation, Vec::new()),
+                    Some(slot) => (
+                        slot.commit().err().map_or(ErrorCode::Ok, |e| e.code()),
+                        Vec::new(),
+                    ),
                 },
             },
             _ => match ShmRelease::from_bytes(&body) {

@@ -1,7 +1,7 @@
-//! Same-host reads through the daemon's shared pool: right bytes, straight
-//! from shared memory; blocks the pool does not hold (on NVMe) and daemons
-//! without a socket are read over TCP; a block replaced while clients copy
-//! it never comes back with mixed bytes.
+//! Same-host reads and writes through the daemon's shared pool: right
+//! bytes, straight from and into shared memory; blocks the pool does not
+//! hold (on NVMe) and daemons without a socket go over TCP; a block
+//! replaced while clients copy it never comes back with mixed bytes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,7 +44,7 @@ fn client(cluster: &TestCluster, socket: &std::path::Path) -> Client {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_host_gets_are_copied_from_shared_memory_byte_for_byte() {
+async fn same_host_puts_and_gets_go_through_shared_memory_byte_for_byte() {
     let dir = scratch();
     let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
     let client = client(&cluster, &dir.join("daemon.sock"));
@@ -65,10 +65,24 @@ async fn same_host_gets_are_copied_from_shared_memory_byte_for_byte() {
         assert!(bufs[i] == block_bytes(i as u64, *n), "block {i} bytes");
     }
     assert_eq!(
+        client.shm_writes(),
+        50,
+        "every block went in through shared memory"
+    );
+    assert_eq!(
         client.shm_reads(),
         50,
-        "every block came through shared memory"
+        "every block came out through shared memory"
     );
+    // A client over TCP reads what was written through shared memory.
+    let tcp = cluster.client();
+    let mut buf = vec![0u8; sizes[7]];
+    let got = tcp
+        .get_into(&ns(), &[hash(7)], &mut [&mut buf[..]])
+        .await
+        .unwrap();
+    assert_eq!(got, vec![GetOutcome::Hit(sizes[7])]);
+    assert!(buf == block_bytes(7, sizes[7]));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
