@@ -75,10 +75,7 @@ impl MetaConfig {
     pub fn tokens(
         &self,
     ) -> Result<Option<std::sync::Arc<mooncake_proto::auth::TokenTable>>, String> {
-        self.auth
-            .as_deref()
-            .map(|p| mooncake_proto::auth::TokenTable::load(p).map(std::sync::Arc::new))
-            .transpose()
+        mooncake_proto::auth::TokenTable::load_optional(self.auth.as_deref())
     }
 }
 

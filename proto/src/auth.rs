@@ -270,6 +270,13 @@ mod file {
             Ok(table)
         }
 
+        /// The table at `path`, if a path is given.
+        pub fn load_optional(
+            path: Option<&std::path::Path>,
+        ) -> Result<Option<Arc<TokenTable>>, String> {
+            path.map(|p| Self::load(p).map(Arc::new)).transpose()
+        }
+
         pub fn load(path: &std::path::Path) -> Result<TokenTable, String> {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("token file {}: {e}", path.display()))?;

@@ -293,10 +293,7 @@ impl Client {
         values: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<i64>> {
         let hashes = hashes_of(keys)?;
-        let regions = values
-            .try_iter()?
-            .map(|v| Region::of_object(&v?, false))
-            .collect::<PyResult<Vec<_>>>()?;
+        let regions = regions_of(values, false)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
         Ok(self.put_regions(py, hashes, regions))
     }
@@ -310,10 +307,7 @@ impl Client {
         buffers: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<i64>> {
         let hashes = hashes_of(keys)?;
-        let regions = buffers
-            .try_iter()?
-            .map(|b| Region::of_object(&b?, true))
-            .collect::<PyResult<Vec<_>>>()?;
+        let regions = regions_of(buffers, true)?;
         check_lengths(hashes.len(), regions.len(), "buffers")?;
         Ok(self.get_regions(py, hashes, regions))
     }
@@ -457,6 +451,14 @@ impl Client {
             self.namespace.as_str()
         )
     }
+}
+
+/// The memory of each object of an iterable with the buffer protocol.
+fn regions_of(objects: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<Region>> {
+    objects
+        .try_iter()?
+        .map(|o| Region::of_object(&o?, writable))
+        .collect()
 }
 
 fn check_lengths(keys: usize, other: usize, what: &str) -> PyResult<()> {
