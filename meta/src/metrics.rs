@@ -51,6 +51,7 @@ pub struct MetaMetrics {
     pub match_misses: IntCounter,
     pub elections_won: IntCounter,
     term: Arc<RwLock<Option<Weak<State>>>>,
+    tenant_requests: IntCounterVec,
 }
 
 fn op_label(op: Opcode) -> String {
@@ -99,6 +100,14 @@ impl MetaMetrics {
         registry.register(Box::new(keys.clone()))?;
         registry.register(Box::new(elections.clone()))?;
         registry.register(Box::new(TermCollector::new(term.clone())?))?;
+        let tenant_requests = IntCounterVec::new(
+            Opts::new(
+                "mooncake_meta_tenant_requests_total",
+                "Requests answered for authenticated tenants, by tenant and operation.",
+            ),
+            &["tenant", "op"],
+        )?;
+        registry.register(Box::new(tenant_requests.clone()))?;
         let handles = OPS
             .iter()
             .flat_map(|op| {
@@ -121,7 +130,17 @@ impl MetaMetrics {
             match_misses: keys.with_label_values(&["match_prefix", "miss"]),
             elections_won: elections,
             term,
+            tenant_requests,
         }))
+    }
+
+    /// Counts one request of a tenant's client (none without a tenant).
+    pub fn record_tenant(&self, who: &mooncake_proto::auth::Identity, op: Opcode) {
+        if let Some(tenant) = &who.tenant {
+            self.tenant_requests
+                .with_label_values(&[&**tenant, op_label(op).as_str()])
+                .inc();
+        }
     }
 
     pub fn record(&self, op: Opcode, code: ErrorCode, seconds: f64) {

@@ -291,6 +291,9 @@ async fn serve(
             Err(_) => return Err(ConnError::Timeout(request_timeout)),
         };
         metrics.record(header.opcode, code, started.elapsed().as_secs_f64());
+        if let Some(who) = &who {
+            metrics.record_tenant(who, header.opcode);
+        }
         let h = Header::response(
             header.opcode,
             header.request_id,

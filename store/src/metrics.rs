@@ -37,6 +37,7 @@ pub struct DaemonMetrics {
     pub connections: IntGauge,
     pub in_flight: IntGauge,
     pub refused_connections: IntCounter,
+    tenant_requests: IntCounterVec,
 }
 
 /// Latency buckets from 50 us to about 6.5 s.
@@ -88,6 +89,14 @@ impl DaemonMetrics {
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(refused.clone()))?;
+        let tenant_requests = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_tenant_requests_total",
+                "Requests answered for authenticated tenants, by tenant and operation.",
+            ),
+            &["tenant", "op"],
+        )?;
+        registry.register(Box::new(tenant_requests.clone()))?;
         registry.register(Box::new(PoolCollector::new(tiers)?))?;
         let handles = OPS
             .iter()
@@ -107,7 +116,17 @@ impl DaemonMetrics {
             connections,
             in_flight,
             refused_connections: refused,
+            tenant_requests,
         }))
+    }
+
+    /// Counts one request of a tenant's client (none without a tenant).
+    pub fn record_tenant(&self, who: &mooncake_proto::auth::Identity, op: Opcode) {
+        if let Some(tenant) = &who.tenant {
+            self.tenant_requests
+                .with_label_values(&[&**tenant, op.name().to_lowercase().as_str()])
+                .inc();
+        }
     }
 
     /// Counts one answered request, and its latency for gets and puts.
@@ -353,6 +372,13 @@ mod tests {
         let registry = Registry::new();
         let m = DaemonMetrics::new(&registry, Tiers::dram_only(pool)).unwrap();
         m.record(Opcode::Get, ErrorCode::NotFound, 0.001);
+        let acme = mooncake_proto::auth::Identity {
+            name: "acme-workers".into(),
+            role: mooncake_proto::auth::Role::Client,
+            tenant: Some("acme".into()),
+        };
+        m.record_tenant(&acme, Opcode::Get);
+        m.record_tenant(&mooncake_proto::auth::Identity::open(), Opcode::Get);
         let mut out = Vec::new();
         prometheus::TextEncoder::new()
             .encode(&registry.gather(), &mut out)
@@ -363,6 +389,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("mooncake_daemon_pool_capacity_bytes{tier=\"dram\"} 1048576"));
+        assert!(
+            text.contains("mooncake_daemon_tenant_requests_total{op=\"get\",tenant=\"acme\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("mooncake_daemon_request_duration_seconds_bucket{op=\"get\""));
     }
 }

@@ -173,7 +173,10 @@ async fn serve(
         .await;
         metrics.in_flight.dec();
         match handled {
-            Ok(Ok(code)) => metrics.record(header.opcode, code, started.elapsed().as_secs_f64()),
+            Ok(Ok(code)) => {
+                metrics.record(header.opcode, code, started.elapsed().as_secs_f64());
+                metrics.record_tenant(who, header.opcode);
+            }
             Ok(Err(ConnError::Protocol(err))) => return Err(reject(&mut wr, &raw, err).await),
             Ok(Err(err)) => {
                 let _ = wr.flush().await;
