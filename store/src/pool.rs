@@ -17,7 +17,7 @@ use offset_allocator::{Allocation, Allocator};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::quota::{Quotas, MAX_QUOTA_SCAN};
+use crate::quota::Quotas;
 use crate::region::Region;
 
 /// Allocation granularity: small enough for 1 KiB blocks, large enough that
@@ -129,12 +129,63 @@ struct Inner {
     /// Units held by each tenant of `PoolConfig::quotas`, in its order.
     tenant_used: Vec<u64>,
     /// Evictable blocks (ready, unpinned, unleased) by last access.
-    lru: BTreeMap<u64, BlockKey>,
+    lru: Lru,
     /// Removed blocks whose bytes are still leased by readers, by offset.
     doomed: HashMap<u32, Doomed>,
     clock: u64,
     used_units: u64,
     pinned: u64,
+}
+
+/// Evictable blocks by last access (a stamp from the pool's clock), and
+/// the same per tenant with a quota, so that an over-quota tenant finds its
+/// coldest block at once.
+struct Lru {
+    all: BTreeMap<u64, (BlockKey, Option<u16>)>,
+    by_tenant: Vec<std::collections::BTreeSet<u64>>,
+}
+
+impl Lru {
+    fn new(tenants: usize) -> Lru {
+        Lru {
+            all: BTreeMap::new(),
+            by_tenant: vec![Default::default(); tenants],
+        }
+    }
+
+    fn insert(&mut self, stamp: u64, key: BlockKey, tenant: Option<u16>) {
+        if let Some(t) = tenant {
+            self.by_tenant[t as usize].insert(stamp);
+        }
+        self.all.insert(stamp, (key, tenant));
+    }
+
+    fn remove(&mut self, stamp: u64) -> Option<BlockKey> {
+        let (key, tenant) = self.all.remove(&stamp)?;
+        if let Some(t) = tenant {
+            self.by_tenant[t as usize].remove(&stamp);
+        }
+        Some(key)
+    }
+
+    fn pop_first(&mut self) -> Option<(u64, BlockKey)> {
+        let stamp = *self.all.keys().next()?;
+        self.remove(stamp).map(|k| (stamp, k))
+    }
+
+    fn coldest_of(&self, tenant: u16) -> Option<u64> {
+        self.by_tenant[tenant as usize].first().copied()
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = (&u64, &BlockKey)> {
+        self.all.iter().map(|(s, (k, _))| (s, k))
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.all.len()
+    }
 }
 
 struct Block {
@@ -180,7 +231,7 @@ impl DramPool {
                 alloc: Allocator::with_max_allocs(units, max_allocs),
                 blocks: HashMap::new(),
                 tenant_used: vec![0; tenants],
-                lru: BTreeMap::new(),
+                lru: Lru::new(tenants),
                 doomed: HashMap::new(),
                 clock: 0,
                 used_units: 0,
@@ -310,16 +361,9 @@ impl DramPool {
     /// Evicts the coldest evictable block of tenant `t`; `false` if none
     /// is found among the coldest `MAX_QUOTA_SCAN`.
     fn evict_tenant_one(&self, inner: &mut Inner, t: u16) -> bool {
-        let found = inner
-            .lru
-            .iter()
-            .take(MAX_QUOTA_SCAN)
-            .find(|(_, k)| inner.blocks[*k].tenant == Some(t))
-            .map(|(stamp, k)| (*stamp, k.clone()));
-        let Some((stamp, key)) = found else {
+        let Some(key) = inner.lru.coldest_of(t).and_then(|s| inner.lru.remove(s)) else {
             return false;
         };
-        inner.lru.remove(&stamp);
         self.quota_evictions.fetch_add(1, Ordering::Relaxed);
         self.evict(inner, key);
         true
@@ -477,7 +521,7 @@ impl DramPool {
             checksum: block.checksum,
         };
         if was_evictable {
-            inner.lru.remove(&old_stamp);
+            inner.lru.remove(old_stamp);
         }
         Some(lease)
     }
@@ -489,7 +533,7 @@ impl DramPool {
             if block.alloc.offset == offset {
                 block.leases -= 1;
                 if block.evictable() {
-                    inner.lru.insert(block.stamp, key.clone());
+                    inner.lru.insert(block.stamp, key.clone(), block.tenant);
                 }
                 return;
             }
@@ -519,7 +563,7 @@ impl DramPool {
 
     fn discard(&self, inner: &mut Inner, block: Block) {
         if block.evictable() {
-            inner.lru.remove(&block.stamp);
+            inner.lru.remove(block.stamp);
         }
         if block.pins > 0 {
             inner.pinned -= 1;
@@ -565,7 +609,7 @@ impl DramPool {
             .filter(|b| b.ready)
             .ok_or(PoolError::NotFound)?;
         if block.evictable() {
-            inner.lru.remove(&block.stamp);
+            inner.lru.remove(block.stamp);
         }
         if block.pins == 0 {
             inner.pinned += 1;
@@ -590,7 +634,7 @@ impl DramPool {
         if block.pins == 0 {
             inner.pinned -= 1;
             if block.evictable() {
-                inner.lru.insert(block.stamp, key.clone());
+                inner.lru.insert(block.stamp, key.clone(), block.tenant);
             }
         }
         Ok(())
@@ -706,7 +750,8 @@ impl WriteSlot {
             .expect("a reserved block stays indexed until committed or dropped");
         block.ready = true;
         block.stamp = inner.clock;
-        inner.lru.insert(inner.clock, self.key.clone());
+        let tenant = block.tenant;
+        inner.lru.insert(inner.clock, self.key.clone(), tenant);
         self.committed = true;
         Ok(())
     }
@@ -1079,7 +1124,23 @@ mod props {
             inner.used_units * UNIT <= pool.region.len() as u64,
             "over capacity"
         );
-        for (stamp, k) in &inner.lru {
+        for (t, stamps) in inner.lru.by_tenant.iter().enumerate() {
+            let want: std::collections::BTreeSet<u64> = inner
+                .lru
+                .all
+                .iter()
+                .filter(|(_, (_, tenant))| *tenant == Some(t as u16))
+                .map(|(s, _)| *s)
+                .collect();
+            assert_eq!(stamps, &want, "tenant {t}'s LRU differs from the pool's");
+        }
+        for (k, tenant) in inner.lru.all.values() {
+            assert_eq!(
+                inner.blocks[k].tenant, *tenant,
+                "LRU entry of the wrong tenant"
+            );
+        }
+        for (stamp, k) in inner.lru.iter() {
             let b = &inner.blocks[k];
             assert!(
                 b.evictable() && b.stamp == *stamp,
