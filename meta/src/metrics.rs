@@ -52,6 +52,8 @@ pub struct MetaMetrics {
     pub elections_won: IntCounter,
     term: Arc<RwLock<Option<Weak<State>>>>,
     tenant_requests: IntCounterVec,
+    /// `OPS`' label values, made once (not per request).
+    op_labels: Vec<String>,
 }
 
 fn op_label(op: Opcode) -> String {
@@ -131,16 +133,18 @@ impl MetaMetrics {
             elections_won: elections,
             term,
             tenant_requests,
+            op_labels: OPS.iter().map(|op| op_label(*op)).collect(),
         }))
     }
 
     /// Counts one request of a tenant's client (none without a tenant).
     pub fn record_tenant(&self, who: &mooncake_proto::auth::Identity, op: Opcode) {
-        if let Some(tenant) = &who.tenant {
-            self.tenant_requests
-                .with_label_values(&[&**tenant, op_label(op).as_str()])
-                .inc();
-        }
+        let (Some(tenant), Some(i)) = (&who.tenant, OPS.iter().position(|o| *o == op)) else {
+            return;
+        };
+        self.tenant_requests
+            .with_label_values(&[&**tenant, &self.op_labels[i]])
+            .inc();
     }
 
     pub fn record(&self, op: Opcode, code: ErrorCode, seconds: f64) {

@@ -57,6 +57,9 @@ pub struct DaemonHandle {
     pub pool: Arc<DramPool>,
     tasks: Vec<JoinHandle<()>>,
     tiers: std::sync::Weak<tiers::Tiers>,
+    /// The NVMe drives: a drive's index is closed (and its lock released
+    /// for a next daemon) only when the last holder lets go.
+    drives: Vec<std::sync::Weak<nvme::NvmeTier>>,
 }
 
 impl DaemonHandle {
@@ -81,7 +84,7 @@ impl DaemonHandle {
             let _ = task.await;
         }
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while self.tiers.strong_count() > 0 {
+        while self.tiers.strong_count() > 0 || self.drives.iter().any(|d| d.strong_count() > 0) {
             if tokio::time::Instant::now() > deadline {
                 tracing::warn!("tiers still in use 10s after the stop");
                 return;
@@ -192,6 +195,7 @@ pub async fn start(
     Ok(DaemonHandle {
         addr,
         pool,
+        drives: tiers.nvme.iter().map(Arc::downgrade).collect(),
         tasks,
         tiers: Arc::downgrade(&tiers),
     })

@@ -38,6 +38,8 @@ pub struct DaemonMetrics {
     pub in_flight: IntGauge,
     pub refused_connections: IntCounter,
     tenant_requests: IntCounterVec,
+    /// `OPS`' label values, made once (not per request).
+    op_labels: Vec<String>,
 }
 
 /// Latency buckets from 50 us to about 6.5 s.
@@ -117,16 +119,18 @@ impl DaemonMetrics {
             in_flight,
             refused_connections: refused,
             tenant_requests,
+            op_labels: OPS.iter().map(|op| op.name().to_lowercase()).collect(),
         }))
     }
 
     /// Counts one request of a tenant's client (none without a tenant).
     pub fn record_tenant(&self, who: &mooncake_proto::auth::Identity, op: Opcode) {
-        if let Some(tenant) = &who.tenant {
-            self.tenant_requests
-                .with_label_values(&[&**tenant, op.name().to_lowercase().as_str()])
-                .inc();
-        }
+        let (Some(tenant), Some(i)) = (&who.tenant, OPS.iter().position(|o| *o == op)) else {
+            return;
+        };
+        self.tenant_requests
+            .with_label_values(&[&**tenant, &self.op_labels[i]])
+            .inc();
     }
 
     /// Counts one answered request, and its latency for gets and puts.

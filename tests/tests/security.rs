@@ -64,6 +64,27 @@ fn client(cluster: &TestCluster, token: Option<&str>) -> Client {
     Client::new(cfg)
 }
 
+/// A removal sent straight to the daemon, skipping the meta service, on a
+/// connection that presents `token` first (if any).
+async fn remove_at_daemon(
+    cluster: &TestCluster,
+    token: Option<&str>,
+    key: BlockKey,
+) -> Result<Empty, ClientError> {
+    let mut conn = Connection::connect(
+        &cluster.daemon_addr(0),
+        ErrorSource::Daemon,
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    if let Some(token) = token {
+        conn.authenticate(token).await.unwrap();
+    }
+    conn.call::<Empty>(Opcode::Remove, &KeyRequest { key }, "remove")
+        .await
+}
+
 fn ns(name: &str) -> Namespace {
     Namespace::new(name).unwrap()
 }
@@ -91,18 +112,8 @@ async fn nothing_is_served_without_a_valid_token() {
             .await
     ));
     // Straight at the daemon, without a token: refused before any work.
-    let mut conn = Connection::connect(
-        &cluster.daemon_addr(0),
-        ErrorSource::Daemon,
-        Duration::from_secs(2),
-    )
-    .await
-    .unwrap();
-    let req = KeyRequest {
-        key: BlockKey::new(ns("acme"), h[0]),
-    };
     assert!(unauthorized(
-        conn.call::<Empty>(Opcode::Remove, &req, "remove").await
+        remove_at_daemon(&cluster, None, BlockKey::new(ns("acme"), h[0])).await
     ));
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -151,19 +162,13 @@ async fn tenants_can_neither_read_nor_write_nor_probe_each_other() {
     ));
 
     // Straight at the daemon with the key in hand: refused too.
-    let mut conn = Connection::connect(
-        &cluster.daemon_addr(0),
-        ErrorSource::Daemon,
-        Duration::from_secs(2),
-    )
-    .await
-    .unwrap();
-    conn.authenticate(GLOBEX).await.unwrap();
-    let req = KeyRequest {
-        key: BlockKey::new(ns("acme/llama"), h[0]),
-    };
     assert!(unauthorized(
-        conn.call::<Empty>(Opcode::Remove, &req, "remove").await
+        remove_at_daemon(
+            &cluster,
+            Some(GLOBEX),
+            BlockKey::new(ns("acme/llama"), h[0])
+        )
+        .await
     ));
 
     // Globex's own namespace works, and the same hash there is a different

@@ -132,20 +132,28 @@ async fn a_block_replaced_while_clients_copy_it_never_comes_back_mixed() {
     let socket = dir.join("daemon.sock");
     let len = 256 << 10;
     let versions = [block_bytes(1, len), block_bytes(2, len)];
+    // The writer replaces the block until the reader has read it 50 times
+    // (or 10 s passed: a loaded machine may give the reader fewer hits).
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let client = client(&cluster, &socket);
         let versions = versions.clone();
+        let done = done.clone();
         tokio::spawn(async move {
-            for round in 0..200usize {
+            let mut round = 0usize;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let _ = client.remove(&ns(), &[hash(7)]).await;
                 let _ = client.put(&ns(), &[(hash(7), &versions[round % 2])]).await;
+                round += 1;
             }
+            round
         })
     };
     let reader = client(&cluster, &socket);
     let mut buf = vec![0u8; len];
     let mut hits = 0;
-    while !writer.is_finished() {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while hits < 50 && std::time::Instant::now() < deadline {
         if let Ok(got) = reader
             .get_into(&ns(), &[hash(7)], &mut [&mut buf[..]])
             .await
@@ -159,7 +167,9 @@ async fn a_block_replaced_while_clients_copy_it_never_comes_back_mixed() {
             }
         }
     }
-    writer.await.unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = writer.await.unwrap();
+    assert!(rounds > 1, "the block was replaced while it was read");
     assert!(
         hits > 0 && reader.shm_reads() > 0,
         "the reader read through shared memory"
