@@ -11,8 +11,8 @@ use futures::future::join_all;
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::{
     Body, ClusterStats, CommitItem, DaemonAddr, Empty, KeyRequest, KeysRequest, ListRequest,
-    ListResponse, Location, Locations, PinRequest, PutCommitRequest, PutHead, PutStartRequest,
-    PutStartResponse, Revision, Slot, Statuses, GET_HEAD_LEN,
+    ListResponse, Location, Locations, PinRequest, PutCommitRequest, PutStartRequest,
+    PutStartResponse, Revision, Slot, Statuses,
 };
 use mooncake_proto::{checksum, BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
 use parking_lot::RwLock;
@@ -22,7 +22,12 @@ use crate::error::{ClientError, ErrorSource};
 use crate::locations::LocationCache;
 use crate::metrics::ClientMetrics;
 use crate::pool::ConnPool;
-use crate::shm::ShmLink;
+use crate::pool::Dialer;
+use crate::transport::quic::{ClientTls, QuicConnector};
+use crate::transport::shm::ShmLink;
+use crate::transport::stream::StreamTransport;
+use crate::transport::{hits, stored, GetItem, PutItem, Read, Transport, TransportCounters};
+use mooncake_proto::transport::TransportKind;
 
 /// Pause between attempts to reach the same-host daemon's socket.
 const SHM_RETRY: Duration = Duration::from_secs(1);
@@ -35,6 +40,8 @@ impl std::fmt::Debug for ClientConfig {
             .field("follows_leader", &self.resolver.is_some())
             .field("metrics", &self.metrics.is_some())
             .field("timeout", &self.timeout)
+            .field("quic", &self.quic.is_some())
+            .field("rdma", &self.rdma)
             .finish()
     }
 }
@@ -73,6 +80,13 @@ pub struct ClientConfig {
     /// blocks are then copied straight out of its shared pool. Default
     /// none.
     pub shm_socket: Option<std::path::PathBuf>,
+    /// Moves blocks to and from other hosts over QUIC with these TLS
+    /// settings (see [`ClientConfig::with_quic`]); daemons that serve no
+    /// QUIC are refused, never reached over plain TCP. Default none: TCP.
+    pub quic: Option<Arc<QuicConnector>>,
+    /// Prefers RDMA where both sides have it. This build has no RDMA data
+    /// path: each daemon learnt counts a fallback. Default false.
+    pub rdma: bool,
 }
 
 impl ClientConfig {
@@ -88,6 +102,8 @@ impl ClientConfig {
             node: hostname(),
             token: None,
             shm_socket: None,
+            quic: None,
+            rdma: false,
         }
     }
 
@@ -112,6 +128,16 @@ impl ClientConfig {
     ) -> Result<Self, ClientError> {
         self.meta_addr = resolver.resolve().await.map_err(ClientError::NoLeader)?;
         self.resolver = Some(resolver);
+        Ok(self)
+    }
+
+    /// Sends blocks over QUIC, trusting daemons whose certificates `tls.ca`
+    /// signed (and presenting `tls.identity` for mutual TLS). Fails, in
+    /// one line naming the file, if a certificate or key does not load.
+    pub fn with_quic(mut self, tls: &ClientTls) -> Result<Self, ClientError> {
+        let connector =
+            QuicConnector::new(tls).map_err(|err| ClientError::Invalid(err.to_string()))?;
+        self.quic = Some(Arc::new(connector));
         Ok(self)
     }
 
@@ -166,29 +192,59 @@ pub struct PrefixMatch {
 pub struct Client {
     cfg: ClientConfig,
     meta: RwLock<Arc<ConnPool>>,
-    daemons: RwLock<HashMap<u32, Arc<ConnPool>>>,
+    daemons: RwLock<HashMap<u32, Arc<Peer>>>,
     locations: LocationCache,
     corrupt_reads: AtomicU64,
     /// Highest meta election revision seen (fencing).
     leader_revision: AtomicU64,
     /// The same-host link, once made (and when it was last tried).
     shm: parking_lot::Mutex<(Option<Arc<ShmLink>>, Option<std::time::Instant>)>,
-    shm_reads: AtomicU64,
-    shm_writes: AtomicU64,
+    transports: TransportCounters,
 }
 
-pub(crate) struct GetItem<'b> {
-    pub index: usize,
-    pub hash: BlockHash,
-    pub location: Location,
-    pub buf: &'b mut [u8],
+/// How this client reaches one daemon.
+struct Peer {
+    /// What the meta service said about it (a change makes a new `Peer`).
+    advertised: DaemonAddr,
+    /// Its TCP address: the name block locations and same-host links use.
+    addr: String,
+    /// TCP connections, for control calls (corruption reports).
+    tcp: Arc<ConnPool>,
+    /// The network data path chosen for it.
+    data: Arc<dyn Transport>,
 }
 
-pub(crate) struct PutItem<'v> {
-    pub index: usize,
-    pub hash: BlockHash,
-    pub value: &'v [u8],
-    pub checksum: u64,
+/// The data path a daemon would need and does not offer: every call fails
+/// with why, rather than moving blocks some weaker way.
+struct Unreachable {
+    kind: TransportKind,
+    why: String,
+}
+
+impl Transport for Unreachable {
+    fn kind(&self) -> TransportKind {
+        self.kind
+    }
+
+    fn get<'a, 'b: 'a>(
+        &'a self,
+        _: &'a Namespace,
+        _: &'a mut [GetItem<'b>],
+    ) -> futures::future::BoxFuture<'a, Result<Vec<Read>, ClientError>> {
+        Box::pin(std::future::ready(Err(ClientError::Invalid(
+            self.why.clone(),
+        ))))
+    }
+
+    fn put<'a, 'b: 'a>(
+        &'a self,
+        _: &'a Namespace,
+        _: &'a [PutItem<'b>],
+    ) -> futures::future::BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>> {
+        Box::pin(std::future::ready(Err(ClientError::Invalid(
+            self.why.clone(),
+        ))))
+    }
 }
 
 impl Client {
@@ -207,8 +263,7 @@ impl Client {
             locations: LocationCache::new(cfg_locations),
             corrupt_reads: AtomicU64::new(0),
             shm: parking_lot::Mutex::new((None, None)),
-            shm_reads: AtomicU64::new(0),
-            shm_writes: AtomicU64::new(0),
+            transports: TransportCounters::default(),
             leader_revision: AtomicU64::new(0),
         }
     }
@@ -226,24 +281,30 @@ impl Client {
 
     /// Blocks read through the same-host shared pool.
     pub fn shm_reads(&self) -> u64 {
-        self.shm_reads.load(Ordering::Relaxed)
+        self.transports.reads(TransportKind::Shm)
     }
 
     /// Blocks stored through the same-host shared pool.
     pub fn shm_writes(&self) -> u64 {
-        self.shm_writes.load(Ordering::Relaxed)
+        self.transports.writes(TransportKind::Shm)
     }
 
     /// The same-host link to the daemon at `addr`, if configured and up;
     /// (re)connects at most once a second.
-    fn shm_link(&self, addr: &str) -> Option<Arc<ShmLink>> {
+    /// A link that cannot be made counts a fallback to `instead`.
+    fn shm_link(&self, addr: &str, instead: TransportKind) -> Option<Arc<ShmLink>> {
         let path = self.cfg.shm_socket.as_ref()?;
         let mut shm = self.shm.lock();
         if shm.0.is_none() && shm.1.is_none_or(|t| t.elapsed() > SHM_RETRY) {
             shm.1 = Some(std::time::Instant::now());
             match ShmLink::connect(path) {
                 Ok(link) => shm.0 = Some(Arc::new(link)),
-                Err(err) => tracing::debug!(%err, path = %path.display(), "no shared-memory link"),
+                Err(err) => {
+                    tracing::warn!(%err, path = %path.display(), "no shared-memory link; going over {instead}");
+                    drop(shm);
+                    self.fell_back(TransportKind::Shm, instead);
+                    return None;
+                }
             }
         }
         shm.0.clone().filter(|l| l.addr == addr)
@@ -339,7 +400,7 @@ impl Client {
             let codes = match result {
                 Ok(codes) => codes,
                 Err(err) => {
-                    tracing::debug!(daemon, %err, "put to daemon failed");
+                    tracing::warn!(daemon, %err, "put to daemon failed");
                     vec![err.code().unwrap_or(ErrorCode::Unavailable); items.len()]
                 }
             };
@@ -400,76 +461,19 @@ impl Client {
         namespace: &Namespace,
         items: &[PutItem<'_>],
     ) -> Result<Vec<ErrorCode>, ClientError> {
-        let pool = self.daemon_pool(daemon)?;
-        if let Some(link) = self.shm_link(pool.addr()) {
+        let peer = self.peer(daemon)?;
+        if let Some(link) = self.shm_link(&peer.addr, peer.data.kind()) {
             match link.put(namespace, items).await {
                 Ok(codes) => {
-                    self.shm_writes.fetch_add(
-                        codes.iter().filter(|c| **c == ErrorCode::Ok).count() as u64,
-                        Ordering::Relaxed,
-                    );
+                    self.transports.wrote(TransportKind::Shm, stored(&codes));
                     return Ok(codes);
                 }
-                Err(err) => {
-                    tracing::warn!(%err, "shared-memory link lost; writing over TCP");
-                    *self.shm.lock() = (None, Some(std::time::Instant::now()));
-                }
+                Err(err) => self.shm_lost(&err, peer.data.kind()),
             }
         }
-        let heads: Vec<Vec<u8>> = items
-            .iter()
-            .map(|it| {
-                PutHead {
-                    key: BlockKey::new(namespace.clone(), it.hash),
-                    checksum: it.checksum,
-                }
-                .to_bytes()
-            })
-            .collect();
-        for attempt in 0..2 {
-            let (mut conn, reused) = pool.get().await?;
-            let (writer, reader) = conn.split();
-            let write = async {
-                for (item, head) in items.iter().zip(&heads) {
-                    writer.send(Opcode::Put, head, item.value).await?;
-                }
-                writer.flush().await
-            };
-            let read = async {
-                let mut codes = Vec::with_capacity(items.len());
-                for _ in items {
-                    let header = reader.next_header(Opcode::Put).await?;
-                    reader.discard(header.body_len as usize).await?;
-                    codes.push(ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal));
-                }
-                Ok::<_, ClientError>(codes)
-            };
-            let (written, read) = tokio::join!(write, read);
-            match (written, read) {
-                (Ok(()), Ok(codes)) => {
-                    pool.put_back(conn);
-                    return Ok(codes);
-                }
-                (Err(err), _) if reused && attempt == 0 => {
-                    tracing::trace!(%err, "stale pooled connection, retrying");
-                }
-                (_, Err(ClientError::Io { .. })) if reused && attempt == 0 => {}
-                (Err(err), _) => {
-                    return Err(ClientError::Io {
-                        side: ErrorSource::Daemon,
-                        addr: pool.addr().to_string(),
-                        err,
-                    })
-                }
-                (_, Err(err)) => return Err(err),
-            }
-        }
-        Err(ClientError::Server {
-            side: ErrorSource::Daemon,
-            addr: pool.addr().to_string(),
-            op: "put",
-            code: ErrorCode::Unavailable,
-        })
+        let codes = peer.data.put(namespace, items).await?;
+        self.transports.wrote(peer.data.kind(), stored(&codes));
+        Ok(codes)
     }
 
     /// Reads blocks straight into the caller's buffers, one per hash. Every
@@ -532,12 +536,13 @@ impl Client {
                     self.locations.forget(key);
                 }
                 GetOutcome::Failed(code) => {
+                    let addr = self.peer(location.daemon).map(|p| p.addr.clone());
                     return Err(ClientError::Server {
                         side: ErrorSource::Daemon,
-                        addr: String::new(),
+                        addr: addr.unwrap_or_default(),
                         op: "get",
                         code,
-                    })
+                    });
                 }
             }
         }
@@ -662,7 +667,7 @@ impl Client {
             match result {
                 Ok(got) => results.extend(indexes.into_iter().zip(got)),
                 Err(err) => {
-                    tracing::debug!(%err, "get from daemon failed");
+                    tracing::warn!(%err, "get from daemon failed");
                     let code = err.code().unwrap_or(ErrorCode::Unavailable);
                     results.extend(indexes.into_iter().map(|i| (i, Read::Failed(code))));
                 }
@@ -677,27 +682,25 @@ impl Client {
         namespace: &Namespace,
         items: &mut [GetItem<'_>],
     ) -> Result<Vec<Read>, ClientError> {
-        let pool = self.daemon_pool(daemon)?;
-        if let Some(link) = self.shm_link(pool.addr()) {
+        let peer = self.peer(daemon)?;
+        let mut reads = None;
+        if let Some(link) = self.shm_link(&peer.addr, peer.data.kind()) {
             match link.get(namespace, items).await {
-                Ok(mut reads) => {
-                    self.shm_reads.fetch_add(
-                        reads.iter().filter(|r| matches!(r, Read::Hit(_))).count() as u64,
-                        Ordering::Relaxed,
-                    );
-                    for (item, read) in items.iter().zip(&reads) {
-                        if matches!(read, Read::Corrupt) {
-                            self.report_corrupt(&pool, BlockKey::new(namespace.clone(), item.hash));
-                        }
-                    }
-                    // Blocks not in the daemon's DRAM (on NVMe) come over TCP.
-                    let rest: Vec<usize> = (0..reads.len())
-                        .filter(|i| matches!(reads[*i], Read::Missing))
-                        .collect();
-                    if rest.is_empty() {
-                        return Ok(reads);
-                    }
-                    let mut tcp: Vec<GetItem<'_>> = items
+                Ok(got) => {
+                    self.transports.read(TransportKind::Shm, hits(&got));
+                    reads = Some(got);
+                }
+                Err(err) => self.shm_lost(&err, peer.data.kind()),
+            }
+        }
+        let reads = match reads {
+            // Blocks not in the daemon's DRAM (on NVMe) come over the network.
+            Some(mut reads) => {
+                let rest: Vec<usize> = (0..reads.len())
+                    .filter(|i| matches!(reads[*i], Read::Missing))
+                    .collect();
+                if !rest.is_empty() {
+                    let mut again: Vec<GetItem<'_>> = items
                         .iter_mut()
                         .enumerate()
                         .filter(|(i, _)| rest.contains(i))
@@ -708,80 +711,42 @@ impl Client {
                             buf: &mut *it.buf,
                         })
                         .collect();
-                    let got = self.get_over_tcp(&pool, namespace, &mut tcp).await?;
+                    let got = peer.data.get(namespace, &mut again).await?;
+                    self.transports.read(peer.data.kind(), hits(&got));
                     for (i, read) in rest.into_iter().zip(got) {
                         reads[i] = read;
                     }
-                    return Ok(reads);
                 }
-                Err(err) => {
-                    tracing::warn!(%err, "shared-memory link lost; reading over TCP");
-                    *self.shm.lock() = (None, Some(std::time::Instant::now()));
-                }
+                reads
+            }
+            None => {
+                let got = peer.data.get(namespace, items).await?;
+                self.transports.read(peer.data.kind(), hits(&got));
+                got
+            }
+        };
+        for (item, read) in items.iter().zip(&reads) {
+            if matches!(read, Read::Corrupt) {
+                self.report_corrupt(&peer.tcp, BlockKey::new(namespace.clone(), item.hash));
             }
         }
-        self.get_over_tcp(&pool, namespace, items).await
+        Ok(reads)
     }
 
-    async fn get_over_tcp(
-        &self,
-        pool: &Arc<ConnPool>,
-        namespace: &Namespace,
-        items: &mut [GetItem<'_>],
-    ) -> Result<Vec<Read>, ClientError> {
-        let requests: Vec<Vec<u8>> = items
-            .iter()
-            .map(|it| {
-                KeyRequest {
-                    key: BlockKey::new(namespace.clone(), it.hash),
-                }
-                .to_bytes()
-            })
-            .collect();
-        for attempt in 0..2 {
-            let (mut conn, reused) = pool.get().await?;
-            let (writer, reader) = conn.split();
-            let write = async {
-                for req in &requests {
-                    writer.send(Opcode::Get, req, &[]).await?;
-                }
-                writer.flush().await
-            };
-            let read = async {
-                let mut got = Vec::with_capacity(items.len());
-                for item in items.iter_mut() {
-                    got.push(read_one_get(reader, item).await?);
-                }
-                Ok::<_, ClientError>(got)
-            };
-            let (written, read) = tokio::join!(write, read);
-            match (written, read) {
-                (Ok(()), Ok(got)) => {
-                    pool.put_back(conn);
-                    for (item, read) in items.iter().zip(&got) {
-                        if matches!(read, Read::Corrupt) {
-                            self.report_corrupt(pool, BlockKey::new(namespace.clone(), item.hash));
-                        }
-                    }
-                    return Ok(got);
-                }
-                (Err(_), _) | (_, Err(ClientError::Io { .. })) if reused && attempt == 0 => {}
-                (Err(err), _) => {
-                    return Err(ClientError::Io {
-                        side: ErrorSource::Daemon,
-                        addr: pool.addr().to_string(),
-                        err,
-                    })
-                }
-                (_, Err(err)) => return Err(err),
-            }
+    /// The same-host link failed: drop it (it is tried again a second
+    /// later) and go over the network meanwhile.
+    fn shm_lost(&self, err: &ClientError, to: TransportKind) {
+        tracing::warn!(%err, "shared-memory link lost; going over {to}");
+        *self.shm.lock() = (None, Some(std::time::Instant::now()));
+        self.fell_back(TransportKind::Shm, to);
+    }
+
+    /// Counts a fallback from `from` to `to`.
+    fn fell_back(&self, from: TransportKind, to: TransportKind) {
+        self.transports.fell_back(from, to);
+        if let Some(m) = &self.cfg.metrics {
+            m.fell_back(from, to);
         }
-        Err(ClientError::Server {
-            side: ErrorSource::Daemon,
-            addr: pool.addr().to_string(),
-            op: "get",
-            code: ErrorCode::Unavailable,
-        })
     }
 
     /// Bytes that failed their checksum: counted, logged, and reported to
@@ -1080,28 +1045,73 @@ impl Client {
             let known = self.daemons.read();
             if daemons
                 .iter()
-                .all(|d| known.get(&d.id).is_some_and(|p| p.addr() == d.addr))
+                .all(|d| known.get(&d.id).is_some_and(|p| p.advertised == *d))
             {
                 return;
             }
         }
         let mut known = self.daemons.write();
         for d in daemons {
-            if known.get(&d.id).is_none_or(|p| p.addr() != d.addr) {
-                known.insert(
-                    d.id,
-                    Arc::new(pool_for(&self.cfg, d.addr.clone(), ErrorSource::Daemon)),
-                );
+            if known.get(&d.id).is_none_or(|p| p.advertised != *d) {
+                known.insert(d.id, Arc::new(self.reach(d)));
             }
         }
     }
 
-    fn daemon_pool(&self, daemon: u32) -> Result<Arc<ConnPool>, ClientError> {
+    /// Chooses how to reach a daemon from what it advertised and what this
+    /// client is configured for: RDMA if asked and both sides have it, then
+    /// QUIC if configured (never plain TCP instead: a client that asks for
+    /// QUIC does not trust the network), else TCP. Same-host shared memory
+    /// comes before all of them, per call (see `shm_link`).
+    fn reach(&self, d: &DaemonAddr) -> Peer {
+        let tcp = Arc::new(pool_for(&self.cfg, d.addr.clone(), ErrorSource::Daemon));
+        let offered = |kind| d.endpoints.iter().find(|e| e.kind == kind);
+        let data: Arc<dyn Transport> = match (&self.cfg.quic, offered(TransportKind::Quic)) {
+            (Some(quic), Some(endpoint)) => Arc::new(StreamTransport {
+                pool: Arc::new(
+                    pool_for(&self.cfg, endpoint.addr.clone(), ErrorSource::Daemon)
+                        .with_dialer(Dialer::Quic(quic.clone())),
+                ),
+            }),
+            (Some(_), None) => Arc::new(Unreachable {
+                kind: TransportKind::Quic,
+                why: format!(
+                    "daemon {} at {} serves no QUIC endpoint, and this client sends blocks only over QUIC",
+                    d.id, d.addr
+                ),
+            }),
+            (None, _) => Arc::new(StreamTransport { pool: tcp.clone() }),
+        };
+        if self.cfg.rdma {
+            // The one-sided RDMA data path is not in this build (see
+            // `transport::rdma`): no daemon advertises it yet.
+            let why = if offered(TransportKind::Rdma).is_some() {
+                "this client has no RDMA data path"
+            } else {
+                "the daemon offers no RDMA endpoint"
+            };
+            tracing::debug!(daemon = d.id, why, to = %data.kind(), "RDMA not used");
+            self.fell_back(TransportKind::Rdma, data.kind());
+        }
+        Peer {
+            advertised: d.clone(),
+            addr: d.addr.clone(),
+            tcp,
+            data,
+        }
+    }
+
+    fn peer(&self, daemon: u32) -> Result<Arc<Peer>, ClientError> {
         self.daemons
             .read()
             .get(&daemon)
             .cloned()
             .ok_or_else(|| self.meta_protocol("a location named a daemon it did not list"))
+    }
+
+    /// Blocks moved per transport, and fallbacks between transports.
+    pub fn transports(&self) -> &TransportCounters {
+        &self.transports
     }
 
     fn meta_protocol(&self, why: &str) -> ClientError {
@@ -1116,20 +1126,6 @@ impl Client {
     }
 }
 
-/// What one read found, before it is told to the caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Read {
-    Hit(usize),
-    /// No location, or the daemon does not hold the block.
-    Missing,
-    /// The daemon's bytes are intact but are not the block the location
-    /// described (it was replaced since): ask the meta service again.
-    Stale,
-    /// The bytes do not match the daemon's own checksum.
-    Corrupt,
-    Failed(ErrorCode),
-}
-
 impl Read {
     fn outcome(self) -> GetOutcome {
         match self {
@@ -1138,44 +1134,4 @@ impl Read {
             Read::Failed(code) => GetOutcome::Failed(code),
         }
     }
-}
-
-/// Reads one `Get` response into the item's buffer and verifies it: the
-/// bytes against the checksum the daemon sent, and that checksum against
-/// the one the location carries (the writer's).
-async fn read_one_get(
-    reader: &mut crate::conn::FrameReader,
-    item: &mut GetItem<'_>,
-) -> Result<Read, ClientError> {
-    let header = reader.next_header(Opcode::Get).await?;
-    let len = header.body_len as usize;
-    let status = ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal);
-    if status != ErrorCode::Ok {
-        reader.discard(len).await?;
-        return Ok(match status {
-            ErrorCode::NotFound => Read::Missing,
-            ErrorCode::Corrupt => Read::Corrupt,
-            other => Read::Failed(other),
-        });
-    }
-    if len < GET_HEAD_LEN {
-        return Err(reader.protocol("get response shorter than its head"));
-    }
-    let mut head = [0u8; GET_HEAD_LEN];
-    reader.read_into(&mut head).await?;
-    let sent_checksum = u64::from_le_bytes(head);
-    let value_len = len - GET_HEAD_LEN;
-    if value_len > item.buf.len() {
-        reader.discard(value_len).await?;
-        return Ok(Read::Failed(ErrorCode::TooLarge));
-    }
-    let dst = &mut item.buf[..value_len];
-    reader.read_into(dst).await?;
-    if checksum(dst) != sent_checksum {
-        return Ok(Read::Corrupt);
-    }
-    if sent_checksum != item.location.checksum || value_len != item.location.size as usize {
-        return Ok(Read::Stale);
-    }
-    Ok(Read::Hit(value_len))
 }

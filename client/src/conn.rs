@@ -1,19 +1,22 @@
 //! One framed connection to a daemon or the meta service. Requests are
 //! written in order and answered in order, so a batch is pipelined: write
 //! every request, read every response, on one socket, in one round trip.
+//! The stream is a TCP connection or a QUIC stream; the frames are the same.
 
 use std::io;
 use std::time::Duration;
 
 use mooncake_proto::message::Body;
 use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 
 use crate::error::{ClientError, ErrorSource};
 
 const IO_BUFFER: usize = 64 << 10;
+
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// A connection that sends requests and reads their responses.
 pub struct Connection {
@@ -25,14 +28,14 @@ pub struct Connection {
 
 /// The sending half: frames are buffered until `flush`.
 pub struct FrameWriter {
-    wr: BufWriter<OwnedWriteHalf>,
+    wr: BufWriter<WriteHalf>,
     next_id: u64,
 }
 
 /// The receiving half: checks that responses answer the requests in order
 /// (request ids are sequential on a connection, from 1).
 pub struct FrameReader {
-    rd: BufReader<OwnedReadHalf>,
+    rd: BufReader<ReadHalf>,
     next_id: u64,
     ctx: (String, ErrorSource),
 }
@@ -69,7 +72,17 @@ impl Connection {
             err,
         })?;
         let (rd, wr) = stream.into_split();
-        Ok(Connection {
+        Ok(Connection::from_halves(
+            addr,
+            side,
+            Box::new(rd),
+            Box::new(wr),
+        ))
+    }
+
+    /// A connection over any ordered byte stream (a QUIC stream).
+    pub fn from_halves(addr: &str, side: ErrorSource, rd: ReadHalf, wr: WriteHalf) -> Self {
+        Connection {
             addr: addr.to_string(),
             side,
             reader: FrameReader {
@@ -81,7 +94,7 @@ impl Connection {
                 wr: BufWriter::with_capacity(IO_BUFFER, wr),
                 next_id: 1,
             },
-        })
+        }
     }
 
     pub fn addr(&self) -> &str {

@@ -12,14 +12,16 @@ mod error;
 mod locations;
 mod metrics;
 mod pool;
-mod shm;
+pub mod transport;
 
 pub use client::{Client, ClientConfig, GetOutcome, PrefixMatch, PutOutcome};
 pub use conn::{Connection, FrameReader, FrameWriter};
 pub use error::{ClientError, ErrorSource};
 pub use metrics::ClientMetrics;
 pub use mooncake_proto as proto;
-pub use pool::ConnPool;
+pub use pool::{ConnPool, Dialer};
+pub use transport::quic::{ClientTls, ServerTls, TlsError};
+pub use transport::{Transport, TransportCounters};
 
 /// Finds the meta service's current address (the leader's, in a cluster),
 /// so that a client follows leader changes without restarting.

@@ -9,6 +9,8 @@ use prometheus::{
     Registry,
 };
 
+use mooncake_proto::transport::TransportKind;
+
 use crate::client::{GetOutcome, PutOutcome};
 
 pub struct ClientMetrics {
@@ -24,6 +26,7 @@ pub struct ClientMetrics {
     bytes_read: IntCounter,
     bytes_written: IntCounter,
     pub(crate) corrupt: IntCounter,
+    fallbacks: IntCounterVec,
 }
 
 impl ClientMetrics {
@@ -58,7 +61,15 @@ impl ClientMetrics {
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(blocks.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
+        let fallbacks = IntCounterVec::new(
+            Opts::new(
+                "mooncake_client_transport_fallbacks_total",
+                "Times a better data path could not be used and another was, by transport.",
+            ),
+            &["from", "to"],
+        )?;
         registry.register(Box::new(corrupt.clone()))?;
+        registry.register(Box::new(fallbacks.clone()))?;
         Ok(Arc::new(ClientMetrics {
             get_seconds: latency.with_label_values(&["get"]),
             put_seconds: latency.with_label_values(&["put"]),
@@ -72,6 +83,7 @@ impl ClientMetrics {
             bytes_read: bytes.with_label_values(&["read"]),
             bytes_written: bytes.with_label_values(&["written"]),
             corrupt,
+            fallbacks,
         }))
     }
 
@@ -106,6 +118,12 @@ impl ClientMetrics {
                 PutOutcome::Failed(_) => self.put_failed.inc(),
             }
         }
+    }
+
+    pub(crate) fn fell_back(&self, from: TransportKind, to: TransportKind) {
+        self.fallbacks
+            .with_label_values(&[from.name(), to.name()])
+            .inc();
     }
 
     pub(crate) fn matched(&self, seconds: f64) {

@@ -1,4 +1,5 @@
-//! A pool of idle connections to one address. A connection goes back only
+//! A pool of idle connections (TCP, or streams of one QUIC connection) to
+//! one address. A connection goes back only
 //! when its last call finished cleanly; one dropped mid-call (a deadline, an
 //! error) is closed, so a pooled connection never holds a stale response.
 
@@ -7,8 +8,19 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use mooncake_proto::transport::TransportKind;
+
 use crate::conn::Connection;
 use crate::error::{ClientError, ErrorSource};
+use crate::transport::quic::QuicConnector;
+
+/// How a pool opens a new connection.
+#[derive(Clone)]
+pub enum Dialer {
+    Tcp,
+    /// A new stream on the (shared, multiplexed) QUIC connection.
+    Quic(Arc<QuicConnector>),
+}
 
 pub struct ConnPool {
     addr: String,
@@ -16,6 +28,7 @@ pub struct ConnPool {
     connect_timeout: Duration,
     max_idle: usize,
     token: Option<Arc<str>>,
+    dialer: Dialer,
     idle: Mutex<Vec<Connection>>,
 }
 
@@ -32,6 +45,7 @@ impl ConnPool {
             connect_timeout,
             max_idle,
             token: None,
+            dialer: Dialer::Tcp,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -43,6 +57,19 @@ impl ConnPool {
         self
     }
 
+    /// Opens connections with `dialer` instead of plain TCP.
+    pub fn with_dialer(mut self, dialer: Dialer) -> Self {
+        self.dialer = dialer;
+        self
+    }
+
+    pub fn kind(&self) -> TransportKind {
+        match self.dialer {
+            Dialer::Tcp => TransportKind::Tcp,
+            Dialer::Quic(_) => TransportKind::Quic,
+        }
+    }
+
     pub fn addr(&self) -> &str {
         &self.addr
     }
@@ -52,7 +79,10 @@ impl ConnPool {
         if let Some(conn) = self.idle.lock().pop() {
             return Ok((conn, true));
         }
-        let mut conn = Connection::connect(&self.addr, self.side, self.connect_timeout).await?;
+        let mut conn = match &self.dialer {
+            Dialer::Tcp => Connection::connect(&self.addr, self.side, self.connect_timeout).await?,
+            Dialer::Quic(quic) => quic.open(&self.addr, self.connect_timeout).await?,
+        };
         if let Some(token) = &self.token {
             conn.authenticate(token).await?;
         }

@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use mooncake_proto::message::{DaemonAddr, DaemonInfo, PoolStats};
+use mooncake_proto::message::{DaemonAddr, DaemonInfo, PoolStats, RegisterRequest};
+use mooncake_proto::transport::Endpoint;
 use parking_lot::RwLock;
 
 struct Member {
     node: String,
     addr: String,
+    endpoints: Vec<Endpoint>,
     stats: PoolStats,
     /// Bytes placed on it since its last heartbeat (not in `stats` yet).
     placed: u64,
@@ -28,14 +30,14 @@ impl Daemons {
     /// Registers a daemon. One that comes back at the same address keeps
     /// its id; one that brings an id from an earlier leader keeps that, if
     /// no other daemon holds it.
-    pub fn register(
-        &self,
-        node: String,
-        addr: String,
-        capacity: u64,
-        id_hint: u32,
-        now: Instant,
-    ) -> u32 {
+    pub fn register(&self, req: RegisterRequest, now: Instant) -> u32 {
+        let RegisterRequest {
+            node,
+            addr,
+            capacity,
+            id_hint,
+            endpoints,
+        } = req;
         let mut members = self.members.write();
         let hint_free = id_hint != 0 && members.get(&id_hint).is_none_or(|m| m.addr == addr);
         let id = if hint_free {
@@ -53,6 +55,7 @@ impl Daemons {
             Member {
                 node,
                 addr,
+                endpoints,
                 stats: PoolStats {
                     capacity,
                     ..PoolStats::default()
@@ -143,6 +146,7 @@ impl Daemons {
                 members.get(&id).map(|m| DaemonAddr {
                     id,
                     addr: m.addr.clone(),
+                    endpoints: m.endpoints.clone(),
                 })
             })
             .collect()
@@ -190,25 +194,31 @@ impl Daemons {
 mod tests {
     use super::*;
 
+    fn req(node: &str, addr: &str, capacity: u64, id_hint: u32) -> RegisterRequest {
+        RegisterRequest {
+            node: node.into(),
+            addr: addr.into(),
+            capacity,
+            id_hint,
+            endpoints: vec![],
+        }
+    }
+
     #[test]
     fn an_id_from_an_earlier_leader_is_kept_unless_taken() {
         let d = Daemons::default();
         let t = Instant::now();
-        assert_eq!(d.register("n".into(), "a:1".into(), 1, 7, t), 7);
-        assert_eq!(
-            d.register("n".into(), "b:1".into(), 1, 7, t),
-            8,
-            "7 is taken"
-        );
-        assert_eq!(d.register("n".into(), "c:1".into(), 1, 0, t), 9);
+        assert_eq!(d.register(req("n", "a:1", 1, 7), t), 7);
+        assert_eq!(d.register(req("n", "b:1", 1, 7), t), 8, "7 is taken");
+        assert_eq!(d.register(req("n", "c:1", 1, 0), t), 9);
     }
 
     #[test]
     fn placement_prefers_free_space_and_skips_the_dead() {
         let d = Daemons::default();
         let t = Instant::now();
-        let a = d.register("n1".into(), "a:1".into(), 100, 0, t);
-        let b = d.register("n2".into(), "b:1".into(), 100, 0, t);
+        let a = d.register(req("n1", "a:1", 100, 0), t);
+        let b = d.register(req("n2", "b:1", 100, 0), t);
         d.heartbeat(
             a,
             PoolStats {
@@ -228,7 +238,7 @@ mod tests {
             "dead daemons must re-register"
         );
         assert_eq!(
-            d.register("n2".into(), "b:1".into(), 100, 0, t),
+            d.register(req("n2", "b:1", 100, 0), t),
             b,
             "same address, same id"
         );
@@ -239,8 +249,8 @@ mod tests {
     fn a_draining_daemon_gets_no_new_blocks() {
         let d = Daemons::default();
         let t = Instant::now();
-        let a = d.register("n1".into(), "a:1".into(), 100, 0, t);
-        let b = d.register("n2".into(), "b:1".into(), 100, 0, t);
+        let a = d.register(req("n1", "a:1", 100, 0), t);
+        let b = d.register(req("n2", "b:1", 100, 0), t);
         assert!(d.set_draining(a, true));
         assert!((0..5).all(|_| d.place(1, "") == Some(b)));
         assert!(!d.set_draining(99, true));
@@ -251,8 +261,8 @@ mod tests {
     fn the_writers_own_host_comes_first_while_it_has_room() {
         let d = Daemons::default();
         let t = Instant::now();
-        let here = d.register("gpu-1".into(), "a:1".into(), 100, 0, t);
-        let there = d.register("gpu-2".into(), "b:1".into(), 1000, 0, t);
+        let here = d.register(req("gpu-1", "a:1", 100, 0), t);
+        let there = d.register(req("gpu-2", "b:1", 1000, 0), t);
         assert_eq!(
             d.place(40, "gpu-1"),
             Some(here),
@@ -275,8 +285,8 @@ mod tests {
     fn placements_spread_between_heartbeats() {
         let d = Daemons::default();
         let t = Instant::now();
-        let a = d.register("n1".into(), "a:1".into(), 100, 0, t);
-        let b = d.register("n2".into(), "b:1".into(), 100, 0, t);
+        let a = d.register(req("n1", "a:1", 100, 0), t);
+        let b = d.register(req("n2", "b:1", 100, 0), t);
         let picks: Vec<u32> = (0..4).map(|_| d.place(30, "").unwrap()).collect();
         assert!(picks.contains(&a) && picks.contains(&b), "{picks:?}");
     }

@@ -482,14 +482,12 @@ async fn dispatch(
         }
         Opcode::Register => {
             let req = RegisterRequest::from_bytes(body)?;
-            let daemon =
-                state
-                    .daemons
-                    .register(req.node, req.addr.clone(), req.capacity, req.id_hint, now);
+            let (addr, capacity) = (req.addr.clone(), req.capacity);
+            let daemon = state.daemons.register(req, now);
             // A (re)registering daemon's blocks are whatever its inventory
             // says next: entries from its previous life go.
             let dropped = state.index.remove_daemon(daemon);
-            tracing::info!(daemon, addr = %req.addr, capacity = req.capacity, dropped, "daemon registered");
+            tracing::info!(daemon, %addr, capacity, dropped, "daemon registered");
             RegisterResponse {
                 daemon,
                 revision: state.revision,

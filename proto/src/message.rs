@@ -5,6 +5,7 @@
 use crate::codec::{Reader, Writer};
 use crate::error::{ErrorCode, ProtoError};
 use crate::key::{BlockHash, BlockKey, Namespace, MAX_NAMESPACE_LEN};
+use crate::transport::{decode_endpoints, encode_endpoints, Endpoint};
 
 /// A message body: encoded into a frame, decoded from exactly its bytes.
 pub trait Body: Sized {
@@ -226,7 +227,10 @@ impl Body for DrainRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonAddr {
     pub id: u32,
+    /// Its TCP data address (every daemon serves TCP).
     pub addr: String,
+    /// The other transports it serves, as it advertised them.
+    pub endpoints: Vec<Endpoint>,
 }
 
 fn encode_daemons(w: &mut Writer, daemons: &[DaemonAddr]) {
@@ -234,16 +238,18 @@ fn encode_daemons(w: &mut Writer, daemons: &[DaemonAddr]) {
     for d in daemons {
         w.u32(d.id);
         w.str(&d.addr);
+        encode_endpoints(w, &d.endpoints);
     }
 }
 
 fn decode_daemons(r: &mut Reader<'_>) -> Result<Vec<DaemonAddr>, ProtoError> {
-    let n = r.count(6)?;
+    let n = r.count(10)?;
     (0..n)
         .map(|_| {
             Ok(DaemonAddr {
                 id: r.u32()?,
                 addr: r.str()?.to_string(),
+                endpoints: decode_endpoints(r)?,
             })
         })
         .collect()
@@ -756,6 +762,8 @@ pub struct RegisterRequest {
     /// The id an earlier leader gave this daemon (0: none), kept if free,
     /// so that locations cached by clients stay meaningful across failover.
     pub id_hint: u32,
+    /// Transports served besides TCP at `addr`.
+    pub endpoints: Vec<Endpoint>,
 }
 
 impl Body for RegisterRequest {
@@ -764,6 +772,7 @@ impl Body for RegisterRequest {
         w.str(&self.addr);
         w.u64(self.capacity);
         w.u32(self.id_hint);
+        encode_endpoints(w, &self.endpoints);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         Ok(RegisterRequest {
@@ -771,6 +780,7 @@ impl Body for RegisterRequest {
             addr: r.str()?.to_string(),
             capacity: r.u64()?,
             id_hint: r.u32()?,
+            endpoints: decode_endpoints(r)?,
         })
     }
 }
@@ -931,6 +941,10 @@ mod tests {
             daemons: vec![DaemonAddr {
                 id: 1,
                 addr: "127.0.0.1:1".into(),
+                endpoints: vec![Endpoint {
+                    kind: crate::transport::TransportKind::Quic,
+                    addr: "127.0.0.1:2".into(),
+                }],
             }],
         });
         round_trip(PutStartRequest {
@@ -1012,6 +1026,7 @@ mod tests {
             addr: "a".into(),
             capacity: 1,
             id_hint: 3,
+            endpoints: vec![],
         });
         round_trip(RegisterResponse {
             daemon: 3,

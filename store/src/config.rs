@@ -72,6 +72,19 @@ pub struct DaemonConfig {
     /// in a memfd. Anyone who can connect reads every block: not with
     /// `auth`. Default none.
     pub shm_socket: Option<std::path::PathBuf>,
+    /// UDP address to serve QUIC on (e.g. `0.0.0.0:7171`), for clients
+    /// configured for QUIC; needs `tls_cert` and `tls_key`. Default none.
+    pub quic_listen: Option<String>,
+    /// The QUIC address clients are told. Default: the advertised TCP
+    /// host with the QUIC port.
+    pub quic_advertise: Option<String>,
+    /// This daemon's certificate (PEM, with its chain) for QUIC.
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM).
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Mutual TLS: only clients whose certificate this CA signed may
+    /// connect over QUIC. Default none: any client (tokens still apply).
+    pub tls_client_ca: Option<std::path::PathBuf>,
     /// Meta service to register with. Default none (a standalone daemon).
     pub meta: Option<String>,
     /// Token file (`docs/security.md`): when set, every connection must
@@ -110,6 +123,11 @@ impl Default for DaemonConfig {
             dram_quota: Default::default(),
             nvme_quota: Default::default(),
             shm_socket: None,
+            quic_listen: None,
+            quic_advertise: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
             meta: None,
             auth: None,
             token: None,
@@ -121,6 +139,9 @@ impl Default for DaemonConfig {
 impl DaemonConfig {
     /// Checks values that parse but make no sense together.
     pub fn validate(&self) -> Result<(), String> {
+        if self.quic_listen.is_some() {
+            self.server_tls()?;
+        }
         if self.dram.0 < 1 << 20 {
             return Err(format!("dram = {} is below the minimum of 1MiB", self.dram));
         }
@@ -205,6 +226,18 @@ impl DaemonConfig {
             prefault: self.prefault,
             quotas: quotas(&self.dram_quota),
             shared: self.shm_socket.is_some(),
+        }
+    }
+
+    /// The QUIC listener's TLS settings, checked to be complete.
+    pub(crate) fn server_tls(&self) -> Result<mooncake_client::ServerTls, String> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(mooncake_client::ServerTls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            }),
+            _ => Err("quic_listen needs tls_cert and tls_key (mooncake-store certs makes a development set)".into()),
         }
     }
 

@@ -14,6 +14,7 @@ mod meta_link;
 pub mod metrics;
 pub mod nvme;
 pub mod pool;
+mod quic;
 pub mod quota;
 mod region;
 mod server;
@@ -24,6 +25,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use mooncake_coord::{Coordinator, MemberKind};
+use mooncake_proto::transport::{Endpoint, TransportKind};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -54,6 +56,8 @@ pub enum DaemonError {
 /// A running daemon.
 pub struct DaemonHandle {
     pub addr: SocketAddr,
+    /// Transports served besides TCP at `addr` (QUIC, when configured).
+    pub endpoints: Vec<Endpoint>,
     pub pool: Arc<DramPool>,
     tasks: Vec<JoinHandle<()>>,
     tiers: std::sync::Weak<tiers::Tiers>,
@@ -151,17 +155,40 @@ pub async fn start(
         )
     };
     let metrics = metrics::DaemonMetrics::new(registry, tiers.clone())?;
-    let mut tasks = vec![tokio::spawn(server::run(
-        listener,
+    let server = server::Server::new(
         tiers.clone(),
         server::ServerConfig {
             tokens: config.tokens().map_err(DaemonError::Config)?,
             ..config.server()
         },
         metrics,
+    );
+    let mut tasks = vec![tokio::spawn(server::run(
+        listener,
+        server.clone(),
         shutdown.child_token(),
     ))];
     let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let mut endpoints = Vec::new();
+    if let Some(listen) = &config.quic_listen {
+        let tls = config.server_tls().map_err(DaemonError::Config)?;
+        let endpoint = quic::bind(listen, &tls).map_err(DaemonError::Config)?;
+        let bound = endpoint.local_addr().map_err(DaemonError::Listener)?;
+        let quic_addr = config
+            .quic_advertise
+            .clone()
+            .unwrap_or_else(|| with_port(&advertise, bound.port()));
+        tracing::info!(%bound, advertised = %quic_addr, mutual_tls = tls.client_ca.is_some(), "QUIC listening");
+        endpoints.push(Endpoint {
+            kind: TransportKind::Quic,
+            addr: quic_addr,
+        });
+        tasks.push(tokio::spawn(quic::run(
+            endpoint,
+            server.clone(),
+            shutdown.child_token(),
+        )));
+    }
     if let Some(path) = config.shm_socket.clone() {
         shm::usable(&path).map_err(DaemonError::Config)?;
         let (tiers, advertise, stop) = (tiers.clone(), advertise.clone(), shutdown.child_token());
@@ -185,6 +212,7 @@ pub async fn start(
                 target,
                 node: config.node.clone(),
                 advertise,
+                endpoints: endpoints.clone(),
                 interval: config.heartbeat_interval.0,
                 token: config.token.clone(),
             },
@@ -194,6 +222,7 @@ pub async fn start(
     }
     Ok(DaemonHandle {
         addr,
+        endpoints,
         pool,
         drives: tiers.nvme.iter().map(Arc::downgrade).collect(),
         tasks,
@@ -221,4 +250,11 @@ fn open_drive(
     nvme::NvmeTier::open(engine, capacity, &nvme::NvmeTier::index_dir_for(path))
         .map(|tier| tier.with_quotas(config.nvme_quotas()))
         .map_err(|e| e.to_string())
+}
+
+/// `addr` (`host:port`) with its port replaced: the QUIC address advertised
+/// by default is the TCP one's host with the QUIC port.
+fn with_port(addr: &str, port: u16) -> String {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    format!("{host}:{port}")
 }

@@ -34,6 +34,8 @@ pub struct LinkConfig {
     pub target: MetaTarget,
     pub node: String,
     pub advertise: String,
+    /// Transports served besides TCP, advertised at registration.
+    pub endpoints: Vec<mooncake_proto::transport::Endpoint>,
     pub interval: Duration,
     /// Presented to a meta service that requires authentication.
     pub token: Option<String>,
@@ -110,6 +112,7 @@ async fn session(
         addr: cfg.advertise.clone(),
         capacity: pool.stats().capacity,
         id_hint: memory.id,
+        endpoints: cfg.endpoints.clone(),
     };
     let answer = with_deadline(
         deadline,

@@ -1,6 +1,7 @@
-//! The daemon's TCP data server. One task per connection reads requests in
-//! order and answers each before reading the next; clients pipeline many on
-//! one socket. Values land straight in the pool and leave straight from it.
+//! The daemon's data server. One task per connection (a TCP connection, or
+//! a QUIC stream: see `quic.rs`) reads requests in order and answers each
+//! before reading the next; clients pipeline many on one stream. Values
+//! land straight in the pool and leave straight from it.
 
 use std::io;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use mooncake_proto::limits::PerClient;
 use mooncake_proto::message::{Body, KeyRequest, PutHead};
 use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -44,16 +45,77 @@ enum ConnError {
     Refused(ErrorCode),
 }
 
-pub async fn run(
-    listener: TcpListener,
+/// What every connection shares, whichever transport it came on: the
+/// tiers, the limits (one budget of connections for TCP and QUIC), the
+/// metrics.
+pub struct Server {
     tiers: Arc<Tiers>,
     cfg: ServerConfig,
     metrics: Arc<DaemonMetrics>,
-    shutdown: CancellationToken,
-) {
-    let permits = Arc::new(Semaphore::new(cfg.max_connections));
-    let per_client = PerClient::new(cfg.max_connections_per_client);
-    let cfg = Arc::new(cfg);
+    permits: Arc<Semaphore>,
+    per_client: Arc<PerClient>,
+}
+
+/// A connection admitted under the limits; dropping it frees its place.
+pub(crate) struct Admitted {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _slot: mooncake_proto::limits::ClientSlot,
+}
+
+impl Server {
+    pub fn new(tiers: Arc<Tiers>, cfg: ServerConfig, metrics: Arc<DaemonMetrics>) -> Arc<Self> {
+        Arc::new(Server {
+            tiers,
+            permits: Arc::new(Semaphore::new(cfg.max_connections)),
+            per_client: PerClient::new(cfg.max_connections_per_client),
+            cfg,
+            metrics,
+        })
+    }
+
+    /// A place for one more connection from `peer`, or `None` (counted,
+    /// logged) when a limit is reached.
+    pub(crate) fn admit(&self, peer: std::net::SocketAddr) -> Option<Admitted> {
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "connection refused: max_connections reached");
+            self.metrics.refused_connections.inc();
+            return None;
+        };
+        let Some(slot) = self.per_client.admit(peer.ip()) else {
+            tracing::warn!(%peer, "connection refused: max_connections_per_client reached");
+            self.metrics.refused_connections.inc();
+            return None;
+        };
+        Some(Admitted {
+            _permit: permit,
+            _slot: slot,
+        })
+    }
+
+    /// Serves one admitted connection until it closes.
+    pub(crate) async fn serve_stream<R, W>(
+        &self,
+        rd: R,
+        wr: W,
+        peer: std::net::SocketAddr,
+        admitted: Admitted,
+        shutdown: &CancellationToken,
+    ) where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        self.metrics.connections.inc();
+        let served = serve(rd, wr, &self.tiers, &self.cfg, &self.metrics, shutdown).await;
+        if let Err(err) = served {
+            tracing::debug!(%peer, %err, "connection closed");
+        }
+        self.metrics.connections.dec();
+        drop(admitted);
+    }
+}
+
+/// Accepts TCP connections until `shutdown`.
+pub async fn run(listener: TcpListener, server: Arc<Server>, shutdown: CancellationToken) {
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -67,49 +129,43 @@ pub async fn run(
             },
             _ = shutdown.cancelled() => break,
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "connection refused: max_connections reached");
-            metrics.refused_connections.inc();
+        let Some(admitted) = server.admit(peer) else {
             tokio::spawn(refuse(stream));
             continue;
         };
-        let Some(slot) = per_client.admit(peer.ip()) else {
-            tracing::warn!(%peer, "connection refused: max_connections_per_client reached");
-            metrics.refused_connections.inc();
-            tokio::spawn(refuse(stream));
-            continue;
-        };
-        let (tiers, cfg, shutdown) = (tiers.clone(), cfg.clone(), shutdown.clone());
-        let metrics = metrics.clone();
+        let (server, shutdown) = (server.clone(), shutdown.clone());
         tokio::spawn(async move {
-            metrics.connections.inc();
-            if let Err(err) = serve(stream, &tiers, &cfg, &metrics, &shutdown).await {
+            if let Err(err) = stream.set_nodelay(true) {
                 tracing::debug!(%peer, %err, "connection closed");
+                return;
             }
-            metrics.connections.dec();
-            drop((permit, slot));
+            let (rd, wr) = stream.into_split();
+            server.serve_stream(rd, wr, peer, admitted, &shutdown).await;
         });
     }
     tracing::info!("data server stopped accepting");
 }
 
 /// Tells an over-limit client why it is being turned away.
-async fn refuse(mut stream: TcpStream) {
+pub(crate) async fn refuse<W: AsyncWrite + Unpin>(mut stream: W) {
     let mut raw = [0u8; HEADER_LEN];
     raw[3] = Opcode::Ping as u8;
     let reply = Header::error_reply(&raw, ErrorCode::Busy as u16);
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&reply)).await;
 }
 
-async fn serve(
-    stream: TcpStream,
+async fn serve<R, W>(
+    rd: R,
+    wr: W,
     tiers: &Arc<Tiers>,
     cfg: &ServerConfig,
     metrics: &DaemonMetrics,
     shutdown: &CancellationToken,
-) -> Result<(), ConnError> {
-    stream.set_nodelay(true)?;
-    let (rd, wr) = stream.into_split();
+) -> Result<(), ConnError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
     let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
     let mut gate = Gate::new(cfg.tokens.clone());

@@ -300,6 +300,7 @@ async fn a_daemon_that_accepts_but_never_answers_costs_one_deadline() {
                 addr: hole_addr,
                 capacity: 1 << 30,
                 id_hint: 0,
+                endpoints: vec![],
             },
             "register",
         )

@@ -97,6 +97,20 @@ pub async fn client(target: &Target) -> Result<Client, Failure> {
         cfg = cfg.with_token(token.as_str());
     }
     cfg.shm_socket = target.shm_socket.clone();
+    cfg.rdma = target.rdma;
+    if let Some(ca) = &target.quic_ca {
+        let identity = target.quic_cert.clone().zip(target.quic_key.clone());
+        cfg = cfg
+            .with_quic(&mooncake_client::ClientTls {
+                ca: ca.clone(),
+                identity,
+            })
+            .map_err(|e| Failure::usage(e.to_string()))?;
+    } else if target.quic_cert.is_some() {
+        return Err(Failure::usage(
+            "--quic-cert needs --quic-ca (the CA that signed the daemons' certificates)",
+        ));
+    }
     if target.etcd.is_empty() {
         return Ok(Client::new(cfg));
     }

@@ -5,9 +5,11 @@
 mod admin;
 mod bench;
 mod bench_io;
+mod bench_memcpy;
 mod bench_meta;
 mod bench_peer;
 mod blocks;
+mod certs;
 mod config;
 mod exit;
 mod hash;
@@ -65,6 +67,20 @@ pub struct Target {
     /// blocks are read straight from its shared pool.
     #[arg(long, env = "MOONCAKE_SHM_SOCKET", global = true)]
     shm_socket: Option<std::path::PathBuf>,
+    /// Move blocks over QUIC, trusting daemons whose certificates this CA
+    /// (PEM) signed; daemons without QUIC are refused, not reached over TCP.
+    #[arg(long, env = "MOONCAKE_QUIC_CA", global = true)]
+    quic_ca: Option<std::path::PathBuf>,
+    /// This client's certificate (PEM), for daemons that require mutual TLS.
+    #[arg(long, env = "MOONCAKE_QUIC_CERT", global = true, requires = "quic_key")]
+    quic_cert: Option<std::path::PathBuf>,
+    /// The key of --quic-cert (PEM).
+    #[arg(long, env = "MOONCAKE_QUIC_KEY", global = true, requires = "quic_cert")]
+    quic_key: Option<std::path::PathBuf>,
+    /// Prefer RDMA where both sides have it (falls back to QUIC or TCP,
+    /// counted in mooncake_client_transport_fallbacks_total).
+    #[arg(long, env = "MOONCAKE_RDMA", global = true)]
+    rdma: bool,
 }
 
 #[derive(Subcommand)]
@@ -105,6 +121,8 @@ enum Command {
     BenchPeer(bench_peer::BenchPeerArgs),
     /// Random direct reads through the NVMe tier's I/O engines (vs fio).
     BenchIo(bench_io::BenchIoArgs),
+    /// One core copying blocks: the same-host ceiling for a get.
+    BenchMemcpy(bench_memcpy::BenchMemcpyArgs),
     /// Measure the meta service alone: prefix matches and two-phase puts.
     BenchMeta(bench_meta::BenchMetaArgs),
     /// Show the configuration.
@@ -113,6 +131,10 @@ enum Command {
     /// Make tokens for a store that requires authentication.
     #[command(subcommand)]
     Token(token::TokenCommand),
+    /// Make a development CA and certificates for QUIC (mutual) TLS.
+    Certs(certs::CertsArgs),
+    /// What data paths this host offers: RDMA devices, QUIC, shared memory.
+    Transports(certs::TransportsArgs),
 }
 
 fn main() {
@@ -153,10 +175,13 @@ fn main() {
             Command::BenchMeta(a) => bench_meta::run(a).await,
             Command::BenchIo(a) => bench_io::run(a).await,
             Command::BenchPeer(a) => bench_peer::run(a).await,
+            Command::BenchMemcpy(a) => bench_memcpy::run(a),
             Command::Replay(a) => replay::run(a).await,
             Command::Simulate(a) => simulate::run(a),
             Command::Config(c) => config::run(c),
             Command::Token(c) => token::run(c),
+            Command::Certs(a) => certs::run(a),
+            Command::Transports(a) => certs::transports(a),
         }
     });
     if let Err(failure) = result {

@@ -74,6 +74,8 @@ pub struct UpArgs {
     /// socket (not with --auth).
     #[arg(long)]
     shm_socket: Option<PathBuf>,
+    #[command(flatten)]
+    quic: QuicArgs,
     /// Admin address (/metrics, /health) of the process; "" for none.
     #[arg(long)]
     admin: Option<String>,
@@ -137,7 +139,48 @@ pub struct DaemonArgs {
     #[arg(long)]
     shm_socket: Option<PathBuf>,
     #[command(flatten)]
+    quic: QuicArgs,
+    #[command(flatten)]
     etcd: EtcdArgs,
+}
+
+/// The daemon's QUIC listener.
+#[derive(clap::Args, Debug)]
+pub struct QuicArgs {
+    /// Serve QUIC on this UDP address too (e.g. 0.0.0.0:7171); needs
+    /// --tls-cert and --tls-key (`mooncake-store certs` makes a test set).
+    #[arg(long)]
+    quic_listen: Option<String>,
+    /// The QUIC address clients are told (default: the advertised host
+    /// with the QUIC port).
+    #[arg(long)]
+    quic_advertise: Option<String>,
+    /// The daemon's certificate (PEM).
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's key (PEM).
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: accept only QUIC clients whose certificate this CA signed.
+    #[arg(long)]
+    tls_client_ca: Option<PathBuf>,
+}
+
+impl QuicArgs {
+    fn apply(self, cfg: &mut mooncake_daemon::config::DaemonConfig) {
+        let QuicArgs {
+            quic_listen,
+            quic_advertise,
+            tls_cert,
+            tls_key,
+            tls_client_ca,
+        } = self;
+        cfg.quic_listen = quic_listen.or(cfg.quic_listen.take());
+        cfg.quic_advertise = quic_advertise.or(cfg.quic_advertise.take());
+        cfg.tls_cert = tls_cert.or(cfg.tls_cert.take());
+        cfg.tls_key = tls_key.or(cfg.tls_key.take());
+        cfg.tls_client_ca = tls_client_ca.or(cfg.tls_client_ca.take());
+    }
 }
 
 async fn bind(addr: &str, role: &str) -> Result<TcpListener, Failure> {
@@ -196,6 +239,7 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     if args.shm_socket.is_some() {
         cfg.daemon.shm_socket = args.shm_socket;
     }
+    args.quic.apply(&mut cfg.daemon);
     if let Some(a) = args.admin {
         cfg.meta.admin = a;
     }
@@ -370,6 +414,7 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     if args.shm_socket.is_some() {
         cfg.shm_socket = args.shm_socket;
     }
+    args.quic.apply(&mut cfg);
     if args.auth.is_some() {
         cfg.auth = args.auth;
     }

@@ -6,16 +6,19 @@ use std::process::Command;
 
 use mooncake_tests::TestCluster;
 
-/// The static library cargo built beside this test.
+/// The static library cargo built beside this test: the newest copy (the
+/// one in the profile directory is only refreshed by `cargo build`).
 fn static_lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
     [
-        deps.join("../libmooncake_store.a"),
         deps.join("libmooncake_store.a"),
+        deps.join("../libmooncake_store.a"),
     ]
     .into_iter()
-    .find(|p| p.exists())
+    .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+    .max()
+    .map(|(_, p)| p)
     .expect("libmooncake_store.a next to the test binary")
 }
 

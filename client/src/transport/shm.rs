@@ -18,7 +18,11 @@ use mooncake_proto::{checksum, BlockKey, ErrorCode, Header, Namespace, Opcode, H
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use crate::client::{GetItem, PutItem, Read};
+use futures::future::BoxFuture;
+use mooncake_proto::transport::TransportKind;
+
+use super::{GetItem, PutItem, Read, Transport};
+use crate::error::{ClientError, ErrorSource};
 
 /// A mapping of a daemon's pool: read for gets, written only into room
 /// the daemon reserved for a put.
@@ -102,7 +106,7 @@ impl ShmLink {
     /// Reads `items` from the shared pool: one lease per block, all asked
     /// at once, the bytes copied and checked, then all leases ended.
     /// `Missing` for blocks the daemon does not hold in DRAM.
-    pub async fn get(
+    async fn get_blocks(
         &self,
         namespace: &Namespace,
         items: &mut [GetItem<'_>],
@@ -155,7 +159,7 @@ impl ShmLink {
     /// Stores `items` through the shared pool: room reserved for each at
     /// once (`ShmPut`), the bytes written there, then each verified and
     /// stored by the daemon (`ShmCommit`). A status per item.
-    pub async fn put(
+    async fn put_blocks(
         &self,
         namespace: &Namespace,
         items: &[PutItem<'_>],
@@ -244,11 +248,51 @@ impl ShmLink {
     }
 }
 
+impl Transport for ShmLink {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    fn get<'a, 'b: 'a>(
+        &'a self,
+        namespace: &'a Namespace,
+        items: &'a mut [GetItem<'b>],
+    ) -> BoxFuture<'a, Result<Vec<Read>, ClientError>> {
+        Box::pin(async move {
+            let result = self.get_blocks(namespace, items).await;
+            result.map_err(|err| self.error(err))
+        })
+    }
+
+    fn put<'a, 'b: 'a>(
+        &'a self,
+        namespace: &'a Namespace,
+        items: &'a [PutItem<'b>],
+    ) -> BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>> {
+        Box::pin(async move {
+            let result = self.put_blocks(namespace, items).await;
+            result.map_err(|err| self.error(err))
+        })
+    }
+}
+
+impl ShmLink {
+    fn error(&self, err: io::Error) -> ClientError {
+        ClientError::Io {
+            side: ErrorSource::Daemon,
+            addr: self.path.display().to_string(),
+            err,
+        }
+    }
+}
+
 /// Connects to the daemon's socket: the stream (non-blocking, for tokio),
 /// its hello and the pool's descriptor.
 fn open(path: &Path) -> io::Result<(UnixStream, ShmHello, OwnedFd)> {
     let stream = StdUnixStream::connect(path)?;
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(1)))?;
+    // The daemon answers at once; a socket that does not is not one, and
+    // this runs on a runtime thread: wait briefly.
+    stream.set_read_timeout(Some(std::time::Duration::from_millis(250)))?;
     let (hello, fd) = recv_with_fd(&stream)?;
     let hello = ShmHello::from_bytes(&hello).map_err(io::Error::other)?;
     stream.set_read_timeout(None)?;

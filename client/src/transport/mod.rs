@@ -1,0 +1,129 @@
+//! How block data moves between this client and a daemon. Every data path
+//! implements [`Transport`]: read a batch of blocks into the caller's
+//! buffers, write a batch from the caller's slices, each verified against
+//! its checksum. The client picks one per daemon from what the daemon
+//! advertised and what this host offers, best first: same-host shared
+//! memory, then RDMA, then QUIC or TCP as configured. Each time a better
+//! path cannot be used the fallback is counted
+//! (`mooncake_client_transport_fallbacks_total{from,to}`).
+//!
+//! The control path (meta calls, corruption reports) is always TCP.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::future::BoxFuture;
+use mooncake_proto::message::Location;
+use mooncake_proto::transport::TransportKind;
+use mooncake_proto::{BlockHash, ErrorCode, Namespace};
+
+use crate::error::ClientError;
+
+pub mod quic;
+#[cfg(feature = "rdma")]
+pub mod rdma;
+pub(crate) mod shm;
+pub(crate) mod stream;
+
+/// One data path to one daemon.
+pub trait Transport: Send + Sync {
+    fn kind(&self) -> TransportKind;
+
+    /// Reads each item's block into its buffer; what each read found.
+    /// `Read::Missing` for a block this path cannot serve (e.g. one on
+    /// NVMe, for shared memory): the caller asks another path.
+    fn get<'a, 'b: 'a>(
+        &'a self,
+        namespace: &'a Namespace,
+        items: &'a mut [GetItem<'b>],
+    ) -> BoxFuture<'a, Result<Vec<Read>, ClientError>>;
+
+    /// Writes each item's value; the daemon's status for each.
+    fn put<'a, 'b: 'a>(
+        &'a self,
+        namespace: &'a Namespace,
+        items: &'a [PutItem<'b>],
+    ) -> BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>>;
+}
+
+/// One block to read, and where its bytes go.
+pub struct GetItem<'b> {
+    /// Its position in the caller's batch.
+    pub index: usize,
+    pub hash: BlockHash,
+    /// What the index says about it (size and the writer's checksum).
+    pub location: Location,
+    pub buf: &'b mut [u8],
+}
+
+/// One block to write.
+pub struct PutItem<'v> {
+    pub index: usize,
+    pub hash: BlockHash,
+    pub value: &'v [u8],
+    /// XXH3-64 of `value`, which the daemon checks before storing it.
+    pub checksum: u64,
+}
+
+/// What one read found, before it is told to the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    Hit(usize),
+    /// No location, or the daemon does not hold the block.
+    Missing,
+    /// The daemon's bytes are intact but are not the block the location
+    /// described (it was replaced since): ask the meta service again.
+    Stale,
+    /// The bytes do not match the daemon's own checksum.
+    Corrupt,
+    Failed(ErrorCode),
+}
+
+const KINDS: usize = TransportKind::ALL.len();
+
+/// Blocks moved per transport and fallbacks between transports, counted
+/// whether or not the application exposes a metrics registry.
+#[derive(Default)]
+pub struct TransportCounters {
+    reads: [AtomicU64; KINDS],
+    writes: [AtomicU64; KINDS],
+    fallbacks: [[AtomicU64; KINDS]; KINDS],
+}
+
+impl TransportCounters {
+    pub(crate) fn read(&self, kind: TransportKind, blocks: usize) {
+        self.reads[kind as usize].fetch_add(blocks as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn wrote(&self, kind: TransportKind, blocks: usize) {
+        self.writes[kind as usize].fetch_add(blocks as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn fell_back(&self, from: TransportKind, to: TransportKind) {
+        self.fallbacks[from as usize][to as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Blocks read through `kind` (hits only).
+    pub fn reads(&self, kind: TransportKind) -> u64 {
+        self.reads[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Blocks stored through `kind`.
+    pub fn writes(&self, kind: TransportKind) -> u64 {
+        self.writes[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Times `from` could not be used and `to` was used instead.
+    pub fn fallbacks(&self, from: TransportKind, to: TransportKind) -> u64 {
+        self.fallbacks[from as usize][to as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// Hits among `reads`.
+pub(crate) fn hits(reads: &[Read]) -> usize {
+    reads.iter().filter(|r| matches!(r, Read::Hit(_))).count()
+}
+
+/// Successes among `codes`.
+pub(crate) fn stored(codes: &[ErrorCode]) -> usize {
+    codes.iter().filter(|c| **c == ErrorCode::Ok).count()
+}

@@ -1,0 +1,66 @@
+//! RDMA devices on this host (feature `rdma`), found through rdma-core's
+//! libibverbs, which `sideway` loads at run time: the same binary runs on
+//! hosts with and without RDMA, and says why a host has none.
+//!
+//! Only discovery is here: the one-sided data path (the daemon's pool
+//! registered as a memory region, queue pairs per peer) is not written
+//! yet, so daemons advertise no RDMA endpoint and clients asked to prefer
+//! RDMA count a fallback and use QUIC or TCP.
+
+use sideway::ibverbs::device::{DeviceInfo, DeviceList};
+
+/// One RDMA device, as libibverbs names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaDevice {
+    pub name: String,
+    /// The link layer family: InfiniBand, iWARP, ...
+    pub transport: String,
+}
+
+/// The devices this host has; an error saying why there are none usable
+/// (no kernel support, no libibverbs, no device).
+pub fn devices() -> Result<Vec<RdmaDevice>, String> {
+    let list = DeviceList::new().map_err(|err| {
+        let cause = std::error::Error::source(&err)
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        format!("no RDMA: listing devices failed ({cause}); the kernel or libibverbs lacks RDMA support")
+    })?;
+    let found: Vec<RdmaDevice> = list
+        .iter()
+        .map(|d| RdmaDevice {
+            name: d.name(),
+            transport: d.transport_type().to_string(),
+        })
+        .collect();
+    if found.is_empty() {
+        return Err("no RDMA: libibverbs lists no device".to_string());
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever the host has, discovery answers (a list, or one line
+    /// saying why not) and never panics.
+    #[test]
+    fn discovery_answers_cleanly() {
+        match devices() {
+            Ok(found) => assert!(found.iter().all(|d| !d.name.is_empty())),
+            Err(why) => {
+                assert!(why.starts_with("no RDMA: "), "{why}");
+                assert!(!why.contains('\n'), "{why}");
+            }
+        }
+    }
+
+    /// These build machines have no RDMA device (the kernel has no RDMA
+    /// support); set MOONCAKE_EXPECT_RDMA=1 on a host that has one.
+    #[test]
+    fn this_host_reports_what_it_has() {
+        let expect = std::env::var("MOONCAKE_EXPECT_RDMA").is_ok_and(|v| v == "1");
+        assert_eq!(devices().is_ok(), expect, "{:?}", devices());
+    }
+}

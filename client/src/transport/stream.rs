@@ -1,0 +1,197 @@
+//! Framed requests on a byte stream: a TCP connection or a QUIC stream.
+//! A batch is pipelined on one stream (every request written while the
+//! answers are read), values written straight from the caller's slices and
+//! read straight into the caller's buffers.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use mooncake_proto::message::{Body, KeyRequest, PutHead, GET_HEAD_LEN};
+use mooncake_proto::transport::TransportKind;
+use mooncake_proto::{checksum, BlockKey, ErrorCode, Namespace, Opcode};
+
+use super::{GetItem, PutItem, Read, Transport};
+use crate::conn::FrameReader;
+use crate::error::{ClientError, ErrorSource};
+use crate::pool::ConnPool;
+
+/// TCP or QUIC to one daemon, through a pool of idle streams.
+pub(crate) struct StreamTransport {
+    pub pool: Arc<ConnPool>,
+}
+
+impl Transport for StreamTransport {
+    fn kind(&self) -> TransportKind {
+        self.pool.kind()
+    }
+
+    fn get<'a, 'b: 'a>(
+        &'a self,
+        namespace: &'a Namespace,
+        items: &'a mut [GetItem<'b>],
+    ) -> BoxFuture<'a, Result<Vec<Read>, ClientError>> {
+        Box::pin(self.get_batch(namespace, items))
+    }
+
+    fn put<'a, 'b: 'a>(
+        &'a self,
+        namespace: &'a Namespace,
+        items: &'a [PutItem<'b>],
+    ) -> BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>> {
+        Box::pin(self.put_batch(namespace, items))
+    }
+}
+
+impl StreamTransport {
+    async fn get_batch(
+        &self,
+        namespace: &Namespace,
+        items: &mut [GetItem<'_>],
+    ) -> Result<Vec<Read>, ClientError> {
+        let pool = &self.pool;
+        let requests: Vec<Vec<u8>> = items
+            .iter()
+            .map(|it| {
+                KeyRequest {
+                    key: BlockKey::new(namespace.clone(), it.hash),
+                }
+                .to_bytes()
+            })
+            .collect();
+        for attempt in 0..2 {
+            let (mut conn, reused) = pool.get().await?;
+            let (writer, reader) = conn.split();
+            let write = async {
+                for req in &requests {
+                    writer.send(Opcode::Get, req, &[]).await?;
+                }
+                writer.flush().await
+            };
+            let read = async {
+                let mut got = Vec::with_capacity(items.len());
+                for item in items.iter_mut() {
+                    got.push(read_one_get(reader, item).await?);
+                }
+                Ok::<_, ClientError>(got)
+            };
+            let (written, read) = tokio::join!(write, read);
+            match (written, read) {
+                (Ok(()), Ok(got)) => {
+                    pool.put_back(conn);
+                    return Ok(got);
+                }
+                // A pooled stream the daemon closed meanwhile: once more
+                // on a fresh one.
+                (Err(_), _) | (_, Err(ClientError::Io { .. })) if reused && attempt == 0 => {}
+                (Err(err), _) => return Err(self.io(err)),
+                (_, Err(err)) => return Err(err),
+            }
+        }
+        Err(self.unavailable("get"))
+    }
+
+    async fn put_batch(
+        &self,
+        namespace: &Namespace,
+        items: &[PutItem<'_>],
+    ) -> Result<Vec<ErrorCode>, ClientError> {
+        let pool = &self.pool;
+        let heads: Vec<Vec<u8>> = items
+            .iter()
+            .map(|it| {
+                PutHead {
+                    key: BlockKey::new(namespace.clone(), it.hash),
+                    checksum: it.checksum,
+                }
+                .to_bytes()
+            })
+            .collect();
+        for attempt in 0..2 {
+            let (mut conn, reused) = pool.get().await?;
+            let (writer, reader) = conn.split();
+            let write = async {
+                for (item, head) in items.iter().zip(&heads) {
+                    writer.send(Opcode::Put, head, item.value).await?;
+                }
+                writer.flush().await
+            };
+            let read = async {
+                let mut codes = Vec::with_capacity(items.len());
+                for _ in items {
+                    let header = reader.next_header(Opcode::Put).await?;
+                    reader.discard(header.body_len as usize).await?;
+                    codes.push(ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal));
+                }
+                Ok::<_, ClientError>(codes)
+            };
+            let (written, read) = tokio::join!(write, read);
+            match (written, read) {
+                (Ok(()), Ok(codes)) => {
+                    pool.put_back(conn);
+                    return Ok(codes);
+                }
+                (Err(_), _) | (_, Err(ClientError::Io { .. })) if reused && attempt == 0 => {}
+                (Err(err), _) => return Err(self.io(err)),
+                (_, Err(err)) => return Err(err),
+            }
+        }
+        Err(self.unavailable("put"))
+    }
+
+    fn io(&self, err: std::io::Error) -> ClientError {
+        ClientError::Io {
+            side: ErrorSource::Daemon,
+            addr: self.pool.addr().to_string(),
+            err,
+        }
+    }
+
+    fn unavailable(&self, op: &'static str) -> ClientError {
+        ClientError::Server {
+            side: ErrorSource::Daemon,
+            addr: self.pool.addr().to_string(),
+            op,
+            code: ErrorCode::Unavailable,
+        }
+    }
+}
+
+/// Reads one `Get` response into the item's buffer and verifies it: the
+/// bytes against the checksum the daemon sent, and that checksum against
+/// the one the location carries (the writer's).
+async fn read_one_get(
+    reader: &mut FrameReader,
+    item: &mut GetItem<'_>,
+) -> Result<Read, ClientError> {
+    let header = reader.next_header(Opcode::Get).await?;
+    let len = header.body_len as usize;
+    let status = ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal);
+    if status != ErrorCode::Ok {
+        reader.discard(len).await?;
+        return Ok(match status {
+            ErrorCode::NotFound => Read::Missing,
+            ErrorCode::Corrupt => Read::Corrupt,
+            other => Read::Failed(other),
+        });
+    }
+    if len < GET_HEAD_LEN {
+        return Err(reader.protocol("get response shorter than its head"));
+    }
+    let mut head = [0u8; GET_HEAD_LEN];
+    reader.read_into(&mut head).await?;
+    let sent_checksum = u64::from_le_bytes(head);
+    let value_len = len - GET_HEAD_LEN;
+    if value_len > item.buf.len() {
+        reader.discard(value_len).await?;
+        return Ok(Read::Failed(ErrorCode::TooLarge));
+    }
+    let dst = &mut item.buf[..value_len];
+    reader.read_into(dst).await?;
+    if checksum(dst) != sent_checksum {
+        return Ok(Read::Corrupt);
+    }
+    if sent_checksum != item.location.checksum || value_len != item.location.size as usize {
+        return Ok(Read::Stale);
+    }
+    Ok(Read::Hit(value_len))
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Every data path side by side, in one run on this machine: gets (and
+# puts) of the same blocks over TCP, QUIC and same-host shared memory, at
+# 8 and 64 requests in flight, beside the two ceilings: iperf3's single
+# TCP stream on loopback (what TCP can carry) and one core's memcpy of the
+# same block sizes (what a same-host copy can reach).
+# Usage: tools/bench/transports.sh [SIZES] [OPS] [CLIENT_THREADS]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SIZES="${1:-256KiB,4MiB}"
+OPS="${2:-2000}"
+THREADS="${3:-1}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
+
+if ! command -v iperf3 >/dev/null; then
+    echo "installing: iperf3"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq iperf3 >/dev/null
+fi
+cargo build --release -q --bin mooncake-store
+BIN="$CARGO_TARGET_DIR/release/mooncake-store"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+MPORT=$(free_port); DPORT=$(free_port); QPORT=$(free_port); IPORT=$(free_port)
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+
+"$BIN" certs --out "$tmp/certs" >/dev/null
+"$BIN" up --meta-listen "127.0.0.1:$MPORT" --listen "127.0.0.1:$DPORT" --admin "" --dram 4GiB \
+    --shm-socket "$tmp/daemon.sock" --quic-listen "127.0.0.1:$QPORT" \
+    --tls-cert "$tmp/certs/daemon.pem" --tls-key "$tmp/certs/daemon.key" \
+    --tls-client-ca "$tmp/certs/ca.pem" >"$tmp/up.log" 2>&1 &
+pids+=($!)
+iperf3 -s -p "$IPORT" -B 127.0.0.1 >"$tmp/iperf3-server.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+    "$BIN" stat --meta "127.0.0.1:$MPORT" --json 2>/dev/null | grep -q '"alive":true' && break
+    sleep 0.1
+done
+sleep 0.3
+
+echo "machine: $(nproc) cores, $(uname -r); $OPS ops per size; client threads $THREADS; $(iperf3 --version | head -1 | cut -d' ' -f1-2)"
+iperf3 -c 127.0.0.1 -p "$IPORT" -t 5 -J >"$tmp/iperf3.json"
+"$BIN" bench-memcpy --sizes "$SIZES" --ops "$OPS" --json >"$tmp/memcpy.json"
+quic=(--quic-ca "$tmp/certs/ca.pem" --quic-cert "$tmp/certs/client.pem" --quic-key "$tmp/certs/client.key")
+for conc in 8 64; do
+    common=(--meta "127.0.0.1:$MPORT" --threads "$THREADS" --sizes "$SIZES" --concurrency "$conc" --ops "$OPS" --json)
+    "$BIN" bench "${common[@]}" >"$tmp/tcp-$conc.json"
+    "$BIN" bench "${common[@]}" "${quic[@]}" >"$tmp/quic-$conc.json"
+    "$BIN" bench "${common[@]}" --shm-socket "$tmp/daemon.sock" >"$tmp/shm-$conc.json"
+done
+
+python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+def rows(name):
+    return [json.loads(l) for l in open(f"{d}/{name}.json") if l.strip()]
+def fmt_size(n):
+    for unit, f in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f and n % f == 0:
+            return f"{n // f}{unit}"
+    return f"{n}B"
+iperf = json.load(open(f"{d}/iperf3.json"))["end"]["sum_received"]["bits_per_second"] / 8e9
+memcpy = {r["size"]: r for r in rows("memcpy")}
+print(f"ceilings: iperf3 one TCP stream {iperf:.2f} GB/s; memcpy (one core) " +
+      ", ".join(f"{fmt_size(s)} {r['gb_per_sec']:.2f} GB/s" for s, r in sorted(memcpy.items())))
+print()
+print(f"{'transport':<9} {'size':<7} {'in flight':>9} {'op':<4} {'GB/s':>6} {'p99 ms':>7} {'errors':>6}  {'of ceiling':>10}  {'vs TCP':>6}")
+for conc in (8, 64):
+    tcp = {(r["op"], r["size"]): r for r in rows(f"tcp-{conc}")}
+    for name in ("tcp", "quic", "shm"):
+        for r in rows(f"{name}-{conc}"):
+            ceiling = memcpy[r["size"]]["gb_per_sec"] if name == "shm" else iperf
+            ceiling_name = "memcpy" if name == "shm" else "iperf3"
+            of = f"{r['gb_per_sec'] / ceiling * 100:5.0f}% {ceiling_name}" if r["op"] == "get" else ""
+            base = tcp.get((r["op"], r["size"]))
+            vs = f"{r['gb_per_sec'] / base['gb_per_sec']:.2f}x" if base else ""
+            print(f"{name:<9} {fmt_size(r['size']):<7} {conc:>9} {r['op']:<4} {r['gb_per_sec']:>6.2f} "
+                  f"{r['p99_us'] / 1000:>7.2f} {r['errors']:>6}  {of:>10}  {vs:>6}")
+PY

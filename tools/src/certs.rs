@@ -1,0 +1,110 @@
+//! `certs`: a development CA with a daemon certificate and a client
+//! certificate, for QUIC with (mutual) TLS on a test cluster. Production
+//! clusters use certificates from their own CA; the files are the same
+//! shape (PEM). `transports`: which data paths this host can offer.
+
+use std::path::PathBuf;
+
+use mooncake_client::transport::quic::DevCerts;
+
+use crate::exit::Failure;
+
+#[derive(clap::Args, Debug)]
+pub struct CertsArgs {
+    /// Directory to write ca.pem, daemon.pem/.key and client.pem/.key to.
+    #[arg(long)]
+    out: PathBuf,
+    /// Names and addresses the daemon certificate is valid for (repeat);
+    /// clients check the host part of the daemon's QUIC address.
+    #[arg(long = "host", default_values_t = ["127.0.0.1".to_string(), "localhost".to_string()])]
+    hosts: Vec<String>,
+    /// The client certificate's name (its common name).
+    #[arg(long, default_value = "mooncake-client")]
+    client: String,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: CertsArgs) -> Result<(), Failure> {
+    let certs = DevCerts::generate(&args.hosts, &args.client)
+        .map_err(|e| Failure::usage(format!("cannot make certificates: {e}")))?;
+    certs
+        .write(&args.out)
+        .map_err(|e| Failure::usage(format!("--out {}: {e}", args.out.display())))?;
+    if args.json {
+        let out = serde_json::json!({
+            "dir": args.out, "hosts": args.hosts, "client": args.client,
+            "files": certs.files().iter().map(|f| f.0).collect::<Vec<_>>(),
+        });
+        println!("{out}");
+    } else {
+        let dir = args.out.display();
+        println!("wrote {dir}/{{ca.pem,ca.key,daemon.pem,daemon.key,client.pem,client.key}}");
+        println!("daemon: --quic-listen 0.0.0.0:7171 --tls-cert {dir}/daemon.pem --tls-key {dir}/daemon.key [--tls-client-ca {dir}/ca.pem]");
+        println!("client: --quic-ca {dir}/ca.pem [--quic-cert {dir}/client.pem --quic-key {dir}/client.key]");
+    }
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TransportsArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prints the data paths this build and host offer.
+pub fn transports(args: TransportsArgs) -> Result<(), Failure> {
+    let rdma = rdma_status();
+    let rows = [
+        ("tcp", Ok("every daemon serves it".to_string())),
+        (
+            "quic",
+            Ok("TLS 1.3 (rustls, ring); daemons: --quic-listen".to_string()),
+        ),
+        (
+            "shm",
+            Ok("same-host pool in a memfd; daemons: --shm-socket".to_string()),
+        ),
+        ("rdma", rdma),
+    ];
+    if args.json {
+        let out: serde_json::Map<String, serde_json::Value> = rows
+            .iter()
+            .map(|(name, status)| {
+                let v = match status {
+                    Ok(what) => serde_json::json!({"available": true, "detail": what}),
+                    Err(why) => serde_json::json!({"available": false, "detail": why}),
+                };
+                (name.to_string(), v)
+            })
+            .collect();
+        println!("{}", serde_json::Value::Object(out));
+    } else {
+        for (name, status) in rows {
+            match status {
+                Ok(what) => println!("{name:<5} yes  {what}"),
+                Err(why) => println!("{name:<5} no   {why}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(feature = "rdma")]
+fn rdma_status() -> Result<String, String> {
+    let devices = mooncake_client::transport::rdma::devices()?;
+    let names: Vec<String> = devices
+        .iter()
+        .map(|d| format!("{} ({})", d.name, d.transport))
+        .collect();
+    // Discovery only: daemons do not serve RDMA yet (README, "Transports").
+    Err(format!(
+        "devices {}, but this build has no RDMA data path yet",
+        names.join(", ")
+    ))
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma_status() -> Result<String, String> {
+    Err("not built with the `rdma` feature (cargo build --features rdma)".to_string())
+}
