@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing Mooncake Store need, from Debian's
-# packages, when missing: a C toolchain, protoc (etcd's client is generated
+# packages, when missing: a C toolchain, cmake and libibverbs (the `rdma`
+# feature), protoc (etcd's client is generated
 # from protobuf at build time), RocksDB and libclang (the NVMe tier's index
 # links Debian's librocksdb), etcd (the cluster tests start a real one),
 # Prometheus (a test scrapes the store with it) and Python (the block-key
@@ -22,6 +23,10 @@ command -v prometheus >/dev/null || need+=(prometheus)    # scrapes the store in
 # The NVMe tier's index links Debian's RocksDB; its bindings need libclang.
 [[ -e /usr/lib/x86_64-linux-gnu/librocksdb.so ]] || need+=(librocksdb-dev)
 compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || need+=(libclang-dev)
+# The `rdma` feature: sideway builds rdma-core's loader with cmake (and
+# bindgen, libclang above); libibverbs itself is loaded at run time.
+command -v cmake >/dev/null || need+=(cmake)
+[[ -e /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
 
 if ((${#need[@]})); then
     echo "installing: ${need[*]}"

@@ -87,6 +87,10 @@ pub struct ClientConfig {
     /// Prefers RDMA where both sides have it. This build has no RDMA data
     /// path: each daemon learnt counts a fallback. Default false.
     pub rdma: bool,
+    /// Most connections (or QUIC streams) one large batch to one daemon is
+    /// spread over, 8 MiB or more each. Default 4; 1 keeps every batch on
+    /// one connection.
+    pub stripes: usize,
 }
 
 impl ClientConfig {
@@ -104,6 +108,7 @@ impl ClientConfig {
             shm_socket: None,
             quic: None,
             rdma: false,
+            stripes: 4,
         }
     }
 
@@ -1072,6 +1077,7 @@ impl Client {
                     pool_for(&self.cfg, endpoint.addr.clone(), ErrorSource::Daemon)
                         .with_dialer(Dialer::Quic(quic.clone())),
                 ),
+                stripes: self.cfg.stripes,
             }),
             (Some(_), None) => Arc::new(Unreachable {
                 kind: TransportKind::Quic,
@@ -1080,7 +1086,10 @@ impl Client {
                     d.id, d.addr
                 ),
             }),
-            (None, _) => Arc::new(StreamTransport { pool: tcp.clone() }),
+            (None, _) => Arc::new(StreamTransport {
+                pool: tcp.clone(),
+                stripes: self.cfg.stripes,
+            }),
         };
         if self.cfg.rdma {
             // The one-sided RDMA data path is not in this build (see

@@ -81,6 +81,9 @@ pub struct Target {
     /// counted in mooncake_client_transport_fallbacks_total).
     #[arg(long, env = "MOONCAKE_RDMA", global = true)]
     rdma: bool,
+    /// Most connections one large batch to one daemon is spread over.
+    #[arg(long, env = "MOONCAKE_STRIPES", default_value_t = 4, global = true)]
+    stripes: usize,
 }
 
 #[derive(Subcommand)]

@@ -18,6 +18,19 @@ use crate::pool::ConnPool;
 /// TCP or QUIC to one daemon, through a pool of idle streams.
 pub(crate) struct StreamTransport {
     pub pool: Arc<ConnPool>,
+    /// Most streams one large batch is spread over.
+    pub stripes: usize,
+}
+
+/// A batch is spread over several streams only when each gets at least
+/// this many bytes: below it, one pipelined stream is as fast.
+const STRIPE_BYTES: usize = 8 << 20;
+
+/// How many streams a batch of `bytes` in `blocks` blocks goes over.
+fn stripes(max: usize, blocks: usize, bytes: usize) -> usize {
+    (bytes / STRIPE_BYTES)
+        .clamp(1, max.max(1))
+        .min(blocks.max(1))
 }
 
 impl Transport for StreamTransport {
@@ -30,7 +43,24 @@ impl Transport for StreamTransport {
         namespace: &'a Namespace,
         items: &'a mut [GetItem<'b>],
     ) -> BoxFuture<'a, Result<Vec<Read>, ClientError>> {
-        Box::pin(self.get_batch(namespace, items))
+        Box::pin(async move {
+            let bytes = items.iter().map(|it| it.location.size as usize).sum();
+            let n = stripes(self.stripes, items.len(), bytes);
+            if n == 1 {
+                return self.get_batch(namespace, items).await;
+            }
+            // Large batches: several streams at once, each block still
+            // landing straight in its buffer.
+            let (len, per) = (items.len(), items.len().div_ceil(n));
+            let parts = items
+                .chunks_mut(per)
+                .map(|part| self.get_batch(namespace, part));
+            let mut out = Vec::with_capacity(len);
+            for part in futures::future::join_all(parts).await {
+                out.extend(part?);
+            }
+            Ok(out)
+        })
     }
 
     fn put<'a, 'b: 'a>(
@@ -38,7 +68,22 @@ impl Transport for StreamTransport {
         namespace: &'a Namespace,
         items: &'a [PutItem<'b>],
     ) -> BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>> {
-        Box::pin(self.put_batch(namespace, items))
+        Box::pin(async move {
+            let bytes = items.iter().map(|it| it.value.len()).sum();
+            let n = stripes(self.stripes, items.len(), bytes);
+            if n == 1 {
+                return self.put_batch(namespace, items).await;
+            }
+            let per = items.len().div_ceil(n);
+            let parts = items
+                .chunks(per)
+                .map(|part| self.put_batch(namespace, part));
+            let mut out = Vec::with_capacity(items.len());
+            for part in futures::future::join_all(parts).await {
+                out.extend(part?);
+            }
+            Ok(out)
+        })
     }
 }
 
@@ -194,4 +239,23 @@ async fn read_one_get(
         return Ok(Read::Stale);
     }
     Ok(Read::Hit(value_len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_batches_of_many_megabytes_are_striped() {
+        assert_eq!(stripes(4, 1, 64 << 20), 1, "one block, one stream");
+        assert_eq!(stripes(4, 128, 128 * (16 << 10)), 1, "2 MiB in all");
+        assert_eq!(stripes(4, 128, 128 * (256 << 10)), 4, "32 MiB");
+        assert_eq!(
+            stripes(4, 3, 3 * (4 << 20)),
+            1,
+            "12 MiB: one stripe's worth"
+        );
+        assert_eq!(stripes(4, 8, 8 * (4 << 20)), 4);
+        assert_eq!(stripes(1, 128, 1 << 30), 1, "striping off");
+    }
 }
