@@ -219,6 +219,17 @@ impl FrameReader {
         Ok(())
     }
 
+    /// Reads exactly `buf.len()` bytes into the caller's buffer and returns
+    /// their checksum, hashing each piece as it lands (still in cache).
+    pub async fn read_into_hashed(&mut self, buf: &mut [u8]) -> Result<u64, ClientError> {
+        let mut running = mooncake_proto::checksum::Running::default();
+        for piece in buf.chunks_mut(mooncake_proto::checksum::CHUNK) {
+            self.rd.read_exact(piece).await.map_err(|e| self.io(e))?;
+            running.update(piece);
+        }
+        Ok(running.finish())
+    }
+
     /// Reads and drops `len` bytes (a response the caller cannot take).
     pub async fn discard(&mut self, mut len: usize) -> Result<(), ClientError> {
         let mut scratch = [0u8; 8192];

@@ -10,6 +10,37 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
+/// Bytes hashed per step when a block is hashed as it arrives: small
+/// enough to still be in the core's cache when the hash reads them.
+pub const CHUNK: usize = 128 << 10;
+
+/// A checksum computed piece by piece, equal to [`checksum`] of the
+/// pieces joined: readers hash each piece right after it lands, while it
+/// is still in cache, instead of reading the whole block again.
+#[derive(Default)]
+pub struct Running(xxhash_rust::xxh3::Xxh3Default);
+
+impl Running {
+    pub fn update(&mut self, piece: &[u8]) {
+        self.0.update(piece);
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.0.digest()
+    }
+}
+
+/// Copies `src` into `dst` (same length) and returns `checksum(dst)`,
+/// hashing each chunk just after copying it.
+pub fn copy_with_checksum(dst: &mut [u8], src: &[u8]) -> u64 {
+    let mut running = Running::default();
+    for (d, s) in dst.chunks_mut(CHUNK).zip(src.chunks(CHUNK)) {
+        d.copy_from_slice(s);
+        running.update(d);
+    }
+    running.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -19,5 +50,20 @@ mod tests {
         // Reference values of XXH3-64 (seed 0), as published with xxHash.
         assert_eq!(checksum(b""), 0x2d06_8005_38d3_94c2);
         assert_ne!(checksum(b"a"), checksum(b"b"));
+    }
+
+    #[test]
+    fn piecewise_checksums_equal_the_whole_one() {
+        for len in [0, 1, 239, 240, 241, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 77, 4 << 20] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 131 % 251) as u8).collect();
+            let mut dst = vec![0u8; len];
+            assert_eq!(copy_with_checksum(&mut dst, &src), checksum(&src), "len {len}");
+            assert_eq!(dst, src);
+            let mut running = Running::default();
+            for piece in src.chunks(1000) {
+                running.update(piece);
+            }
+            assert_eq!(running.finish(), checksum(&src), "len {len}");
+        }
     }
 }

@@ -132,8 +132,11 @@ impl Client {
     /// (a list of endpoints). `namespace` scopes every key (a tenant or a
     /// model); `timeout` (seconds) bounds every call; `token` (default
     /// `$MOONCAKE_TOKEN`) authenticates with a store that requires it.
+    /// `shm_socket`: the same-host daemon's socket. `quic_ca` (and, for
+    /// mutual TLS, `quic_cert` and `quic_key`): move blocks over QUIC.
     #[new]
-    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0, token = None, shm_socket = None))]
+    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0, token = None, shm_socket = None, quic_ca = None, quic_cert = None, quic_key = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         meta: Option<String>,
@@ -142,6 +145,9 @@ impl Client {
         timeout: f64,
         token: Option<String>,
         shm_socket: Option<std::path::PathBuf>,
+        quic_ca: Option<std::path::PathBuf>,
+        quic_cert: Option<std::path::PathBuf>,
+        quic_key: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let ns = crate::keys::namespace(namespace)?;
         if !(timeout > 0.0 && timeout.is_finite()) {
@@ -160,6 +166,29 @@ impl Client {
         // The daemon on this host, read through its shared pool.
         cfg.shm_socket =
             shm_socket.or_else(|| std::env::var_os("MOONCAKE_SHM_SOCKET").map(Into::into));
+        let env = |name: &str| std::env::var_os(name).map(std::path::PathBuf::from);
+        let identity = match (
+            quic_cert.or_else(|| env("MOONCAKE_QUIC_CERT")),
+            quic_key.or_else(|| env("MOONCAKE_QUIC_KEY")),
+        ) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err(PyValueError::new_err("quic_cert and quic_key go together")),
+        };
+        match quic_ca.or_else(|| env("MOONCAKE_QUIC_CA")) {
+            Some(ca) => {
+                let tls = mooncake_client::ClientTls { ca, identity };
+                cfg = cfg
+                    .with_quic(&tls)
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            }
+            None if identity.is_some() => {
+                return Err(PyValueError::new_err(
+                    "quic_cert needs quic_ca (the CA that signed the daemons' certificates)",
+                ))
+            }
+            None => {}
+        }
         let client = py.detach(|| {
             runtime().block_on(async {
                 let cfg = match etcd.filter(|e| !e.is_empty()) {

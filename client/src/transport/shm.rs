@@ -14,7 +14,8 @@ use std::ptr::NonNull;
 use mooncake_proto::message::{
     Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot,
 };
-use mooncake_proto::{checksum, BlockKey, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
+use mooncake_proto::checksum::copy_with_checksum;
+use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -237,8 +238,7 @@ impl ShmLink {
         // bytes in place, unwritten, until it is released.
         let src = unsafe { std::slice::from_raw_parts(self.map.ptr.as_ptr().add(offset), len) };
         let dst = &mut item.buf[..len];
-        dst.copy_from_slice(src);
-        if checksum(dst) != lease.checksum {
+        if copy_with_checksum(dst, src) != lease.checksum {
             return Ok(Read::Corrupt);
         }
         if lease.checksum != item.location.checksum || len != item.location.size as usize {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use mooncake_proto::message::{Body, KeyRequest, PutHead, GET_HEAD_LEN};
 use mooncake_proto::transport::TransportKind;
-use mooncake_proto::{checksum, BlockKey, ErrorCode, Namespace, Opcode};
+use mooncake_proto::{BlockKey, ErrorCode, Namespace, Opcode};
 
 use super::{GetItem, PutItem, Read, Transport};
 use crate::conn::FrameReader;
@@ -231,8 +231,7 @@ async fn read_one_get(
         return Ok(Read::Failed(ErrorCode::TooLarge));
     }
     let dst = &mut item.buf[..value_len];
-    reader.read_into(dst).await?;
-    if checksum(dst) != sent_checksum {
+    if reader.read_into_hashed(dst).await? != sent_checksum {
         return Ok(Read::Corrupt);
     }
     if sent_checksum != item.location.checksum || value_len != item.location.size as usize {

@@ -38,6 +38,9 @@ class Client:
         timeout: float = 5.0,
         token: Optional[str] = None,
         shm_socket: Optional[str] = None,
+        quic_ca: Optional[str] = None,
+        quic_cert: Optional[str] = None,
+        quic_key: Optional[str] = None,
     ) -> None: ...
     @property
     def namespace(self) -> str: ...
