@@ -54,10 +54,25 @@ mod tests {
 
     #[test]
     fn piecewise_checksums_equal_the_whole_one() {
-        for len in [0, 1, 239, 240, 241, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 77, 4 << 20] {
+        for len in [
+            0,
+            1,
+            239,
+            240,
+            241,
+            CHUNK - 1,
+            CHUNK,
+            CHUNK + 1,
+            3 * CHUNK + 77,
+            4 << 20,
+        ] {
             let src: Vec<u8> = (0..len).map(|i| (i * 131 % 251) as u8).collect();
             let mut dst = vec![0u8; len];
-            assert_eq!(copy_with_checksum(&mut dst, &src), checksum(&src), "len {len}");
+            assert_eq!(
+                copy_with_checksum(&mut dst, &src),
+                checksum(&src),
+                "len {len}"
+            );
             assert_eq!(dst, src);
             let mut running = Running::default();
             for piece in src.chunks(1000) {

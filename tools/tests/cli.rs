@@ -517,8 +517,15 @@ fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
     let dir = std::env::temp_dir().join(format!("mooncake-cli-quic-{}", std::process::id()));
     let certs = dir.join("certs");
     let certs = certs.to_str().unwrap();
-    let made = Command::new(BIN).args(["certs", "--out", certs]).output().unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let made = Command::new(BIN)
+        .args(["certs", "--out", certs])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     let quic = format!("127.0.0.1:{}", free_port());
     let (cert, key, ca) = (
         format!("{certs}/daemon.pem"),
@@ -545,10 +552,26 @@ fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
         client_key.as_str(),
     ];
     let value: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-    let put = run(&store.meta, &[&["put", "qblock"], &with_cert[..]].concat(), Some(&value));
-    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
-    let get = run(&store.meta, &[&["get", "qblock"], &with_cert[..]].concat(), None);
-    assert!(get.status.success(), "{}", String::from_utf8_lossy(&get.stderr));
+    let put = run(
+        &store.meta,
+        &[&["put", "qblock"], &with_cert[..]].concat(),
+        Some(&value),
+    );
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let get = run(
+        &store.meta,
+        &[&["get", "qblock"], &with_cert[..]].concat(),
+        None,
+    );
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
     assert!(get.stdout == value, "wrong bytes over QUIC");
     // Without a client certificate the daemon refuses the handshake: a
     // clean failure, the reason on stderr, and no bytes.

@@ -11,10 +11,10 @@ use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
 
+use mooncake_proto::checksum::copy_with_checksum;
 use mooncake_proto::message::{
     Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot,
 };
-use mooncake_proto::checksum::copy_with_checksum;
 use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -47,16 +47,22 @@ impl Drop for Mapping {
 /// Idle socket connections kept to the daemon.
 const MAX_IDLE: usize = 64;
 
+/// An idle connection, and the id of a release whose answer it still owes.
+struct Idle {
+    stream: UnixStream,
+    owed: Option<u64>,
+}
+
 /// The link to the daemon on this host: its pool, mapped once, and a few
 /// socket connections for leases (one call at a time on each).
 pub(crate) struct ShmLink {
     /// The daemon's TCP address, as block locations name it.
     pub addr: String,
-    map: Mapping,
+    map: std::sync::Arc<Mapping>,
     path: std::path::PathBuf,
     /// Connections whose last call finished cleanly; one cut short (a
     /// deadline) is dropped with its call, never reused.
-    idle: parking_lot::Mutex<Vec<UnixStream>>,
+    idle: parking_lot::Mutex<Vec<Idle>>,
 }
 
 impl ShmLink {
@@ -78,30 +84,49 @@ impl ShmLink {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let map = Mapping {
+        let map = std::sync::Arc::new(Mapping {
             ptr: NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("null mapping"))?,
             len,
-        };
+        });
         drop(fd);
+        populate(&map);
         Ok(ShmLink {
             addr: hello.addr,
             map,
             path: path.to_path_buf(),
-            idle: parking_lot::Mutex::new(vec![stream]),
+            idle: parking_lot::Mutex::new(vec![Idle { stream, owed: None }]),
         })
     }
 
     /// An idle connection, or a new one (its copy of the pool's descriptor
     /// is closed: the mapping is already there).
-    fn conn(&self) -> io::Result<UnixStream> {
-        if let Some(c) = self.idle.lock().pop() {
-            return Ok(c);
+    async fn conn(&self) -> io::Result<UnixStream> {
+        let idle = self.idle.lock().pop();
+        if let Some(Idle { mut stream, owed }) = idle {
+            // The answer to the release its last get sent: leases are
+            // freed as soon as the daemon reads the release; only the
+            // answer waited for the next call.
+            let released = match owed {
+                None => true,
+                Some(id) => answer(&mut stream, Opcode::ShmRelease, id).await?.0 == ErrorCode::Ok,
+            };
+            if released {
+                return Ok(stream);
+            }
+            // A release refused: closing this connection ends its leases.
         }
         let (stream, hello, _fd) = open(&self.path)?;
         if hello.addr != self.addr || hello.len as usize != self.map.len {
             return Err(io::Error::other("another daemon now serves this socket"));
         }
         Ok(stream)
+    }
+
+    fn put_back(&self, stream: UnixStream, owed: Option<u64>) {
+        let mut idle = self.idle.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(Idle { stream, owed });
+        }
     }
 
     /// Reads `items` from the shared pool: one lease per block, all asked
@@ -112,7 +137,7 @@ impl ShmLink {
         namespace: &Namespace,
         items: &mut [GetItem<'_>],
     ) -> io::Result<Vec<Read>> {
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let mut out = Vec::with_capacity(items.len());
         let mut frames = Vec::new();
         for (i, it) in items.iter().enumerate() {
@@ -139,21 +164,18 @@ impl ShmLink {
                 other => Read::Failed(other),
             });
         }
+        let mut owed = None;
         if !leases.is_empty() {
             let body = ShmRelease { leases }.to_bytes();
             let id = items.len() as u64 + 1;
-            conn.write_all(&Header::request(Opcode::ShmRelease, id, body.len() as u32).encode())
-                .await?;
-            conn.write_all(&body).await?;
-            let (status, _) = answer(&mut conn, Opcode::ShmRelease, id).await?;
-            if status != ErrorCode::Ok {
-                return Err(io::Error::other(format!("leases not released: {status}")));
-            }
+            let mut frame = Header::request(Opcode::ShmRelease, id, body.len() as u32)
+                .encode()
+                .to_vec();
+            frame.extend_from_slice(&body);
+            conn.write_all(&frame).await?;
+            owed = Some(id);
         }
-        let mut idle = self.idle.lock();
-        if idle.len() < MAX_IDLE {
-            idle.push(conn);
-        }
+        self.put_back(conn, owed);
         Ok(out)
     }
 
@@ -165,7 +187,7 @@ impl ShmLink {
         namespace: &Namespace,
         items: &[PutItem<'_>],
     ) -> io::Result<Vec<ErrorCode>> {
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let mut frames = Vec::new();
         for (i, it) in items.iter().enumerate() {
             let body = ShmPutRequest {
@@ -218,10 +240,7 @@ impl ShmLink {
             let (status, _) = answer(&mut conn, Opcode::ShmCommit, base + k as u64).await?;
             codes[*i] = status;
         }
-        let mut idle = self.idle.lock();
-        if idle.len() < MAX_IDLE {
-            idle.push(conn);
-        }
+        self.put_back(conn, None);
         Ok(codes)
     }
 
@@ -283,6 +302,43 @@ impl ShmLink {
             addr: self.path.display().to_string(),
             err,
         }
+    }
+}
+
+/// Fills the mapping's page tables in the background, so that a block's
+/// first read does not pay a page fault per 4 KiB (the pool's pages are
+/// already in memory, the daemon's; only this process's view of them is
+/// missing). Stops early if the link goes.
+fn populate(map: &std::sync::Arc<Mapping>) {
+    const STEP: usize = 64 << 20;
+    let map = std::sync::Arc::downgrade(map);
+    let spawned = std::thread::Builder::new()
+        .name("mooncake-shm-populate".into())
+        .spawn(move || {
+            let mut offset = 0;
+            while let Some(map) = map.upgrade() {
+                if offset >= map.len {
+                    break;
+                }
+                let len = STEP.min(map.len - offset);
+                // SAFETY: a range inside a mapping this thread keeps alive
+                // (the Arc) for the call; populating changes no byte.
+                let rc = unsafe {
+                    libc::madvise(
+                        map.ptr.as_ptr().add(offset).cast(),
+                        len,
+                        libc::MADV_POPULATE_WRITE,
+                    )
+                };
+                if rc != 0 {
+                    // Kernels before 5.14: pages fault in on first use.
+                    break;
+                }
+                offset += len;
+            }
+        });
+    if let Err(err) = spawned {
+        tracing::debug!(%err, "no thread to populate the shared mapping");
     }
 }
 
