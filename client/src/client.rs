@@ -333,11 +333,38 @@ impl Client {
         namespace: &Namespace,
         blocks: &[(BlockHash, &[u8])],
     ) -> Result<Vec<PutOutcome>, ClientError> {
+        self.put_with_parents(namespace, blocks, &vec![None; blocks.len()])
+            .await
+    }
+
+    /// Stores consecutive blocks of one chain: `blocks[0]` extends
+    /// `parent` (`None`: it starts the chain), each next block extends the
+    /// one before. Daemons then evict a chain from its tail, keeping the
+    /// prefixes later requests match (see `docs/ARCHITECTURE.md`).
+    pub async fn put_chain(
+        &self,
+        namespace: &Namespace,
+        parent: Option<BlockHash>,
+        blocks: &[(BlockHash, &[u8])],
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        let parents: Vec<Option<BlockHash>> = std::iter::once(parent)
+            .chain(blocks.iter().map(|(h, _)| Some(*h)))
+            .take(blocks.len())
+            .collect();
+        self.put_with_parents(namespace, blocks, &parents).await
+    }
+
+    async fn put_with_parents(
+        &self,
+        namespace: &Namespace,
+        blocks: &[(BlockHash, &[u8])],
+        parents: &[Option<BlockHash>],
+    ) -> Result<Vec<PutOutcome>, ClientError> {
         let started = std::time::Instant::now();
         let mut out = Vec::with_capacity(blocks.len());
-        for chunk in blocks.chunks(MAX_BATCH) {
+        for (chunk, parents) in blocks.chunks(MAX_BATCH).zip(parents.chunks(MAX_BATCH)) {
             out.extend(
-                self.deadline("put", self.put_chunk(namespace, chunk))
+                self.deadline("put", self.put_chunk(namespace, chunk, parents))
                     .await?,
             );
         }
@@ -358,6 +385,7 @@ impl Client {
         &self,
         namespace: &Namespace,
         blocks: &[(BlockHash, &[u8])],
+        parents: &[Option<BlockHash>],
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let mut items = Vec::with_capacity(blocks.len());
         for (hash, value) in blocks {
@@ -390,6 +418,7 @@ impl Client {
                     hash: *hash,
                     value,
                     checksum: checksum(value),
+                    parent: parents[index],
                 }),
                 Slot::Skip(ErrorCode::AlreadyExists) => outcomes[index] = PutOutcome::AlreadyExists,
                 Slot::Skip(code) => outcomes[index] = PutOutcome::Failed(*code),

@@ -74,6 +74,20 @@ impl Body for KeyRequest {
 pub struct PutHead {
     pub key: BlockKey,
     pub checksum: u64,
+    /// The block whose prefix this one extends (same namespace), so that
+    /// the daemon evicts chain tails before the blocks they need.
+    pub parent: Option<BlockHash>,
+}
+
+/// A parent on the wire: 32 bytes, all zero for none (no SHA-256 chain
+/// hash is all zeros).
+fn encode_parent(w: &mut Writer, parent: &Option<BlockHash>) {
+    w.hash(&parent.unwrap_or(BlockHash([0; BlockHash::LEN])));
+}
+
+fn decode_parent(r: &mut Reader<'_>) -> Result<Option<BlockHash>, ProtoError> {
+    let h = r.hash()?;
+    Ok((h.0 != [0; BlockHash::LEN]).then_some(h))
 }
 
 impl PutHead {
@@ -86,11 +100,11 @@ impl PutHead {
                 why: format!("{ns_len} bytes, at most {MAX_NAMESPACE_LEN}"),
             });
         }
-        Ok(ns_len as usize + BlockHash::LEN + 8)
+        Ok(ns_len as usize + BlockHash::LEN + 8 + BlockHash::LEN)
     }
 
     pub fn encoded_len(&self) -> usize {
-        2 + self.key.namespace.as_str().len() + BlockHash::LEN + 8
+        2 + self.key.namespace.as_str().len() + BlockHash::LEN + 8 + BlockHash::LEN
     }
 }
 
@@ -98,11 +112,13 @@ impl Body for PutHead {
     fn encode(&self, w: &mut Writer) {
         encode_key(w, &self.key);
         w.u64(self.checksum);
+        encode_parent(w, &self.parent);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         Ok(PutHead {
             key: decode_key(r)?,
             checksum: r.u64()?,
+            parent: decode_parent(r)?,
         })
     }
 }
@@ -917,6 +933,12 @@ mod tests {
         round_trip(PutHead {
             key: BlockKey::new(ns(), h),
             checksum: 9,
+            parent: Some(BlockHash([4; 32])),
+        });
+        round_trip(PutHead {
+            key: BlockKey::new(ns(), h),
+            checksum: 9,
+            parent: None,
         });
         round_trip(KeysRequest {
             namespace: ns(),
@@ -1053,7 +1075,7 @@ mod tests {
     #[test]
     fn put_head_refuses_long_namespace_length() {
         assert!(PutHead::rest_len(129).is_err());
-        assert_eq!(PutHead::rest_len(3).unwrap(), 3 + 32 + 8);
+        assert_eq!(PutHead::rest_len(3).unwrap(), 3 + 32 + 8 + 32);
     }
 
     #[test]
@@ -1143,6 +1165,8 @@ pub struct ShmPutRequest {
     pub key: BlockKey,
     pub len: u64,
     pub checksum: u64,
+    /// As in `PutHead`.
+    pub parent: Option<BlockHash>,
 }
 
 impl Body for ShmPutRequest {
@@ -1150,6 +1174,7 @@ impl Body for ShmPutRequest {
         encode_key(w, &self.key);
         w.u64(self.len);
         w.u64(self.checksum);
+        encode_parent(w, &self.parent);
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
@@ -1157,6 +1182,7 @@ impl Body for ShmPutRequest {
             key: decode_key(r)?,
             len: r.u64()?,
             checksum: r.u64()?,
+            parent: decode_parent(r)?,
         })
     }
 }

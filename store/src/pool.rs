@@ -130,6 +130,9 @@ struct Inner {
     tenant_used: Vec<u64>,
     /// Evictable blocks (ready, unpinned, unleased) by last access.
     lru: Lru,
+    /// Stored (ready) blocks per parent key: a parent with any is not a
+    /// chain tail. The parent itself need not be stored.
+    children: HashMap<BlockKey, u32>,
     /// Removed blocks whose bytes are still leased by readers, by offset.
     doomed: HashMap<u32, Doomed>,
     clock: u64,
@@ -140,9 +143,17 @@ struct Inner {
 /// Evictable blocks by last access (a stamp from the pool's clock), and
 /// the same per tenant with a quota, so that an over-quota tenant finds its
 /// coldest block at once.
+///
+/// Eviction is prefix-aware: a block's key extends its parent's prefix,
+/// and a block whose children are stored is worth more than a chain's tail
+/// (a prefix match stops at the first missing block, so a parent evicted
+/// before its children strands them). The coldest *tail* (no stored child)
+/// goes first; the coldest block of all only when no tail is evictable.
 struct Lru {
     all: BTreeMap<u64, (BlockKey, Option<u16>)>,
     by_tenant: Vec<std::collections::BTreeSet<u64>>,
+    /// The stamps in `all` of blocks no stored block names as its parent.
+    tails: std::collections::BTreeSet<u64>,
 }
 
 impl Lru {
@@ -150,12 +161,16 @@ impl Lru {
         Lru {
             all: BTreeMap::new(),
             by_tenant: vec![Default::default(); tenants],
+            tails: Default::default(),
         }
     }
 
-    fn insert(&mut self, stamp: u64, key: BlockKey, tenant: Option<u16>) {
+    fn insert(&mut self, stamp: u64, key: BlockKey, tenant: Option<u16>, tail: bool) {
         if let Some(t) = tenant {
             self.by_tenant[t as usize].insert(stamp);
+        }
+        if tail {
+            self.tails.insert(stamp);
         }
         self.all.insert(stamp, (key, tenant));
     }
@@ -165,11 +180,29 @@ impl Lru {
         if let Some(t) = tenant {
             self.by_tenant[t as usize].remove(&stamp);
         }
+        self.tails.remove(&stamp);
         Some(key)
     }
 
+    /// Marks an evictable block a tail or not (its first child came, or
+    /// its last one went); blocks not in the LRU are left alone.
+    fn set_tail(&mut self, stamp: u64, tail: bool) {
+        if !self.all.contains_key(&stamp) {
+            return;
+        }
+        if tail {
+            self.tails.insert(stamp);
+        } else {
+            self.tails.remove(&stamp);
+        }
+    }
+
+    /// The next block to evict: the coldest tail, else the coldest block.
     fn pop_first(&mut self) -> Option<(u64, BlockKey)> {
-        let stamp = *self.all.keys().next()?;
+        let stamp = match self.tails.first() {
+            Some(s) => *s,
+            None => *self.all.keys().next()?,
+        };
         self.remove(stamp).map(|k| (stamp, k))
     }
 
@@ -198,6 +231,9 @@ struct Block {
     leases: u32,
     pins: u32,
     stamp: u64,
+    /// The block whose prefix this one extends (same namespace), if the
+    /// writer said.
+    parent: Option<mooncake_proto::BlockHash>,
 }
 
 impl Block {
@@ -232,6 +268,7 @@ impl DramPool {
                 blocks: HashMap::new(),
                 tenant_used: vec![0; tenants],
                 lru: Lru::new(tenants),
+                children: HashMap::new(),
                 doomed: HashMap::new(),
                 clock: 0,
                 used_units: 0,
@@ -338,10 +375,12 @@ impl DramPool {
                 leases: 0,
                 pins: 0,
                 stamp: 0,
+                parent: None,
             },
         );
         Ok(WriteSlot {
             pool: self.clone(),
+            parent: None,
             key,
             offset: alloc.offset as u64 * UNIT,
             len: len as usize,
@@ -379,10 +418,47 @@ impl DramPool {
         inner.alloc.free(alloc);
     }
 
+    /// Puts an evictable block on the LRU, as a tail if no stored block
+    /// names it as parent.
+    fn lru_insert(inner: &mut Inner, stamp: u64, key: &BlockKey, tenant: Option<u16>) {
+        let tail = !inner.children.contains_key(key);
+        inner.lru.insert(stamp, key.clone(), tenant, tail);
+    }
+
+    /// A stored block naming `parent` arrived: the parent is no tail now.
+    fn add_child(inner: &mut Inner, key: &BlockKey, parent: mooncake_proto::BlockHash) {
+        let parent = BlockKey::new(key.namespace.clone(), parent);
+        let count = inner.children.entry(parent.clone()).or_insert(0);
+        *count += 1;
+        if *count == 1 {
+            if let Some(p) = inner.blocks.get(&parent) {
+                inner.lru.set_tail(p.stamp, false);
+            }
+        }
+    }
+
+    /// A stored block naming `parent` left: the parent may be a tail again.
+    fn remove_child(inner: &mut Inner, key: &BlockKey, parent: mooncake_proto::BlockHash) {
+        let parent = BlockKey::new(key.namespace.clone(), parent);
+        let Some(count) = inner.children.get_mut(&parent) else {
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            inner.children.remove(&parent);
+            if let Some(p) = inner.blocks.get(&parent) {
+                inner.lru.set_tail(p.stamp, true);
+            }
+        }
+    }
+
     /// Evicts a block already taken off the LRU.
     fn evict(&self, inner: &mut Inner, key: BlockKey) {
         let block = inner.blocks.remove(&key).expect("lru entries are indexed");
         debug_assert!(block.evictable());
+        if let Some(parent) = block.parent {
+            Self::remove_child(inner, &key, parent);
+        }
         // Demotion: the bytes leave for the next tier before the space is
         // freed. A full demotion queue drops the block (a miss later).
         let mut kept = false;
@@ -533,7 +609,8 @@ impl DramPool {
             if block.alloc.offset == offset {
                 block.leases -= 1;
                 if block.evictable() {
-                    inner.lru.insert(block.stamp, key.clone(), block.tenant);
+                    let (stamp, tenant) = (block.stamp, block.tenant);
+                    Self::lru_insert(inner, stamp, key, tenant);
                 }
                 return;
             }
@@ -557,13 +634,17 @@ impl DramPool {
             _ => return Err(PoolError::NotFound),
         }
         let block = inner.blocks.remove(key).expect("just found");
-        self.discard(&mut inner, block);
+        self.discard(&mut inner, key, block);
         Ok(())
     }
 
-    fn discard(&self, inner: &mut Inner, block: Block) {
+    /// Lets go of a stored block taken out of the index.
+    fn discard(&self, inner: &mut Inner, key: &BlockKey, block: Block) {
         if block.evictable() {
             inner.lru.remove(block.stamp);
+        }
+        if let Some(parent) = block.parent {
+            Self::remove_child(inner, key, parent);
         }
         if block.pins > 0 {
             inner.pinned -= 1;
@@ -592,7 +673,7 @@ impl DramPool {
             .is_some_and(|b| b.alloc.offset == lease.offset);
         if matches {
             let block = inner.blocks.remove(&lease.key).expect("just found");
-            self.discard(&mut inner, block);
+            self.discard(&mut inner, &lease.key, block);
             drop(inner);
             tracing::error!(key = %lease.key, "block failed its checksum in DRAM; dropped");
             self.report_removed(lease.key.clone());
@@ -634,7 +715,8 @@ impl DramPool {
         if block.pins == 0 {
             inner.pinned -= 1;
             if block.evictable() {
-                inner.lru.insert(block.stamp, key.clone(), block.tenant);
+                let (stamp, tenant) = (block.stamp, block.tenant);
+                Self::lru_insert(inner, stamp, key, tenant);
             }
         }
         Ok(())
@@ -717,6 +799,8 @@ impl DramPool {
 pub struct WriteSlot {
     pool: Arc<DramPool>,
     key: BlockKey,
+    /// The block this one extends, as its writer said (see `Lru`).
+    parent: Option<mooncake_proto::BlockHash>,
     offset: u64,
     len: usize,
     checksum: u64,
@@ -727,6 +811,11 @@ impl WriteSlot {
     /// Where the block's bytes go in the pool's region.
     pub fn byte_offset(&self) -> u64 {
         self.offset
+    }
+
+    /// Names the block whose prefix this one extends (same namespace).
+    pub fn set_parent(&mut self, parent: Option<mooncake_proto::BlockHash>) {
+        self.parent = parent;
     }
 
     pub fn buf_mut(&mut self) -> &mut [u8] {
@@ -750,8 +839,12 @@ impl WriteSlot {
             .expect("a reserved block stays indexed until committed or dropped");
         block.ready = true;
         block.stamp = inner.clock;
+        block.parent = self.parent;
         let tenant = block.tenant;
-        inner.lru.insert(inner.clock, self.key.clone(), tenant);
+        if let Some(parent) = self.parent {
+            DramPool::add_child(inner, &self.key, parent);
+        }
+        DramPool::lru_insert(inner, inner.clock, &self.key, tenant);
         self.committed = true;
         Ok(())
     }
@@ -926,6 +1019,39 @@ mod tests {
         assert!(p.stats().evictions >= 1);
         assert!(p.take_removed().contains(&key(1)));
         assert!(p.stats().used <= p.stats().capacity);
+    }
+
+    #[test]
+    fn chain_tails_are_evicted_before_the_blocks_they_extend() {
+        // Room for 4 blocks of 64 KiB (and the watermarks leave 3).
+        let p = pool(4 * (64 << 10));
+        let put_child = |k: u32, parent: Option<u32>| {
+            let value = vec![k as u8; 64 << 10];
+            let mut slot = p
+                .reserve(key(k), value.len() as u64, checksum(&value))
+                .unwrap();
+            slot.buf_mut().copy_from_slice(&value);
+            slot.set_parent(parent.map(|q| key(q).hash));
+            slot.commit().unwrap();
+        };
+        // A chain 1 <- 2 <- 3, oldest first: plain LRU would evict 1, the
+        // head every prefix match needs, and strand 2 and 3.
+        put_child(1, None);
+        put_child(2, Some(1));
+        put_child(3, Some(2));
+        put_child(4, None);
+        assert!(
+            p.contains(&key(1)) && p.contains(&key(2)),
+            "the chain's head and middle stay"
+        );
+        assert!(!p.contains(&key(3)), "the chain's tail went first");
+        // With 3 gone, 2 is the chain's tail, and colder than 4.
+        put_child(5, None);
+        assert!(!p.contains(&key(2)));
+        assert!(
+            p.contains(&key(1)) && p.contains(&key(4)),
+            "the head outlives its tail"
+        );
     }
 
     #[test]
@@ -1155,6 +1281,29 @@ mod props {
         );
         let pinned = inner.blocks.values().filter(|b| b.pins > 0).count() as u64;
         assert_eq!(pinned, inner.pinned);
+        let mut children: HashMap<BlockKey, u32> = HashMap::new();
+        for (k, b) in inner.blocks.iter().filter(|(_, b)| b.ready) {
+            if let Some(p) = b.parent {
+                *children
+                    .entry(BlockKey::new(k.namespace.clone(), p))
+                    .or_insert(0) += 1;
+            }
+        }
+        assert_eq!(
+            children, inner.children,
+            "children counts differ from the blocks"
+        );
+        let tails: std::collections::BTreeSet<u64> = inner
+            .lru
+            .all
+            .iter()
+            .filter(|(_, (k, _))| !children.contains_key(k))
+            .map(|(s, _)| *s)
+            .collect();
+        assert_eq!(
+            tails, inner.lru.tails,
+            "tails are the evictable blocks without children"
+        );
         let capacity_units = pool.region.len() as u64 / UNIT;
         for t in 0..pool.cfg.quotas.len() {
             let held: u64 = inner
@@ -1197,6 +1346,9 @@ mod props {
                         let value = vec![k; len as usize];
                         if let Ok(mut slot) = pool.reserve(key(k), len as u64, checksum(&value)) {
                             slot.buf_mut().copy_from_slice(&value);
+                            // Chains 0, 2, 4, ... and 1, 3, 5, ... (one
+                            // namespace each).
+                            slot.set_parent(k.checked_sub(2).map(|p| key(p).hash));
                             slot.commit().unwrap();
                         }
                     }

@@ -399,6 +399,7 @@ where
     };
     match reserved {
         Ok(mut slot) => {
+            slot.set_parent(put.parent);
             // A client that vanishes here drops the slot: nothing becomes
             // visible and the space is freed at once.
             rd.read_exact(slot.buf_mut()).await?;

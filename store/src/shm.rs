@@ -162,7 +162,8 @@ async fn serve(
                     };
                     match reserved {
                         Err(err) => (err.code(), Vec::new()),
-                        Ok(slot) => {
+                        Ok(mut slot) => {
+                            slot.set_parent(req.parent);
                             let id = next_lease;
                             next_lease += 1;
                             let answer = ShmSlot {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use mooncake_client::{GetOutcome, PutOutcome};
-use mooncake_proto::{BlockHash, Namespace, PrefixHasher};
+use mooncake_proto::{BlockHash, BlockKey, Namespace, PrefixHasher};
 use mooncake_tests::{block_bytes, TestCluster};
 use rand::{Rng, SeedableRng};
 
@@ -275,4 +275,37 @@ async fn client_metrics_count_what_the_worker_saw() {
         ),
         1.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_put_through_the_client_is_evicted_from_its_tail() {
+    let cluster = TestCluster::start(1 << 20).await;
+    let client = cluster.client();
+    let pool = cluster.daemons[0].handle.pool.clone();
+    let value = |i: u64| block_bytes(i, 200 << 10);
+    let (a, b) = ([hash(301), hash(302), hash(303)], [hash(304), hash(305)]);
+    let chain: Vec<Vec<u8>> = (301..304).map(value).collect();
+    let blocks: Vec<(BlockHash, &[u8])> = a.iter().zip(&chain).map(|(h, v)| (*h, &v[..])).collect();
+    let out = client
+        .put_chain(&ns("t/chain"), None, &blocks)
+        .await
+        .unwrap();
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    // Two unrelated blocks fill the pool past its high watermark: one
+    // block must go. Plain LRU would take the chain's head (the coldest);
+    // prefix-aware eviction takes its tail.
+    for (h, i) in b.iter().zip(304..) {
+        let out = client
+            .put(&ns("t/chain"), &[(*h, &value(i))])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored]);
+    }
+    let held = |h: &BlockHash| pool.contains(&BlockKey::new(ns("t/chain"), *h));
+    assert!(
+        held(&a[0]) && held(&a[1]),
+        "the chain's head and middle stay"
+    );
+    assert!(!held(&a[2]), "the chain's tail was evicted");
+    assert!(b.iter().all(held));
 }

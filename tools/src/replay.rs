@@ -50,6 +50,10 @@ pub struct ReplayArgs {
     /// Leave the blocks stored afterwards.
     #[arg(long)]
     keep: bool,
+    /// Publish blocks without naming their chain, so that daemons evict
+    /// plain LRU: measures what prefix-aware eviction gains.
+    #[arg(long)]
+    unchained: bool,
     #[arg(long)]
     json: bool,
 }
@@ -141,7 +145,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
                 next.clone(),
                 bar.clone(),
             );
-            let (speed, block_tokens) = (args.speed, args.block_tokens);
+            let (speed, block_tokens, chained) = (args.speed, args.block_tokens, !args.unchained);
             tokio::spawn(async move {
                 let mut value = vec![0u8; block_size];
                 let mut bufs: Vec<Vec<u8>> = Vec::new();
@@ -157,7 +161,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
                         &client,
                         &ns,
                         req,
-                        block_tokens,
+                        (block_tokens, chained),
                         &mut value,
                         &mut bufs,
                         &totals,
@@ -178,6 +182,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
     let theoretical = trace::simulate_lru(&requests, None, args.block_tokens);
     let capacity_blocks = (capacity as f64 * 0.95 / block_size as f64) as usize;
     let lru = trace::simulate_lru(&requests, Some(capacity_blocks), args.block_tokens);
+    let aware = trace::simulate_prefix_aware(&requests, capacity_blocks, args.block_tokens);
     let footprint = trace::footprint(&requests);
     if !args.keep {
         let mut ids: Vec<u64> = requests
@@ -207,6 +212,8 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
                 "theoretical_hit_tokens": theoretical.hit_tokens,
                 "lru_capacity_blocks": capacity_blocks, "footprint_blocks": footprint,
                 "lru_token_hit_rate": lru.token_hit_rate(), "lru_block_hit_rate": lru.block_hit_rate(),
+                "prefix_aware_token_hit_rate": aware.token_hit_rate(),
+                "prefix_aware_block_hit_rate": aware.block_hit_rate(),
                 "bytes_read": t(&totals.read), "bytes_written": t(&totals.written),
                 "lost_after_match": t(&totals.lost_after_match), "wrong_bytes": t(&totals.wrong),
                 "errors": t(&totals.errors),
@@ -229,18 +236,20 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
         ByteSize(block_size as u64)
     );
     println!(
-        "token hit rate  {:>6.2}%   theoretical max {:>6.2}%   exact LRU of {} blocks {:>6.2}%   (footprint {} blocks)",
+        "token hit rate  {:>6.2}%   theoretical max {:>6.2}%   exact LRU of {} blocks {:>6.2}%   exact prefix-aware {:>6.2}%   (footprint {} blocks)",
         100.0 * token_rate,
         100.0 * theoretical.token_hit_rate(),
         capacity_blocks,
         100.0 * lru.token_hit_rate(),
+        100.0 * aware.token_hit_rate(),
         footprint
     );
     println!(
-        "block hit rate  {:>6.2}%   theoretical max {:>6.2}%   exact LRU {:>6.2}%",
+        "block hit rate  {:>6.2}%   theoretical max {:>6.2}%   exact LRU {:>6.2}%   exact prefix-aware {:>6.2}%",
         100.0 * block_rate,
         100.0 * theoretical.block_hit_rate(),
-        100.0 * lru.block_hit_rate()
+        100.0 * lru.block_hit_rate(),
+        100.0 * aware.block_hit_rate()
     );
     println!(
         "bytes           read {}, written {}",
@@ -276,7 +285,7 @@ async fn one_request(
     client: &Client,
     ns: &Namespace,
     req: &Request,
-    block_tokens: u64,
+    (block_tokens, chained): (u64, bool),
     value: &mut [u8],
     bufs: &mut Vec<Vec<u8>>,
     totals: &Totals,
@@ -365,7 +374,14 @@ async fn one_request(
             .map(|(h, v)| (*h, &v[..]))
             .collect();
         let t = Instant::now();
-        match client.put(ns, &blocks).await {
+        // As a chain: the daemons then evict it from its tail.
+        let parent = usable.checked_sub(1).map(|i| chain[i]);
+        let put = if chained {
+            client.put_chain(ns, parent, &blocks).await
+        } else {
+            client.put(ns, &blocks).await
+        };
+        match put {
             Ok(outs) => {
                 let stored = outs.iter().filter(|o| **o == PutOutcome::Stored).count();
                 totals

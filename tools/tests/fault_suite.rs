@@ -190,6 +190,7 @@ async fn vanish_mid_put(meta: &str, id: u64) {
     let head = mooncake_proto::message::PutHead {
         key: mooncake_proto::BlockKey::new(ns(), hash(id)),
         checksum: mooncake_proto::checksum(&v),
+        parent: None,
     };
     use mooncake_proto::message::Body;
     let body = head.to_bytes();

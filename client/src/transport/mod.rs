@@ -62,6 +62,8 @@ pub struct PutItem<'v> {
     pub value: &'v [u8],
     /// XXH3-64 of `value`, which the daemon checks before storing it.
     pub checksum: u64,
+    /// The block whose prefix this one extends, for prefix-aware eviction.
+    pub parent: Option<BlockHash>,
 }
 
 /// What one read found, before it is told to the caller.

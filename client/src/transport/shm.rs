@@ -194,6 +194,7 @@ impl ShmLink {
                 key: BlockKey::new(namespace.clone(), it.hash),
                 len: it.value.len() as u64,
                 checksum: it.checksum,
+                parent: it.parent,
             }
             .to_bytes();
             frames.extend_from_slice(

@@ -147,6 +147,7 @@ impl StreamTransport {
                 PutHead {
                     key: BlockKey::new(namespace.clone(), it.hash),
                     checksum: it.checksum,
+                    parent: it.parent,
                 }
                 .to_bytes()
             })
