@@ -119,6 +119,7 @@ async fn daemon_refuses_bad_frames_and_keeps_serving() {
     w.str("t/big");
     w.hash(&BlockHash([1; 32]));
     w.u64(0);
+    w.hash(&BlockHash([0; 32])); // no parent
     let head_len = w.buf.len();
     let mut big = Header::request(Opcode::Put, 1, (head_len + (32 << 20)) as u32)
         .encode()

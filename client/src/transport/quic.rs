@@ -215,7 +215,7 @@ impl QuicConnector {
             Ok(Connection::from_halves(
                 addr,
                 ErrorSource::Daemon,
-                Box::new(recv),
+                Box::new(Explained { recv, conn }),
                 Box::new(send),
             ))
         };
@@ -266,6 +266,35 @@ impl QuicConnector {
         let endpoint = quinn::Endpoint::client(bind)?;
         endpoints[family] = Some(endpoint.clone());
         Ok(endpoint)
+    }
+}
+
+/// A stream's receiving side whose errors say why its connection closed:
+/// with TLS 1.3 a daemon refuses a client certificate only after the
+/// client's side of the handshake is done, so a refusal first shows as a
+/// failed read.
+struct Explained {
+    recv: quinn::RecvStream,
+    conn: quinn::Connection,
+}
+
+impl tokio::io::AsyncRead for Explained {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.recv).poll_read(cx, buf) {
+            std::task::Poll::Ready(Err(err)) => {
+                let why = match this.conn.close_reason() {
+                    Some(reason) => format!("quic connection closed: {reason}"),
+                    None => format!("quic: {err}"),
+                };
+                std::task::Poll::Ready(Err(std::io::Error::new(err.kind(), why)))
+            }
+            other => other,
+        }
     }
 }
 
