@@ -61,11 +61,14 @@ impl Client {
         })
     }
 
+    /// Stores `regions` under `hashes`; with `chain`, as consecutive
+    /// blocks of one chain extending the given parent (or starting one).
     fn put_regions(
         &self,
         py: Python<'_>,
         hashes: Vec<BlockHash>,
         regions: Vec<Region>,
+        chain: Option<Option<BlockHash>>,
     ) -> Vec<i64> {
         let n = regions.len();
         let (client, ns) = (&self.inner, &self.namespace);
@@ -77,7 +80,12 @@ impl Client {
                 .zip(&regions)
                 .map(|(h, r)| (*h, unsafe { r.as_slice() }))
                 .collect();
-            runtime().block_on(client.put(ns, &blocks))
+            runtime().block_on(async {
+                match chain {
+                    Some(parent) => client.put_chain(ns, parent, &blocks).await,
+                    None => client.put(ns, &blocks).await,
+                }
+            })
         });
         match result {
             Ok(outcomes) => outcomes.into_iter().map(codes::of_put).collect(),
@@ -324,7 +332,26 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let regions = regions_of(values, false)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
-        Ok(self.put_regions(py, hashes, regions))
+        Ok(self.put_regions(py, hashes, regions, None))
+    }
+
+    /// Like `put_batch`, for consecutive blocks of one chain: `keys[0]`
+    /// extends `parent` (the last block of the matched prefix; `None`: it
+    /// starts the chain), each next key the one before. Daemons then evict
+    /// the chain from its tail, keeping the prefixes later requests match.
+    #[pyo3(signature = (keys, values, parent = None))]
+    fn put_chain(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
+        parent: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i64>> {
+        let hashes = hashes_of(keys)?;
+        let regions = regions_of(values, false)?;
+        check_lengths(hashes.len(), regions.len(), "values")?;
+        let parent = parent.map(hash_of).transpose()?;
+        Ok(self.put_regions(py, hashes, regions, Some(parent)))
     }
 
     /// Reads blocks into writable buffers, in one call; per key the bytes
@@ -375,7 +402,9 @@ impl Client {
         ptrs: Vec<usize>,
         sizes: Vec<usize>,
     ) -> PyResult<Vec<i64>> {
-        self.on_registered(py, keys, ptrs, sizes, Self::put_regions)
+        self.on_registered(py, keys, ptrs, sizes, |c, py, h, r| {
+            c.put_regions(py, h, r, None)
+        })
     }
 
     /// How many leading keys of a chain are stored, in one round trip.

@@ -17,6 +17,7 @@ _CALLS = (
     "get",
     "get_into",
     "put_batch",
+    "put_chain",
     "get_into_batch",
     "get_into_ptrs",
     "put_from_ptrs",

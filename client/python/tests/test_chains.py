@@ -1,0 +1,46 @@
+"""Blocks published as a chain are evicted from the chain's tail: the
+prefix other requests match survives a full pool."""
+
+from __future__ import annotations
+
+import time
+
+import mooncake_store
+
+from conftest import Process, free_port, wait_for_daemon
+
+
+def test_a_full_pool_evicts_a_chain_from_its_tail():
+    meta = f"127.0.0.1:{free_port()}"
+    proc = Process(
+        "up",
+        "--meta-listen", meta,
+        "--listen", f"127.0.0.1:{free_port()}",
+        "--admin", "",
+        "--dram", "1MiB",
+    )
+    try:
+        wait_for_daemon(meta)
+        client = mooncake_store.Client(meta, namespace="t/chains")
+        block = 200 << 10
+        chain = mooncake_store.block_hashes(list(range(48)), 16)
+        values = [bytes([i]) * block for i in range(3)]
+        assert client.put_chain(chain, values) == [0, 0, 0]
+        # Two more blocks overflow the pool: plain LRU would evict the
+        # chain's head (its coldest block) and strand the rest.
+        assert client.put_batch(["other-1", "other-2"], [b"x" * block, b"y" * block]) == [0, 0]
+        deadline = time.monotonic() + 5
+        while client.exists(chain) != [True, True, False] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.exists(chain) == [True, True, False]
+        assert client.match_prefix(chain) == 2
+        assert client.get(chain[0]) == values[0]
+    finally:
+        proc.kill()
+
+
+def test_put_chain_extends_a_given_parent(client):
+    chain = mooncake_store.block_hashes(list(range(64)), 16)
+    assert client.put_chain(chain[:2], [b"a", b"b"]) == [0, 0]
+    assert client.put_chain(chain[2:], [b"c", b"d"], parent=chain[1]) == [0, 0]
+    assert client.match_prefix(chain) == 4
