@@ -183,6 +183,7 @@ impl Daemons {
                 blocks: m.stats.blocks,
                 hits: m.stats.hits,
                 misses: m.stats.misses,
+                endpoints: m.endpoints.clone(),
             })
             .collect();
         out.sort_by_key(|d| d.id);

@@ -556,6 +556,8 @@ pub struct DaemonInfo {
     pub blocks: u64,
     pub hits: u64,
     pub misses: u64,
+    /// Transports it serves besides TCP.
+    pub endpoints: Vec<Endpoint>,
 }
 
 /// How often one operation failed with one code.
@@ -605,6 +607,7 @@ impl Body for ClusterStats {
             w.u64(d.blocks);
             w.u64(d.hits);
             w.u64(d.misses);
+            encode_endpoints(w, &d.endpoints);
         }
         w.count(self.errors.len());
         for e in &self.errors {
@@ -623,7 +626,7 @@ impl Body for ClusterStats {
         let blocks = r.u64()?;
         let bytes = r.u64()?;
         let pending = r.u64()?;
-        let n = r.count(33)?;
+        let n = r.count(37)?;
         let daemons = (0..n)
             .map(|_| {
                 Ok(DaemonInfo {
@@ -637,6 +640,7 @@ impl Body for ClusterStats {
                     blocks: r.u64()?,
                     hits: r.u64()?,
                     misses: r.u64()?,
+                    endpoints: decode_endpoints(r)?,
                 })
             })
             .collect::<Result<_, ProtoError>>()?;
@@ -1009,6 +1013,7 @@ mod tests {
                 blocks: 6,
                 hits: 7,
                 misses: 8,
+                endpoints: vec![],
             }],
             errors: vec![ErrorCount {
                 op: "put_commit".into(),

@@ -240,9 +240,18 @@ pub async fn stat(args: StatArgs) -> Result<(), Failure> {
             .daemons
             .iter()
             .map(|d| {
+                let transports: serde_json::Map<String, serde_json::Value> =
+                    std::iter::once(("tcp".to_string(), json!(d.addr)))
+                        .chain(
+                            d.endpoints
+                                .iter()
+                                .map(|e| (e.kind.name().to_string(), json!(e.addr))),
+                        )
+                        .collect();
                 json!({"id": d.id, "node": d.node, "addr": d.addr, "alive": d.alive,
                        "draining": d.draining, "tier": "dram", "capacity": d.capacity,
-                       "used": d.used, "blocks": d.blocks, "hits": d.hits, "misses": d.misses})
+                       "used": d.used, "blocks": d.blocks, "hits": d.hits, "misses": d.misses,
+                       "transports": transports})
             })
             .collect();
         let errors: Vec<_> = st
@@ -282,7 +291,7 @@ pub async fn stat(args: StatArgs) -> Result<(), Failure> {
     if !st.daemons.is_empty() {
         println!();
         println!(
-            "{:<4} {:<14} {:<22} {:<8} {:<5} {:>9} {:>9} {:>6} {:>9} {:>6}",
+            "{:<4} {:<14} {:<22} {:<8} {:<5} {:>9} {:>9} {:>6} {:>9} {:>6}  TRANSPORTS",
             "ID", "NODE", "ADDRESS", "STATE", "TIER", "CAPACITY", "USED", "USE%", "BLOCKS", "HIT%"
         );
         for d in &st.daemons {
@@ -296,8 +305,11 @@ pub async fn stat(args: StatArgs) -> Result<(), Failure> {
             } else {
                 100.0 * d.used as f64 / d.capacity as f64
             };
+            let transports: Vec<String> = std::iter::once("tcp".to_string())
+                .chain(d.endpoints.iter().map(|e| format!("{} {}", e.kind, e.addr)))
+                .collect();
             println!(
-                "{:<4} {:<14} {:<22} {:<8} {:<5} {:>9} {:>9} {:>6.1} {:>9} {:>6}",
+                "{:<4} {:<14} {:<22} {:<8} {:<5} {:>9} {:>9} {:>6.1} {:>9} {:>6}  {}",
                 d.id,
                 d.node,
                 d.addr,
@@ -307,7 +319,8 @@ pub async fn stat(args: StatArgs) -> Result<(), Failure> {
                 ByteSize(d.used).to_string(),
                 use_pct,
                 d.blocks,
-                percent(d.hits, d.misses)
+                percent(d.hits, d.misses),
+                transports.join(", ")
             );
         }
     }
