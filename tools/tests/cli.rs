@@ -580,6 +580,12 @@ fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
     assert!(anonymous.stdout.is_empty());
     let why = String::from_utf8_lossy(&anonymous.stderr);
     assert!(why.contains("quic"), "the reason names QUIC: {why}");
+    let stat = run(&store.meta, &["stat", "--json"], None);
+    let stat = String::from_utf8_lossy(&stat.stdout);
+    assert!(
+        stat.contains(&format!("\"quic\":\"{quic}\"")),
+        "stat lists the QUIC endpoint: {stat}"
+    );
     let transports = Command::new(BIN)
         .args(["transports", "--json"])
         .output()
