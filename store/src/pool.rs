@@ -827,7 +827,14 @@ impl WriteSlot {
     /// Verifies the bytes against the writer's checksum and makes the block
     /// visible; on a mismatch the space is freed.
     pub fn commit(mut self) -> Result<(), PoolError> {
-        if checksum(self.buf_mut()) != self.checksum {
+        let sum = checksum(self.buf_mut());
+        self.commit_hashed(sum)
+    }
+
+    /// `commit`, for a writer that already hashed the bytes in this slot
+    /// as they landed (`sum` must be the checksum of `buf_mut()`).
+    pub fn commit_hashed(mut self, sum: u64) -> Result<(), PoolError> {
+        if sum != self.checksum {
             return Err(PoolError::ChecksumMismatch);
         }
         let mut inner = self.pool.inner.lock();

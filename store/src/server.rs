@@ -402,8 +402,16 @@ where
             slot.set_parent(put.parent);
             // A client that vanishes here drops the slot: nothing becomes
             // visible and the space is freed at once.
-            rd.read_exact(slot.buf_mut()).await?;
-            let code = slot.commit().err().map_or(ErrorCode::Ok, |e| e.code());
+            // Each piece is hashed as it lands, while still in cache.
+            let mut running = mooncake_proto::checksum::Running::default();
+            for piece in slot.buf_mut().chunks_mut(mooncake_proto::checksum::CHUNK) {
+                rd.read_exact(piece).await?;
+                running.update(piece);
+            }
+            let code = slot
+                .commit_hashed(running.finish())
+                .err()
+                .map_or(ErrorCode::Ok, |e| e.code());
             if code == ErrorCode::Ok {
                 metrics.bytes_written.inc_by(value_len as u64);
             }
