@@ -119,6 +119,38 @@ impl TestCluster {
         Client::new(cfg)
     }
 
+    /// Registers a daemon that is not one: its TCP address (and any other
+    /// endpoint) is whatever the test serves there, a black hole or a peer
+    /// that answers garbage.
+    pub async fn register_fake_daemon(
+        &self,
+        addr: String,
+        endpoints: Vec<mooncake_proto::transport::Endpoint>,
+    ) {
+        use mooncake_proto::message::{RegisterRequest, RegisterResponse};
+        let mut conn = mooncake_client::Connection::connect(
+            &self.meta_addr,
+            mooncake_client::ErrorSource::Meta,
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        let _: RegisterResponse = conn
+            .call(
+                mooncake_proto::Opcode::Register,
+                &RegisterRequest {
+                    node: "fake".into(),
+                    addr,
+                    capacity: 1 << 40,
+                    id_hint: 0,
+                    endpoints,
+                },
+                "register",
+            )
+            .await
+            .unwrap();
+    }
+
     pub fn daemon_addr(&self, i: usize) -> String {
         self.daemons[i].handle.addr.to_string()
     }

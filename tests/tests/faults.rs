@@ -5,9 +5,7 @@
 use std::time::{Duration, Instant};
 
 use mooncake_client::{ClientError, Connection, ErrorSource, GetOutcome, PutOutcome};
-use mooncake_proto::message::{
-    Body, PutHead, PutStartRequest, PutStartResponse, RegisterRequest, RegisterResponse, Slot,
-};
+use mooncake_proto::message::{Body, PutHead, PutStartRequest, PutStartResponse, Slot};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Header, Namespace, Opcode};
 use mooncake_tests::{block_bytes, eventually, fast_meta, TestCluster};
 use tokio::io::AsyncWriteExt;
@@ -286,27 +284,7 @@ async fn a_daemon_that_accepts_but_never_answers_costs_one_deadline() {
             held.push(s);
         }
     });
-    let mut conn = Connection::connect(
-        &cluster.meta_addr,
-        ErrorSource::Meta,
-        Duration::from_secs(1),
-    )
-    .await
-    .unwrap();
-    let _: RegisterResponse = conn
-        .call(
-            Opcode::Register,
-            &RegisterRequest {
-                node: "hole".into(),
-                addr: hole_addr,
-                capacity: 1 << 30,
-                id_hint: 0,
-                endpoints: vec![],
-            },
-            "register",
-        )
-        .await
-        .unwrap();
+    cluster.register_fake_daemon(hole_addr, vec![]).await;
     let timeout = Duration::from_millis(400);
     let client = cluster.client_with_timeout(timeout);
     let started = Instant::now();

@@ -11,10 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use mooncake_client::transport::quic::DevCerts;
-use mooncake_client::{Client, ClientConfig, ClientError, ErrorSource, GetOutcome, PutOutcome};
-use mooncake_proto::message::{RegisterRequest, RegisterResponse};
+use mooncake_client::{Client, ClientConfig, ClientError, GetOutcome, PutOutcome};
 use mooncake_proto::transport::{Endpoint, TransportKind};
-use mooncake_proto::{BlockHash, Namespace, Opcode};
+use mooncake_proto::{BlockHash, Namespace};
 use mooncake_tests::{block_bytes, daemon_config, fast_meta, TestCluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -103,32 +102,6 @@ fn client_for(kind: Kind, cluster: &TestCluster, dir: &Path, timeout: Duration) 
     Client::new(cfg)
 }
 
-/// Registers a daemon that is not one: its TCP address (and QUIC
-/// endpoint) are whatever the test serves there.
-async fn register_fake(cluster: &TestCluster, addr: String, endpoints: Vec<Endpoint>) {
-    let mut conn = mooncake_client::Connection::connect(
-        &cluster.meta_addr,
-        ErrorSource::Meta,
-        Duration::from_secs(1),
-    )
-    .await
-    .unwrap();
-    let _: RegisterResponse = conn
-        .call(
-            Opcode::Register,
-            &RegisterRequest {
-                node: "fake".into(),
-                addr,
-                capacity: 1 << 40,
-                id_hint: 0,
-                endpoints,
-            },
-            "register",
-        )
-        .await
-        .unwrap();
-}
-
 async fn round_trips(kind: Kind) {
     let (_cluster, client, _dir) = setup(kind, 64 << 20).await;
     let sizes: Vec<usize> = (0..40).map(|i| 1 + i * 26_017 % (1 << 20)).collect();
@@ -199,7 +172,7 @@ async fn deadlines(kind: Kind) {
         kind: TransportKind::Quic,
         addr: udp_addr,
     }];
-    register_fake(&cluster, hole_addr, endpoints).await;
+    cluster.register_fake_daemon(hole_addr, endpoints).await;
     let timeout = Duration::from_millis(600);
     let client = client_for(kind, &cluster, dir.path(), timeout);
     let started = Instant::now();
@@ -319,7 +292,7 @@ async fn peer_sends_garbage(kind: Kind) {
         kind: TransportKind::Quic,
         addr: quic_addr,
     }];
-    register_fake(&cluster, tcp_addr, endpoints).await;
+    cluster.register_fake_daemon(tcp_addr, endpoints).await;
     let client = client_for(kind, &cluster, dir.path(), Duration::from_secs(2));
     let value = block_bytes(9, 200_000);
     let started = Instant::now();

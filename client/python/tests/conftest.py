@@ -3,6 +3,7 @@ loopback ports and stopped afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -74,22 +75,31 @@ def wait_for_daemon(meta: str, timeout: float = 15.0) -> None:
     raise RuntimeError(f"no store answered at {meta}")
 
 
-@pytest.fixture(scope="session")
-def store() -> str:
-    """The meta address of a single-host store with 512 MiB of DRAM."""
+@contextlib.contextmanager
+def single_host_store(dram: str, *extra: str):
+    """`mooncake-store up` on free ports with `extra` arguments; yields the
+    meta address once its daemon stores blocks, and stops it after."""
     meta = f"127.0.0.1:{free_port()}"
     proc = Process(
         "up",
         "--meta-listen", meta,
         "--listen", f"127.0.0.1:{free_port()}",
         "--admin", "",
-        "--dram", "512MiB",
+        "--dram", dram,
+        *extra,
     )
     try:
         wait_for_daemon(meta)
         yield meta
     finally:
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def store() -> str:
+    """The meta address of a single-host store with 512 MiB of DRAM."""
+    with single_host_store("512MiB") as meta:
+        yield meta
 
 
 @pytest.fixture

@@ -7,20 +7,11 @@ import time
 
 import mooncake_store
 
-from conftest import Process, free_port, wait_for_daemon
+from conftest import single_host_store
 
 
 def test_a_full_pool_evicts_a_chain_from_its_tail():
-    meta = f"127.0.0.1:{free_port()}"
-    proc = Process(
-        "up",
-        "--meta-listen", meta,
-        "--listen", f"127.0.0.1:{free_port()}",
-        "--admin", "",
-        "--dram", "1MiB",
-    )
-    try:
-        wait_for_daemon(meta)
+    with single_host_store("1MiB") as meta:
         client = mooncake_store.Client(meta, namespace="t/chains")
         block = 200 << 10
         chain = mooncake_store.block_hashes(list(range(48)), 16)
@@ -35,8 +26,6 @@ def test_a_full_pool_evicts_a_chain_from_its_tail():
         assert client.exists(chain) == [True, True, False]
         assert client.match_prefix(chain) == 2
         assert client.get(chain[0]) == values[0]
-    finally:
-        proc.kill()
 
 
 def test_put_chain_extends_a_given_parent(client):

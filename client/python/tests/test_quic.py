@@ -9,26 +9,19 @@ import pytest
 
 import mooncake_store
 
-from conftest import Process, binary, free_port, wait_for_daemon
+from conftest import binary, free_port, single_host_store
 
 
 def test_quic_with_mutual_tls_round_trips_and_refuses_strangers(tmp_path):
     certs = tmp_path / "certs"
     subprocess.run([binary(), "certs", "--out", str(certs)], check=True, capture_output=True)
-    meta = f"127.0.0.1:{free_port()}"
-    proc = Process(
-        "up",
-        "--meta-listen", meta,
-        "--listen", f"127.0.0.1:{free_port()}",
-        "--admin", "",
-        "--dram", "64MiB",
+    with single_host_store(
+        "64MiB",
         "--quic-listen", f"127.0.0.1:{free_port()}",
         "--tls-cert", str(certs / "daemon.pem"),
         "--tls-key", str(certs / "daemon.key"),
         "--tls-client-ca", str(certs / "ca.pem"),
-    )
-    try:
-        wait_for_daemon(meta)
+    ) as meta:
         client = mooncake_store.Client(
             meta,
             namespace="t/quic",
@@ -55,5 +48,3 @@ def test_quic_with_mutual_tls_round_trips_and_refuses_strangers(tmp_path):
             mooncake_store.Client(meta, quic_ca=str(certs / "ca.pem"), quic_cert="x.pem")
         with pytest.raises(ValueError, match="no-such.pem"):
             mooncake_store.Client(meta, quic_ca=str(tmp_path / "no-such.pem"))
-    finally:
-        proc.kill()

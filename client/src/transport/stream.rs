@@ -45,21 +45,12 @@ impl Transport for StreamTransport {
     ) -> BoxFuture<'a, Result<Vec<Read>, ClientError>> {
         Box::pin(async move {
             let bytes = items.iter().map(|it| it.location.size as usize).sum();
-            let n = stripes(self.stripes, items.len(), bytes);
-            if n == 1 {
-                return self.get_batch(namespace, items).await;
-            }
-            // Large batches: several streams at once, each block still
-            // landing straight in its buffer.
-            let (len, per) = (items.len(), items.len().div_ceil(n));
+            let per = self.part_len(items.len(), bytes);
+            // Each block still lands straight in its buffer.
             let parts = items
                 .chunks_mut(per)
                 .map(|part| self.get_batch(namespace, part));
-            let mut out = Vec::with_capacity(len);
-            for part in futures::future::join_all(parts).await {
-                out.extend(part?);
-            }
-            Ok(out)
+            joined(parts.collect()).await
         })
     }
 
@@ -70,24 +61,34 @@ impl Transport for StreamTransport {
     ) -> BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>> {
         Box::pin(async move {
             let bytes = items.iter().map(|it| it.value.len()).sum();
-            let n = stripes(self.stripes, items.len(), bytes);
-            if n == 1 {
-                return self.put_batch(namespace, items).await;
-            }
-            let per = items.len().div_ceil(n);
+            let per = self.part_len(items.len(), bytes);
             let parts = items
                 .chunks(per)
                 .map(|part| self.put_batch(namespace, part));
-            let mut out = Vec::with_capacity(items.len());
-            for part in futures::future::join_all(parts).await {
-                out.extend(part?);
-            }
-            Ok(out)
+            joined(parts.collect()).await
         })
     }
 }
 
+/// Runs the parts of a batch at once (each on a stream of its own) and
+/// joins their answers in order.
+async fn joined<T>(
+    parts: Vec<impl std::future::Future<Output = Result<Vec<T>, ClientError>>>,
+) -> Result<Vec<T>, ClientError> {
+    let mut out = Vec::new();
+    for part in futures::future::join_all(parts).await {
+        out.extend(part?);
+    }
+    Ok(out)
+}
+
 impl StreamTransport {
+    /// Blocks per part when a batch of `blocks` blocks and `bytes` bytes
+    /// is spread over several streams (the whole batch, when it is not).
+    fn part_len(&self, blocks: usize, bytes: usize) -> usize {
+        blocks.div_ceil(stripes(self.stripes, blocks, bytes)).max(1)
+    }
+
     async fn get_batch(
         &self,
         namespace: &Namespace,
