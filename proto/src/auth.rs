@@ -103,13 +103,30 @@ impl Identity {
 pub struct Gate {
     table: Option<Arc<TokenTable>>,
     who: Option<Identity>,
+    /// The name a verified client certificate gave this connection (mutual
+    /// TLS): only a token of that name is accepted on it.
+    bound_to: Option<String>,
 }
 
 impl Gate {
     /// A new connection's gate; `None`: authentication is off.
     pub fn new(table: Option<Arc<TokenTable>>) -> Gate {
         let who = table.is_none().then(Identity::open);
-        Gate { table, who }
+        Gate {
+            table,
+            who,
+            bound_to: None,
+        }
+    }
+
+    /// A gate for a connection whose client proved, with a certificate,
+    /// that it is `name`: a token stolen from another holder is refused
+    /// here, because its name is not the certificate's.
+    pub fn bound_to(table: Option<Arc<TokenTable>>, name: Option<String>) -> Gate {
+        Gate {
+            bound_to: name,
+            ..Gate::new(table)
+        }
     }
 
     /// A token presented with `Opcode::Auth`: `Ok`, or `Unauthorized`
@@ -118,11 +135,11 @@ impl Gate {
         match &self.table {
             None => crate::ErrorCode::Ok,
             Some(table) => match table.identify(token) {
-                Some(who) => {
+                Some(who) if self.bound_to.as_deref().is_none_or(|n| n == &*who.name) => {
                     self.who = Some(who);
                     crate::ErrorCode::Ok
                 }
-                None => crate::ErrorCode::Unauthorized,
+                _ => crate::ErrorCode::Unauthorized,
             },
         }
     }
@@ -330,6 +347,29 @@ mod tests {
         assert_eq!(t.identify("s3cret "), None);
         assert!(t.insert(&token_digest("s3cret"), client("acme")).is_err());
         assert!(t.insert("abc", client("acme")).is_err());
+    }
+
+    #[test]
+    fn a_connection_bound_to_a_certificate_takes_only_that_name_s_token() {
+        let named = |name: &str| Identity {
+            name: name.into(),
+            ..client("acme")
+        };
+        let mut t = TokenTable::default();
+        t.insert(&token_digest("mine"), named("worker-1")).unwrap();
+        t.insert(&token_digest("stolen"), named("worker-2"))
+            .unwrap();
+        let table = Some(Arc::new(t));
+        let mut gate = Gate::bound_to(table.clone(), Some("worker-1".into()));
+        assert_eq!(gate.present("stolen"), crate::ErrorCode::Unauthorized);
+        assert!(gate.admit(Opcode::Get).is_err());
+        assert_eq!(gate.present("mine"), crate::ErrorCode::Ok);
+        assert_eq!(&*gate.admit(Opcode::Get).unwrap().name, "worker-1");
+        // Unbound (TCP, or no client certificate): any listed token.
+        assert_eq!(
+            Gate::bound_to(table, None).present("stolen"),
+            crate::ErrorCode::Ok
+        );
     }
 
     #[cfg(feature = "serde")]

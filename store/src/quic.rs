@@ -46,7 +46,11 @@ pub async fn run(endpoint: quinn::Endpoint, server: Arc<Server>, shutdown: Cance
                     return;
                 }
             };
-            serve_connection(conn, peer, server, shutdown).await;
+            let certified = mooncake_client::transport::quic::peer_name(&conn);
+            if let Some(name) = &certified {
+                tracing::info!(%peer, client = %name, "QUIC client connected with a certificate");
+            }
+            serve_connection(conn, peer, certified, server, shutdown).await;
         });
     }
     endpoint.close(0u32.into(), b"daemon stopping");
@@ -57,6 +61,7 @@ pub async fn run(endpoint: quinn::Endpoint, server: Arc<Server>, shutdown: Cance
 async fn serve_connection(
     conn: quinn::Connection,
     peer: SocketAddr,
+    certified: Option<String>,
     server: Arc<Server>,
     shutdown: CancellationToken,
 ) {
@@ -78,10 +83,10 @@ async fn serve_connection(
             tokio::spawn(crate::server::refuse(send));
             continue;
         };
-        let (server, shutdown) = (server.clone(), shutdown.clone());
+        let (server, shutdown, certified) = (server.clone(), shutdown.clone(), certified.clone());
         tokio::spawn(async move {
             server
-                .serve_stream(recv, send, peer, admitted, &shutdown)
+                .serve_stream((recv, send), peer, certified, admitted, &shutdown)
                 .await;
         });
     }

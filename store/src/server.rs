@@ -92,12 +92,14 @@ impl Server {
         })
     }
 
-    /// Serves one admitted connection until it closes.
+    /// Serves one admitted connection until it closes. `certified`: the
+    /// client's name from its verified certificate (mutual TLS), to which
+    /// the connection's token must belong.
     pub(crate) async fn serve_stream<R, W>(
         &self,
-        rd: R,
-        wr: W,
+        (rd, wr): (R, W),
         peer: std::net::SocketAddr,
+        certified: Option<String>,
         admitted: Admitted,
         shutdown: &CancellationToken,
     ) where
@@ -105,7 +107,17 @@ impl Server {
         W: AsyncWrite + Unpin,
     {
         self.metrics.connections.inc();
-        let served = serve(rd, wr, &self.tiers, &self.cfg, &self.metrics, shutdown).await;
+        let gate = Gate::bound_to(self.cfg.tokens.clone(), certified);
+        let served = serve(
+            rd,
+            wr,
+            gate,
+            &self.tiers,
+            &self.cfg,
+            &self.metrics,
+            shutdown,
+        )
+        .await;
         if let Err(err) = served {
             tracing::debug!(%peer, %err, "connection closed");
         }
@@ -140,7 +152,9 @@ pub async fn run(listener: TcpListener, server: Arc<Server>, shutdown: Cancellat
                 return;
             }
             let (rd, wr) = stream.into_split();
-            server.serve_stream(rd, wr, peer, admitted, &shutdown).await;
+            server
+                .serve_stream((rd, wr), peer, None, admitted, &shutdown)
+                .await;
         });
     }
     tracing::info!("data server stopped accepting");
@@ -157,6 +171,7 @@ pub(crate) async fn refuse<W: AsyncWrite + Unpin>(mut stream: W) {
 async fn serve<R, W>(
     rd: R,
     wr: W,
+    mut gate: Gate,
     tiers: &Arc<Tiers>,
     cfg: &ServerConfig,
     metrics: &DaemonMetrics,
@@ -168,7 +183,6 @@ where
 {
     let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
     let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
-    let mut gate = Gate::new(cfg.tokens.clone());
     loop {
         // Answers are batched while more requests are already buffered.
         if rd.buffer().len() < HEADER_LEN {

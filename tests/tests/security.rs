@@ -291,3 +291,78 @@ async fn one_client_address_cannot_take_every_connection() {
     );
     assert!(serves(b1).await, "another client is not held back");
 }
+
+/// With mutual TLS on, a QUIC connection belongs to the client its
+/// certificate names, and only that client's token is accepted on it: a
+/// token stolen from another holder is useless without its certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mutual_tls_a_token_works_only_with_its_holder_s_certificate() {
+    use mooncake_client::transport::quic::DevCerts;
+    let dir = std::env::temp_dir().join(format!(
+        "mooncake-mtls-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    // The client certificate is issued to "acme-workers", the name of the
+    // ACME token's entry.
+    DevCerts::generate(&["127.0.0.1".into()], "acme-workers")
+        .unwrap()
+        .write(&dir)
+        .unwrap();
+    let tokens = token_file(&dir);
+    let mut meta = fast_meta();
+    meta.auth = Some(tokens.clone());
+    meta.token = Some(CLUSTER.into());
+    let mut daemon = daemon_config(32 << 20);
+    daemon.auth = Some(tokens);
+    daemon.token = Some(CLUSTER.into());
+    let tls = DevCerts::server_tls(&dir, true);
+    daemon.quic_listen = Some("127.0.0.1:0".into());
+    daemon.tls_cert = Some(tls.cert);
+    daemon.tls_key = Some(tls.key);
+    daemon.tls_client_ca = tls.client_ca;
+    let cluster = TestCluster::start_as(meta, vec![daemon], Some(ADMIN)).await;
+    let quic_client = |token: &str| {
+        let cfg = ClientConfig::new(cluster.meta_addr.clone())
+            .with_timeout(Duration::from_secs(5))
+            .with_token(token)
+            .with_quic(&DevCerts::client_tls(&dir, true))
+            .unwrap();
+        Client::new(cfg)
+    };
+    let value = vec![7u8; 50_000];
+
+    // The certificate's holder, with its own token: served.
+    let acme = quic_client(ACME);
+    let ns = Namespace::new("acme/m").unwrap();
+    let out = acme
+        .put(&ns, &[(BlockHash([1; 32]), &value)])
+        .await
+        .unwrap();
+    assert_eq!(out, vec![PutOutcome::Stored]);
+    let mut buf = vec![0u8; value.len()];
+    let got = acme
+        .get_into(&ns, &[BlockHash([1; 32])], &mut [&mut buf[..]])
+        .await
+        .unwrap();
+    assert_eq!(got, vec![GetOutcome::Hit(value.len())]);
+    assert_eq!(buf, value);
+
+    // Globex's token (valid at the meta service, over TCP) on a connection
+    // whose certificate says acme-workers: the daemon refuses it.
+    let stolen = quic_client(GLOBEX);
+    let ns = Namespace::new("globex/m").unwrap();
+    let out = stolen.put(&ns, &[(BlockHash([2; 32]), &value)]).await;
+    assert!(
+        !matches!(out.as_deref(), Ok([PutOutcome::Stored])),
+        "a token used with another holder's certificate was accepted: {out:?}"
+    );
+    assert_eq!(
+        stolen
+            .transports()
+            .writes(mooncake_proto::transport::TransportKind::Quic),
+        0
+    );
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}

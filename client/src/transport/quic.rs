@@ -269,6 +269,19 @@ impl QuicConnector {
     }
 }
 
+/// The name a peer's verified certificate gives it: its first DNS name
+/// (`mooncake-store certs --client NAME` puts the name there). `None`
+/// without a client certificate (mutual TLS off).
+pub fn peer_name(conn: &quinn::Connection) -> Option<String> {
+    let certs = conn
+        .peer_identity()?
+        .downcast::<Vec<CertificateDer<'static>>>()
+        .ok()?;
+    let leaf = webpki::EndEntityCert::try_from(certs.first()?).ok()?;
+    let name = leaf.valid_dns_names().next().map(str::to_string);
+    name
+}
+
 /// A stream's receiving side whose errors say why its connection closed:
 /// with TLS 1.3 a daemon refuses a client certificate only after the
 /// client's side of the handshake is done, so a refusal first shows as a
