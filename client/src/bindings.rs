@@ -83,6 +83,7 @@ pub mod status {
     pub fn of_error(err: &ClientError) -> i64 {
         match err {
             ClientError::Server { code, .. } => of_code(*code),
+            ClientError::Refused { .. } => ILLEGAL_CLIENT,
             ClientError::Invalid(_) => INVALID_PARAMS,
             _ => RPC_FAIL,
         }

@@ -80,7 +80,7 @@ pub struct ClientConfig {
     /// blocks are then copied straight out of its shared pool. Default
     /// none.
     pub shm_socket: Option<std::path::PathBuf>,
-    /// Moves blocks to and from other hosts over QUIC with these TLS
+    /// Talks to the meta service and moves blocks over QUIC with these TLS
     /// settings (see [`ClientConfig::with_quic`]); daemons that serve no
     /// QUIC are refused, never reached over plain TCP. Default none: TCP.
     pub quic: Option<Arc<QuicConnector>>,
@@ -152,10 +152,16 @@ impl ClientConfig {
     }
 }
 
-/// A connection pool to `addr` with the client's limits and token.
+/// A connection pool to `addr` with the client's limits and token. A
+/// client set up for QUIC reaches the meta service over QUIC too (UDP, at
+/// the meta address), so that keys and tokens never travel in clear.
 fn pool_for(cfg: &ClientConfig, addr: String, side: ErrorSource) -> ConnPool {
-    ConnPool::new(addr, side, cfg.connect_timeout, cfg.max_idle_per_peer)
-        .with_token(cfg.token.clone())
+    let pool = ConnPool::new(addr, side, cfg.connect_timeout, cfg.max_idle_per_peer)
+        .with_token(cfg.token.clone());
+    match (&cfg.quic, side) {
+        (Some(quic), ErrorSource::Meta) => pool.with_dialer(Dialer::Quic(quic.clone())),
+        _ => pool,
+    }
 }
 
 fn hostname() -> String {

@@ -150,11 +150,7 @@ impl Connection {
     }
 
     fn io(&self, err: io::Error) -> ClientError {
-        ClientError::Io {
-            side: self.side,
-            addr: self.addr.clone(),
-            err,
-        }
+        ClientError::io(self.side, &self.addr, err)
     }
 }
 
@@ -265,10 +261,6 @@ impl FrameReader {
     }
 
     fn io(&self, err: io::Error) -> ClientError {
-        ClientError::Io {
-            side: self.ctx.1,
-            addr: self.ctx.0.clone(),
-            err,
-        }
+        ClientError::io(self.ctx.1, &self.ctx.0, err)
     }
 }

@@ -57,6 +57,14 @@ pub enum ClientError {
     },
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// TLS refused the connection: a certificate missing, not signed by a
+    /// trusted CA, or not for this name. Retrying does not help.
+    #[error("{side:?} at {addr} refused the connection: {why}")]
+    Refused {
+        side: ErrorSource,
+        addr: String,
+        why: String,
+    },
 }
 
 impl ClientError {
@@ -68,7 +76,26 @@ impl ClientError {
             | ClientError::Io { .. }
             | ClientError::NoLeader(_)
             | ClientError::Stale { .. } => true,
-            ClientError::Protocol { .. } | ClientError::Invalid(_) => false,
+            ClientError::Protocol { .. }
+            | ClientError::Invalid(_)
+            | ClientError::Refused { .. } => false,
+        }
+    }
+
+    /// An I/O error on a connection to `addr`; one of kind
+    /// `PermissionDenied` is the peer's TLS refusing this client.
+    pub fn io(side: ErrorSource, addr: &str, err: io::Error) -> ClientError {
+        if err.kind() == io::ErrorKind::PermissionDenied {
+            return ClientError::Refused {
+                side,
+                addr: addr.to_string(),
+                why: err.to_string(),
+            };
+        }
+        ClientError::Io {
+            side,
+            addr: addr.to_string(),
+            err,
         }
     }
 
@@ -78,7 +105,8 @@ impl ClientError {
             ClientError::Server { side, .. }
             | ClientError::Timeout { side, .. }
             | ClientError::Io { side, .. }
-            | ClientError::Protocol { side, .. } => *side,
+            | ClientError::Protocol { side, .. }
+            | ClientError::Refused { side, .. } => *side,
             ClientError::NoLeader(_) | ClientError::Stale { .. } => ErrorSource::Meta,
             ClientError::Invalid(_) => ErrorSource::Caller,
         }
@@ -89,6 +117,7 @@ impl ClientError {
         match self {
             ClientError::Server { code, .. } => Some(*code),
             ClientError::Timeout { .. } => Some(ErrorCode::Timeout),
+            ClientError::Refused { .. } => Some(ErrorCode::Unauthorized),
             _ => None,
         }
     }

@@ -81,7 +81,10 @@ impl ConnPool {
         }
         let mut conn = match &self.dialer {
             Dialer::Tcp => Connection::connect(&self.addr, self.side, self.connect_timeout).await?,
-            Dialer::Quic(quic) => quic.open(&self.addr, self.connect_timeout).await?,
+            Dialer::Quic(quic) => {
+                quic.open(&self.addr, self.side, self.connect_timeout)
+                    .await?
+            }
         };
         if let Some(token) = &self.token {
             conn.authenticate(token).await?;

@@ -37,6 +37,18 @@ pub struct MetaConfig {
     /// This replica's own token (role `cluster`), presented to daemons
     /// that require authentication. Default none.
     pub token: Option<String>,
+    /// Also serve clients over QUIC, on UDP at the same address and port
+    /// as `listen` (clients set up for QUIC reach the meta service there,
+    /// so that keys and tokens travel encrypted). Needs `tls_cert` and
+    /// `tls_key`. Default false.
+    pub quic: bool,
+    /// This replica's certificate (PEM) for QUIC.
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM).
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Mutual TLS: accept only QUIC clients whose certificate this CA
+    /// signed (and, with `auth`, only the token of the certificate's name).
+    pub tls_client_ca: Option<std::path::PathBuf>,
 }
 
 impl Default for MetaConfig {
@@ -52,12 +64,34 @@ impl Default for MetaConfig {
             request_timeout: HumanDuration(Duration::from_secs(10)),
             auth: None,
             token: None,
+            quic: false,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
         }
     }
 }
 
 impl MetaConfig {
+    /// The QUIC listener's TLS settings, checked to be complete.
+    pub fn server_tls(&self) -> Result<mooncake_client::ServerTls, String> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(mooncake_client::ServerTls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            }),
+            _ => Err(
+                "quic needs tls_cert and tls_key (mooncake-store certs makes a development set)"
+                    .into(),
+            ),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), String> {
+        if self.quic {
+            self.server_tls()?;
+        }
         if self.daemon_ttl.0 < Duration::from_millis(100) {
             return Err(format!("daemon_ttl = {} is below 100ms", self.daemon_ttl));
         }

@@ -97,7 +97,8 @@ pub fn serve(
         stop.clone(),
     )?);
     metrics.set_term(&state);
-    let tasks = vec![
+    let server = server::Server::new(state.clone(), &config, metrics);
+    let mut tasks = vec![
         tokio::spawn(async move {
             tokio::select! {
                 _ = lost.cancelled() => {
@@ -108,11 +109,38 @@ pub fn serve(
             }
         }),
         tokio::spawn(server::reaper(state.clone(), stop.clone())),
-        tokio::spawn(server::run(listener, state, config, metrics, stop)),
+        tokio::spawn(server::run(listener, server.clone(), stop.clone())),
     ];
+    if config.quic {
+        // UDP at the TCP address: clients set up for QUIC dial the meta
+        // address they already have.
+        let tls = config.server_tls().map_err(MetaError::Config)?;
+        let endpoint = mooncake_client::transport::quic::bind(&addr.to_string(), &tls)
+            .map_err(MetaError::Config)?;
+        tracing::info!(%addr, mutual_tls = tls.client_ca.is_some(), "meta service serving QUIC too");
+        tasks.push(tokio::spawn(quic(endpoint, server, stop)));
+    }
     Ok(MetaHandle {
         addr,
         leadership,
         tasks,
     })
+}
+
+/// Serves QUIC streams like TCP connections, under the same limits.
+async fn quic(endpoint: quinn::Endpoint, server: Arc<server::Server>, stop: CancellationToken) {
+    use mooncake_client::transport::quic::{accept_streams, IncomingStream};
+    let shutdown = stop.clone();
+    accept_streams(endpoint, shutdown, move |s: IncomingStream| {
+        let Some(admitted) = server.admit(s.peer) else {
+            return;
+        };
+        let (server, stop) = (server.clone(), stop.clone());
+        tokio::spawn(async move {
+            server
+                .serve_stream((s.recv, s.send), s.peer, s.certified, admitted, &stop)
+                .await;
+        });
+    })
+    .await;
 }

@@ -17,8 +17,9 @@ use mooncake_proto::message::{
 };
 use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, ProtoError, HEADER_LEN};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpListener;
+
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -162,16 +163,81 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
     }
 }
 
-pub async fn run(
-    listener: TcpListener,
+/// What every connection shares, TCP or QUIC: the state, the limits (one
+/// budget for both), the metrics.
+pub struct Server {
     state: Arc<State>,
-    cfg: MetaConfig,
     metrics: Arc<MetaMetrics>,
-    stop: CancellationToken,
-) {
-    let permits = Arc::new(Semaphore::new(cfg.max_connections));
-    let per_client = PerClient::new(cfg.max_connections_per_client);
-    let request_timeout = cfg.request_timeout.0;
+    permits: Arc<Semaphore>,
+    per_client: Arc<PerClient>,
+    request_timeout: Duration,
+}
+
+/// A connection admitted under the limits; dropping it frees its place.
+pub struct Admitted {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _slot: mooncake_proto::limits::ClientSlot,
+}
+
+impl Server {
+    pub fn new(state: Arc<State>, cfg: &MetaConfig, metrics: Arc<MetaMetrics>) -> Arc<Server> {
+        Arc::new(Server {
+            state,
+            metrics,
+            permits: Arc::new(Semaphore::new(cfg.max_connections)),
+            per_client: PerClient::new(cfg.max_connections_per_client),
+            request_timeout: cfg.request_timeout.0,
+        })
+    }
+
+    /// A place for one more connection from `peer`, or `None` (logged).
+    pub fn admit(&self, peer: std::net::SocketAddr) -> Option<Admitted> {
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "connection refused: max_connections reached");
+            return None;
+        };
+        let Some(slot) = self.per_client.admit(peer.ip()) else {
+            tracing::warn!(%peer, "connection refused: max_connections_per_client reached");
+            return None;
+        };
+        Some(Admitted {
+            _permit: permit,
+            _slot: slot,
+        })
+    }
+
+    /// Serves one admitted connection until it closes; `certified` as in
+    /// `Gate::bound_to`.
+    pub async fn serve_stream<R, W>(
+        &self,
+        (rd, wr): (R, W),
+        peer: std::net::SocketAddr,
+        certified: Option<String>,
+        admitted: Admitted,
+        stop: &CancellationToken,
+    ) where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let gate = Gate::bound_to(self.state.tokens.clone(), certified);
+        let served = serve(
+            (rd, wr),
+            gate,
+            &self.state,
+            &self.metrics,
+            self.request_timeout,
+            stop,
+        )
+        .await;
+        if let Err(err) = served {
+            tracing::debug!(%peer, %err, "connection closed");
+        }
+        drop(admitted);
+    }
+}
+
+/// Accepts TCP connections until `stop`.
+pub async fn run(listener: TcpListener, server: Arc<Server>, stop: CancellationToken) {
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -184,20 +250,19 @@ pub async fn run(
             },
             _ = stop.cancelled() => break,
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "connection refused: max_connections reached");
+        let Some(admitted) = server.admit(peer) else {
             continue;
         };
-        let Some(slot) = per_client.admit(peer.ip()) else {
-            tracing::warn!(%peer, "connection refused: max_connections_per_client reached");
-            continue;
-        };
-        let (state, stop, metrics) = (state.clone(), stop.clone(), metrics.clone());
+        let (server, stop) = (server.clone(), stop.clone());
         tokio::spawn(async move {
-            if let Err(err) = serve(stream, &state, &metrics, request_timeout, &stop).await {
+            if let Err(err) = stream.set_nodelay(true) {
                 tracing::debug!(%peer, %err, "connection closed");
+                return;
             }
-            drop((permit, slot));
+            let halves = stream.into_split();
+            server
+                .serve_stream(halves, peer, None, admitted, &stop)
+                .await;
         });
     }
     tracing::info!("meta service stopped accepting");
@@ -213,18 +278,20 @@ enum ConnError {
     Timeout(Duration),
 }
 
-async fn serve(
-    stream: TcpStream,
+async fn serve<R, W>(
+    (rd, wr): (R, W),
+    mut gate: Gate,
     state: &State,
     metrics: &MetaMetrics,
     request_timeout: Duration,
     stop: &CancellationToken,
-) -> Result<(), ConnError> {
-    stream.set_nodelay(true)?;
-    let (rd, wr) = stream.into_split();
+) -> Result<(), ConnError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
     let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
-    let mut gate = Gate::new(state.tokens.clone());
     loop {
         if rd.buffer().len() < HEADER_LEN {
             wr.flush().await?;

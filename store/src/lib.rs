@@ -172,7 +172,8 @@ pub async fn start(
     let mut endpoints = Vec::new();
     if let Some(listen) = &config.quic_listen {
         let tls = config.server_tls().map_err(DaemonError::Config)?;
-        let endpoint = quic::bind(listen, &tls).map_err(DaemonError::Config)?;
+        let endpoint =
+            mooncake_client::transport::quic::bind(listen, &tls).map_err(DaemonError::Config)?;
         let bound = endpoint.local_addr().map_err(DaemonError::Listener)?;
         let quic_addr = config
             .quic_advertise

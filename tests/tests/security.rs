@@ -310,13 +310,17 @@ async fn over_mutual_tls_a_token_works_only_with_its_holder_s_certificate() {
         .write(&dir)
         .unwrap();
     let tokens = token_file(&dir);
+    let tls = DevCerts::server_tls(&dir, true);
     let mut meta = fast_meta();
     meta.auth = Some(tokens.clone());
     meta.token = Some(CLUSTER.into());
+    meta.quic = true;
+    meta.tls_cert = Some(tls.cert.clone());
+    meta.tls_key = Some(tls.key.clone());
+    meta.tls_client_ca = tls.client_ca.clone();
     let mut daemon = daemon_config(32 << 20);
     daemon.auth = Some(tokens);
     daemon.token = Some(CLUSTER.into());
-    let tls = DevCerts::server_tls(&dir, true);
     daemon.quic_listen = Some("127.0.0.1:0".into());
     daemon.tls_cert = Some(tls.cert);
     daemon.tls_key = Some(tls.key);
@@ -348,21 +352,47 @@ async fn over_mutual_tls_a_token_works_only_with_its_holder_s_certificate() {
     assert_eq!(got, vec![GetOutcome::Hit(value.len())]);
     assert_eq!(buf, value);
 
-    // Globex's token (valid at the meta service, over TCP) on a connection
-    // whose certificate says acme-workers: the daemon refuses it.
+    // Globex's token (valid over TCP) on connections whose certificate
+    // says acme-workers: the meta service refuses it...
     let stolen = quic_client(GLOBEX);
     let ns = Namespace::new("globex/m").unwrap();
     let out = stolen.put(&ns, &[(BlockHash([2; 32]), &value)]).await;
     assert!(
-        !matches!(out.as_deref(), Ok([PutOutcome::Stored])),
+        matches!(
+            out,
+            Err(ClientError::Server {
+                code: ErrorCode::Unauthorized,
+                ..
+            })
+        ),
         "a token used with another holder's certificate was accepted: {out:?}"
     );
-    assert_eq!(
-        stolen
-            .transports()
-            .writes(mooncake_proto::transport::TransportKind::Quic),
-        0
-    );
+    // ...and so does a daemon, asked straight.
+    let connector =
+        mooncake_client::transport::quic::QuicConnector::new(&DevCerts::client_tls(&dir, true))
+            .unwrap();
+    let daemon_quic = cluster.daemons[0].handle.endpoints[0].addr.clone();
+    for (token, refused) in [(GLOBEX, true), (ACME, false)] {
+        let mut conn = connector
+            .open(&daemon_quic, ErrorSource::Daemon, Duration::from_secs(2))
+            .await
+            .unwrap();
+        let got = conn.authenticate(token).await;
+        if refused {
+            assert!(
+                matches!(
+                    got,
+                    Err(ClientError::Server {
+                        code: ErrorCode::Unauthorized,
+                        ..
+                    })
+                ),
+                "{got:?}"
+            );
+        } else {
+            got.unwrap();
+        }
+    }
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }

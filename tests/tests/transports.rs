@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use mooncake_client::transport::quic::DevCerts;
-use mooncake_client::{Client, ClientConfig, ClientError, GetOutcome, PutOutcome};
+use mooncake_client::{Client, ClientConfig, ClientError, ErrorSource, GetOutcome, PutOutcome};
+use mooncake_proto::message::Empty;
 use mooncake_proto::transport::{Endpoint, TransportKind};
-use mooncake_proto::{BlockHash, Namespace};
+use mooncake_proto::{BlockHash, Namespace, Opcode};
 use mooncake_tests::{block_bytes, daemon_config, fast_meta, TestCluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -86,9 +87,23 @@ async fn setup(kind: Kind, dram: u64) -> (TestCluster, Client, Scratch) {
             cfg.tls_client_ca = tls.client_ca;
         }
     }
-    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let cluster = TestCluster::start_with(meta_for(kind, dir.path()), vec![cfg]).await;
     let client = client_for(kind, &cluster, dir.path(), Duration::from_secs(5));
     (cluster, client, dir)
+}
+
+/// The meta service for a client of `kind`: over QUIC for QUIC clients
+/// (they reach it there too), with the same certificates as the daemons.
+fn meta_for(kind: Kind, dir: &Path) -> mooncake_meta::MetaConfig {
+    let mut meta = fast_meta();
+    if matches!(kind, Kind::Quic | Kind::QuicMutual) {
+        let tls = DevCerts::server_tls(dir, kind == Kind::QuicMutual);
+        meta.quic = true;
+        meta.tls_cert = Some(tls.cert);
+        meta.tls_key = Some(tls.key);
+        meta.tls_client_ca = tls.client_ca;
+    }
+    meta
 }
 
 fn client_for(kind: Kind, cluster: &TestCluster, dir: &Path, timeout: Duration) -> Client {
@@ -155,7 +170,7 @@ async fn batches(kind: Kind) {
 /// that never answers either.
 async fn deadlines(kind: Kind) {
     let dir = Scratch::new();
-    let cluster = TestCluster::start_with(fast_meta(), vec![]).await;
+    let cluster = TestCluster::start_with(meta_for(kind, dir.path()), vec![]).await;
     let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let hole_addr = hole.local_addr().unwrap().to_string();
     tokio::spawn(async move {
@@ -252,7 +267,7 @@ async fn peer_dies_mid_transfer(kind: Kind) {
 /// stored, and the client goes on working with a real daemon.
 async fn peer_sends_garbage(kind: Kind) {
     let dir = Scratch::new();
-    let cluster = TestCluster::start_with(fast_meta(), vec![]).await;
+    let cluster = TestCluster::start_with(meta_for(kind, dir.path()), vec![]).await;
     let garbage = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tcp_addr = garbage.local_addr().unwrap().to_string();
     tokio::spawn(async move {
@@ -379,17 +394,18 @@ async fn mutual_tls_refuses_a_client_without_the_right_certificate() {
         Duration::from_secs(2),
     );
     for (who, c) in [("no certificate", anonymous), ("another CA's", stranger)] {
+        // The meta service refuses them first...
         let mut buf = vec![0u8; value.len()];
         let got = c.get_into(&ns(), &[hash(1)], &mut [&mut buf[..]]).await;
-        match got {
-            Ok(out) => assert!(matches!(out[0], GetOutcome::Failed(_)), "{who}: {out:?}"),
-            Err(err) => assert!(!matches!(err, ClientError::Timeout { .. }), "{who}: {err}"),
-        }
+        assert!(
+            matches!(got, Err(ClientError::Refused { .. })),
+            "{who}: {got:?}"
+        );
         assert!(buf.iter().all(|b| *b == 0), "{who}: bytes were delivered");
         let out = c.put(&ns(), &[(hash(2), &value)]).await;
         assert!(
-            !matches!(out.as_deref(), Ok([PutOutcome::Stored])),
-            "{who}: a put was accepted"
+            matches!(out, Err(ClientError::Refused { .. })),
+            "{who}: {out:?}"
         );
         assert_eq!(c.transports().reads(TransportKind::Quic), 0);
         assert_eq!(
@@ -398,11 +414,37 @@ async fn mutual_tls_refuses_a_client_without_the_right_certificate() {
             "{who}: no TCP fallback"
         );
     }
+    // ...and the daemon too, asked straight.
+    let daemon_quic = cluster.daemons[0].handle.endpoints[0].addr.clone();
+    let tls = [
+        ("no certificate", DevCerts::client_tls(dir.path(), false)),
+        ("another CA's", DevCerts::client_tls(other.path(), true)),
+    ];
+    for (who, tls) in tls {
+        let connector = mooncake_client::transport::quic::QuicConnector::new(&tls).unwrap();
+        let answer = async {
+            let mut conn = connector
+                .open(&daemon_quic, ErrorSource::Daemon, Duration::from_secs(2))
+                .await?;
+            conn.call::<Empty>(Opcode::Ping, &Empty, "ping").await
+        };
+        let got = answer.await;
+        assert!(
+            matches!(got, Err(ClientError::Refused { .. })),
+            "{who}: {got:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quic_client_refuses_a_daemon_without_quic_rather_than_use_tcp() {
-    let (cluster, _, dir) = setup(Kind::Tcp, 16 << 20).await;
+    // The meta service serves QUIC; the daemon only TCP.
+    let dir = Scratch::new();
+    let cluster = TestCluster::start_with(
+        meta_for(Kind::Quic, dir.path()),
+        vec![daemon_config(16 << 20)],
+    )
+    .await;
     let client = client_for(Kind::Quic, &cluster, dir.path(), Duration::from_secs(2));
     let out = client
         .put(&ns(), &[(hash(3), &[1u8; 1000][..])])

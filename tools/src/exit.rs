@@ -42,7 +42,9 @@ impl From<ClientError> for Failure {
                 3,
                 " (is the store running? start one with `mooncake-store up`, or pass --meta ADDR)",
             ),
-            ClientError::Server { .. } | ClientError::Protocol { .. } => (4, ""),
+            ClientError::Server { .. }
+            | ClientError::Protocol { .. }
+            | ClientError::Refused { .. } => (4, ""),
             ClientError::Invalid(_) => (2, ""),
         };
         Failure {

@@ -100,6 +100,12 @@ pub struct MetaArgs {
     /// Address clients and daemons should use, when it differs from --listen.
     #[arg(long)]
     advertise: Option<String>,
+    /// Serve clients over QUIC too, on UDP at the --listen address; needs
+    /// --tls-cert and --tls-key.
+    #[arg(long)]
+    quic: bool,
+    #[command(flatten)]
+    tls: TlsArgs,
     #[command(flatten)]
     etcd: EtcdArgs,
 }
@@ -155,7 +161,14 @@ pub struct QuicArgs {
     /// with the QUIC port).
     #[arg(long)]
     quic_advertise: Option<String>,
-    /// The daemon's certificate (PEM).
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// A server's certificate for QUIC.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TlsArgs {
+    /// The server's certificate (PEM).
     #[arg(long)]
     tls_cert: Option<PathBuf>,
     /// The certificate's key (PEM).
@@ -166,20 +179,26 @@ pub struct QuicArgs {
     tls_client_ca: Option<PathBuf>,
 }
 
+impl TlsArgs {
+    /// Each given flag over the config file's value.
+    fn apply(
+        self,
+        cert: &mut Option<PathBuf>,
+        key: &mut Option<PathBuf>,
+        client_ca: &mut Option<PathBuf>,
+    ) {
+        *cert = self.tls_cert.or(cert.take());
+        *key = self.tls_key.or(key.take());
+        *client_ca = self.tls_client_ca.or(client_ca.take());
+    }
+}
+
 impl QuicArgs {
     fn apply(self, cfg: &mut mooncake_daemon::config::DaemonConfig) {
-        let QuicArgs {
-            quic_listen,
-            quic_advertise,
-            tls_cert,
-            tls_key,
-            tls_client_ca,
-        } = self;
-        cfg.quic_listen = quic_listen.or(cfg.quic_listen.take());
-        cfg.quic_advertise = quic_advertise.or(cfg.quic_advertise.take());
-        cfg.tls_cert = tls_cert.or(cfg.tls_cert.take());
-        cfg.tls_key = tls_key.or(cfg.tls_key.take());
-        cfg.tls_client_ca = tls_client_ca.or(cfg.tls_client_ca.take());
+        cfg.quic_listen = self.quic_listen.or(cfg.quic_listen.take());
+        cfg.quic_advertise = self.quic_advertise.or(cfg.quic_advertise.take());
+        self.tls
+            .apply(&mut cfg.tls_cert, &mut cfg.tls_key, &mut cfg.tls_client_ca);
     }
 }
 
@@ -240,6 +259,14 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
         cfg.daemon.shm_socket = args.shm_socket;
     }
     args.quic.apply(&mut cfg.daemon);
+    // One host, one certificate: clients set up for QUIC reach the meta
+    // service over QUIC too.
+    if cfg.daemon.quic_listen.is_some() {
+        cfg.meta.quic = true;
+        cfg.meta.tls_cert = cfg.daemon.tls_cert.clone();
+        cfg.meta.tls_key = cfg.daemon.tls_key.clone();
+        cfg.meta.tls_client_ca = cfg.daemon.tls_client_ca.clone();
+    }
     if let Some(a) = args.admin {
         cfg.meta.admin = a;
     }
@@ -305,6 +332,9 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
     if args.token.is_some() {
         cfg.token = args.token;
     }
+    cfg.quic |= args.quic;
+    args.tls
+        .apply(&mut cfg.tls_cert, &mut cfg.tls_key, &mut cfg.tls_client_ca);
     cfg.validate()
         .map_err(|e| Failure::usage(format!("[meta] {e}")))?;
     let stop = stop_on_signal();

@@ -573,8 +573,9 @@ fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
         String::from_utf8_lossy(&get.stderr)
     );
     assert!(get.stdout == value, "wrong bytes over QUIC");
-    // Without a client certificate the daemon refuses the handshake: a
-    // clean failure, the reason on stderr, and no bytes.
+    // Without a client certificate the store refuses the handshake (the
+    // meta service first): a clean failure, exit code 4 (refused), the
+    // reason on stderr, and no bytes.
     let anonymous = run(&store.meta, &["get", "qblock", "--quic-ca", &ca], None);
     assert_eq!(anonymous.status.code(), Some(4), "refused");
     assert!(anonymous.stdout.is_empty());

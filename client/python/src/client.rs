@@ -221,6 +221,9 @@ impl Client {
                         } => StoreError::new_err(format!(
                             "{e} (pass token=, or set MOONCAKE_TOKEN, to a token of this store)"
                         )),
+                        e @ ClientError::Refused { .. } => StoreError::new_err(format!(
+                            "{e} (quic_cert and quic_key must be a certificate the store's CA signed)"
+                        )),
                         e => StoreUnavailable::new_err(format!(
                             "{e} (is the store running? `mooncake-store up` starts one)"
                         )),

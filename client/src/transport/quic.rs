@@ -179,6 +179,87 @@ pub fn server_config(tls: &ServerTls) -> Result<quinn::ServerConfig, TlsError> {
     Ok(out)
 }
 
+/// Binds a server endpoint (UDP) at `addr` with `tls`.
+pub fn bind(addr: &str, tls: &ServerTls) -> Result<quinn::Endpoint, String> {
+    let config = server_config(tls).map_err(|e| e.to_string())?;
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("QUIC address {addr:?}: {e}"))?;
+    quinn::Endpoint::server(config, addr).map_err(|e| format!("QUIC on {addr}: {e}"))
+}
+
+/// One bidirectional stream a client opened: a server serves it exactly
+/// as it serves one TCP connection.
+pub struct IncomingStream {
+    pub recv: quinn::RecvStream,
+    pub send: quinn::SendStream,
+    pub peer: SocketAddr,
+    /// The client's name from its verified certificate (mutual TLS).
+    pub certified: Option<String>,
+}
+
+/// Accepts QUIC connections on `endpoint` until `shutdown` (each handshake
+/// within 10 s, holding nothing until it completes) and hands every stream
+/// their clients open to `on_stream`; then closes the endpoint.
+pub async fn accept_streams(
+    endpoint: quinn::Endpoint,
+    shutdown: tokio_util::sync::CancellationToken,
+    on_stream: impl Fn(IncomingStream) + Send + Sync + 'static,
+) {
+    let on_stream = Arc::new(on_stream);
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => match incoming {
+                Some(i) => i,
+                None => break,
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let (on_stream, shutdown) = (on_stream.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let peer = incoming.remote_address();
+            let conn = match tokio::time::timeout(Duration::from_secs(10), incoming).await {
+                Ok(Ok(conn)) => conn,
+                Ok(Err(err)) => {
+                    tracing::info!(%peer, %err, "QUIC handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!(%peer, "QUIC handshake timed out");
+                    return;
+                }
+            };
+            let certified = peer_name(&conn);
+            if let Some(name) = &certified {
+                tracing::info!(%peer, client = %name, "QUIC client connected with a certificate");
+            }
+            loop {
+                let (send, recv) = tokio::select! {
+                    stream = conn.accept_bi() => match stream {
+                        Ok(s) => s,
+                        Err(err) => {
+                            tracing::debug!(%peer, %err, "QUIC connection closed");
+                            return;
+                        }
+                    },
+                    _ = shutdown.cancelled() => {
+                        conn.close(0u32.into(), b"stopping");
+                        return;
+                    }
+                };
+                on_stream(IncomingStream {
+                    recv,
+                    send,
+                    peer,
+                    certified: certified.clone(),
+                });
+            }
+        });
+    }
+    endpoint.close(0u32.into(), b"stopping");
+    tracing::info!("QUIC server stopped accepting");
+}
+
 /// Opens streams to daemons, one QUIC connection per daemon address,
 /// made on first use and again after it closes.
 pub struct QuicConnector {
@@ -198,23 +279,21 @@ impl QuicConnector {
         })
     }
 
-    /// A new stream to the daemon at `addr` (its QUIC address), within
+    /// A new stream to the server at `addr` (its QUIC address), within
     /// `timeout`.
-    pub async fn open(&self, addr: &str, timeout: Duration) -> Result<Connection, ClientError> {
-        let io = |err: std::io::Error| ClientError::Io {
-            side: ErrorSource::Daemon,
-            addr: addr.to_string(),
-            err,
-        };
+    pub async fn open(
+        &self,
+        addr: &str,
+        side: ErrorSource,
+        timeout: Duration,
+    ) -> Result<Connection, ClientError> {
+        let io = |err: std::io::Error| ClientError::io(side, addr, err);
         let attempt = async {
             let conn = self.connection(addr).await.map_err(io)?;
-            let (send, recv) = conn
-                .open_bi()
-                .await
-                .map_err(|e| io(std::io::Error::other(format!("quic: {e}"))))?;
+            let (send, recv) = conn.open_bi().await.map_err(|e| io(quic_error(&e)))?;
             Ok(Connection::from_halves(
                 addr,
-                ErrorSource::Daemon,
+                side,
                 Box::new(Explained { recv, conn }),
                 Box::new(send),
             ))
@@ -222,7 +301,7 @@ impl QuicConnector {
         match tokio::time::timeout(timeout, attempt).await {
             Ok(result) => result,
             Err(_) => Err(ClientError::Timeout {
-                side: ErrorSource::Daemon,
+                side,
                 addr: addr.to_string(),
                 op: "connect",
                 timeout_ms: timeout.as_millis() as u64,
@@ -247,7 +326,7 @@ impl QuicConnector {
             .connect_with(self.config.clone(), target, &name)
             .map_err(|e| std::io::Error::other(format!("quic: {e}")))?
             .await
-            .map_err(|e| std::io::Error::other(format!("quic handshake: {e}")))?;
+            .map_err(|e| quic_error(&e))?;
         conns.insert(addr.to_string(), conn.clone());
         Ok(conn)
     }
@@ -300,15 +379,34 @@ impl tokio::io::AsyncRead for Explained {
         let this = &mut *self;
         match std::pin::Pin::new(&mut this.recv).poll_read(cx, buf) {
             std::task::Poll::Ready(Err(err)) => {
-                let why = match this.conn.close_reason() {
-                    Some(reason) => format!("quic connection closed: {reason}"),
-                    None => format!("quic: {err}"),
+                let explained = match this.conn.close_reason() {
+                    Some(reason) => quic_error(&reason),
+                    None => std::io::Error::new(err.kind(), format!("quic: {err}")),
                 };
-                std::task::Poll::Ready(Err(std::io::Error::new(err.kind(), why)))
+                std::task::Poll::Ready(Err(explained))
             }
             other => other,
         }
     }
+}
+
+/// A QUIC connection's end as an I/O error: of kind `PermissionDenied`
+/// when TLS refused it (codes 0x100-0x1ff carry a TLS alert: a certificate
+/// missing, untrusted or for another name), so that callers tell "not
+/// allowed" from "not reachable".
+fn quic_error(err: &quinn::ConnectionError) -> std::io::Error {
+    let code = match err {
+        quinn::ConnectionError::TransportError(e) => Some(e.code),
+        quinn::ConnectionError::ConnectionClosed(c) => Some(c.error_code),
+        _ => None,
+    };
+    let tls = code.is_some_and(|c| (0x100..0x200).contains(&u64::from(c)));
+    let kind = if tls {
+        std::io::ErrorKind::PermissionDenied
+    } else {
+        std::io::ErrorKind::Other
+    };
+    std::io::Error::new(kind, format!("quic: {err}"))
 }
 
 /// The name the daemon's certificate must carry: the host part of its
