@@ -210,6 +210,9 @@ pub struct Client {
     leader_revision: AtomicU64,
     /// The same-host link, once made (and when it was last tried).
     shm: parking_lot::Mutex<(Option<Arc<ShmLink>>, Option<std::time::Instant>)>,
+    /// Blocks read through the daemon's shared index (no lease), over
+    /// every same-host link this client made.
+    shm_indexed: Arc<AtomicU64>,
     transports: TransportCounters,
 }
 
@@ -274,6 +277,7 @@ impl Client {
             locations: LocationCache::new(cfg_locations),
             corrupt_reads: AtomicU64::new(0),
             shm: parking_lot::Mutex::new((None, None)),
+            shm_indexed: Arc::new(AtomicU64::new(0)),
             transports: TransportCounters::default(),
             leader_revision: AtomicU64::new(0),
         }
@@ -295,6 +299,12 @@ impl Client {
         self.transports.reads(TransportKind::Shm)
     }
 
+    /// Of `shm_reads`, the blocks found through the daemon's shared index
+    /// and copied without a lease (no message to the daemon).
+    pub fn shm_index_reads(&self) -> u64 {
+        self.shm_indexed.load(Ordering::Relaxed)
+    }
+
     /// Blocks stored through the same-host shared pool.
     pub fn shm_writes(&self) -> u64 {
         self.transports.writes(TransportKind::Shm)
@@ -308,7 +318,7 @@ impl Client {
         let mut shm = self.shm.lock();
         if shm.0.is_none() && shm.1.is_none_or(|t| t.elapsed() > SHM_RETRY) {
             shm.1 = Some(std::time::Instant::now());
-            match ShmLink::connect(path) {
+            match ShmLink::connect(path, self.shm_indexed.clone()) {
                 Ok(link) => shm.0 = Some(Arc::new(link)),
                 Err(err) => {
                     tracing::warn!(%err, path = %path.display(), "no shared-memory link; going over {instead}");

@@ -56,6 +56,7 @@ fn for_each_body(body: &[u8]) {
     round_trip::<ShmLease>(body);
     round_trip::<ShmRelease>(body);
     round_trip::<ShmHello>(body);
+    round_trip::<ShmTouch>(body);
     round_trip::<ShmPutRequest>(body);
     round_trip::<ShmSlot>(body);
 }

@@ -596,7 +596,8 @@ async fn dispatch(
         | Opcode::ShmGet
         | Opcode::ShmRelease
         | Opcode::ShmPut
-        | Opcode::ShmCommit => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
+        | Opcode::ShmCommit
+        | Opcode::ShmTouch => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
     })
 }
 

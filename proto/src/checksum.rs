@@ -1,13 +1,13 @@
 //! The per-block checksum: XXH3-64 of the value bytes, computed by the
 //! writer, stored beside the block, and checked by every reader.
 //!
-//! XXH3 runs at memory speed on one core, so verifying a block costs a few
-//! percent of moving it; 64 bits make an undetected random corruption
+//! XXH3 runs faster than memory on one core (about 33 GB/s with AVX2,
+//! chosen at run time), so verifying a block costs a fraction of moving it; 64 bits make an undetected random corruption
 //! vanishingly unlikely.
 
 /// Checksum of a block's bytes, as carried in puts, the index and gets.
 pub fn checksum(bytes: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(bytes)
+    twox_hash::XxHash3_64::oneshot(bytes)
 }
 
 /// Bytes hashed per step when a block is hashed as it arrives: small
@@ -18,15 +18,15 @@ pub const CHUNK: usize = 128 << 10;
 /// pieces joined: readers hash each piece right after it lands, while it
 /// is still in cache, instead of reading the whole block again.
 #[derive(Default)]
-pub struct Running(xxhash_rust::xxh3::Xxh3Default);
+pub struct Running(twox_hash::XxHash3_64);
 
 impl Running {
     pub fn update(&mut self, piece: &[u8]) {
-        self.0.update(piece);
+        std::hash::Hasher::write(&mut self.0, piece);
     }
 
     pub fn finish(&self) -> u64 {
-        self.0.digest()
+        std::hash::Hasher::finish(&self.0)
     }
 }
 

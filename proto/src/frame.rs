@@ -78,6 +78,9 @@ opcodes! {
     ShmPut = 0x0D,
     /// Same host: verify a block written with `ShmPut` and store it.
     ShmCommit = 0x0E,
+    /// Same host: blocks read through the shared index, for the daemon's
+    /// LRU and hit counts.
+    ShmTouch = 0x0F,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).

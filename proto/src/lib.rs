@@ -14,6 +14,7 @@ pub mod frame;
 pub mod key;
 pub mod limits;
 pub mod message;
+pub mod shm_index;
 pub mod transport;
 pub mod units;
 

@@ -1147,19 +1147,47 @@ impl Body for ShmRelease {
 pub struct ShmHello {
     pub len: u64,
     pub addr: String,
+    /// Bytes of the daemon's block index (`shm_index`), sent as a second
+    /// descriptor; 0 when it publishes none.
+    pub index_len: u64,
 }
 
 impl Body for ShmHello {
     fn encode(&self, w: &mut Writer) {
         w.u64(self.len);
         w.str(&self.addr);
+        w.u64(self.index_len);
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         Ok(ShmHello {
             len: r.u64()?,
             addr: r.str()?.to_string(),
+            index_len: r.u64()?,
         })
+    }
+}
+
+/// Blocks a same-host client read through the daemon's index, without a
+/// lease (`ShmTouch`): the daemon counts them as hits and as recent uses,
+/// as if they had been leased.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmTouch {
+    pub keys: Vec<BlockKey>,
+}
+
+impl Body for ShmTouch {
+    fn encode(&self, w: &mut Writer) {
+        w.count(self.keys.len());
+        for key in &self.keys {
+            encode_key(w, key);
+        }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let n = r.count(35)?;
+        let keys = (0..n).map(|_| decode_key(r)).collect::<Result<_, _>>()?;
+        Ok(ShmTouch { keys })
     }
 }
 

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use mooncake_proto::message::PoolStats;
+use mooncake_proto::shm_index::{self, Digest, Entry, IndexTable};
 use mooncake_proto::{checksum, BlockKey, ErrorCode};
 use offset_allocator::{Allocation, Allocator};
 use parking_lot::Mutex;
@@ -95,6 +96,8 @@ impl PoolError {
 
 pub struct DramPool {
     region: Region,
+    /// Where each ready block lies, for same-host readers (shared pools).
+    index: Option<SharedIndex>,
     cfg: PoolConfig,
     inner: Mutex<Inner>,
     removed: Mutex<Vec<BlockKey>>,
@@ -113,6 +116,43 @@ pub struct DramPool {
     overflow: Mutex<Vec<BlockKey>>,
     /// Bytes copied into the demotion queue and not yet written.
     demote_queued: AtomicU64,
+}
+
+/// The pool's block index, in its own memfd, mapped read-only by same-host
+/// clients (see `mooncake_proto::shm_index`). Written under the pool's
+/// lock, so there is one writer at a time.
+struct SharedIndex {
+    region: Region,
+    table: IndexTable,
+    /// Ready blocks left out because their bucket was full (readers lease
+    /// those).
+    unindexed: AtomicU64,
+}
+
+impl SharedIndex {
+    fn new(pool_bytes: u64) -> std::io::Result<SharedIndex> {
+        let buckets = shm_index::buckets_for(pool_bytes);
+        let region = Region::shared(shm_index::bytes_for(buckets), false, true)?;
+        // SAFETY: a fresh page-aligned mapping of the right size that lives
+        // as long as the table (both are fields of this struct, and the
+        // table is only used through it).
+        let table = unsafe { IndexTable::init(region.ptr(), buckets) };
+        Ok(SharedIndex {
+            region,
+            table,
+            unindexed: AtomicU64::new(0),
+        })
+    }
+
+    fn publish(&self, key: &BlockKey, entry: Entry) {
+        if !self.table.publish(Digest::of(key), entry) {
+            self.unindexed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn withdraw(&self, key: &BlockKey) {
+        self.table.withdraw(Digest::of(key));
+    }
 }
 
 /// A block evicted from DRAM on its way to the next tier: its bytes were
@@ -260,8 +300,14 @@ impl DramPool {
         // One allocation per block of at least 1 KiB, at most 4M of them.
         let max_allocs = (cfg.capacity / 1024).clamp(1024, 4 << 20) as u32;
         let tenants = cfg.quotas.len();
+        let index = if cfg.shared {
+            Some(SharedIndex::new(region.len() as u64)?)
+        } else {
+            None
+        };
         Ok(DramPool {
             region,
+            index,
             cfg,
             inner: Mutex::new(Inner {
                 alloc: Allocator::with_max_allocs(units, max_allocs),
@@ -291,6 +337,26 @@ impl DramPool {
     /// The memfd and size of a shared pool (`PoolConfig::shared`).
     pub fn shared_region(&self) -> Option<(std::os::fd::BorrowedFd<'_>, u64)> {
         self.region.fd().map(|fd| (fd, self.region.len() as u64))
+    }
+
+    /// The memfd and size of a shared pool's block index.
+    pub fn shared_index(&self) -> Option<(std::os::fd::BorrowedFd<'_>, u64)> {
+        let index = self.index.as_ref()?;
+        let fd = index.region.fd()?;
+        Some((fd, index.region.len() as u64))
+    }
+
+    /// Ready blocks the shared index had no room for since start.
+    pub fn unindexed_blocks(&self) -> u64 {
+        self.index
+            .as_ref()
+            .map_or(0, |i| i.unindexed.load(Ordering::Relaxed))
+    }
+
+    fn unpublish(&self, key: &BlockKey) {
+        if let Some(index) = &self.index {
+            index.withdraw(key);
+        }
     }
 
     pub fn uses_hugepages(&self) -> bool {
@@ -456,6 +522,7 @@ impl DramPool {
     fn evict(&self, inner: &mut Inner, key: BlockKey) {
         let block = inner.blocks.remove(&key).expect("lru entries are indexed");
         debug_assert!(block.evictable());
+        self.unpublish(&key);
         if let Some(parent) = block.parent {
             Self::remove_child(inner, &key, parent);
         }
@@ -640,6 +707,7 @@ impl DramPool {
 
     /// Lets go of a stored block taken out of the index.
     fn discard(&self, inner: &mut Inner, key: &BlockKey, block: Block) {
+        self.unpublish(key);
         if block.evictable() {
             inner.lru.remove(block.stamp);
         }
@@ -751,6 +819,26 @@ impl DramPool {
         }
     }
 
+    /// A same-host client read the block through the shared index: it
+    /// counts as a use for LRU, as a leased read does. `false` if the
+    /// block is gone.
+    pub fn touch(&self, key: &BlockKey) -> bool {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        inner.clock += 1;
+        let clock = inner.clock;
+        let Some(block) = inner.blocks.get_mut(key).filter(|b| b.ready) else {
+            return false;
+        };
+        let (old, tenant, evictable) = (block.stamp, block.tenant, block.evictable());
+        block.stamp = clock;
+        if evictable {
+            inner.lru.remove(old);
+            Self::lru_insert(inner, clock, key, tenant);
+        }
+        true
+    }
+
     /// Counts a client's get as a hit or a miss (for stats and metrics).
     pub fn note_get(&self, hit: bool) {
         let counter = if hit { &self.hits } else { &self.misses };
@@ -852,6 +940,14 @@ impl WriteSlot {
             DramPool::add_child(inner, &self.key, parent);
         }
         DramPool::lru_insert(inner, inner.clock, &self.key, tenant);
+        if let Some(index) = &self.pool.index {
+            let entry = Entry {
+                offset: self.offset,
+                len: self.len as u64,
+                checksum: self.checksum,
+            };
+            index.publish(&self.key, entry);
+        }
         self.committed = true;
         Ok(())
     }
@@ -1211,6 +1307,10 @@ mod props {
         Release {
             nth: u8,
         },
+        /// A read through the shared index, told to the pool.
+        Touch {
+            key: u8,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1222,7 +1322,8 @@ mod props {
             2 => key.clone().prop_map(|key| Op::Remove { key }),
             1 => key.clone().prop_map(|key| Op::Pin { key }),
             1 => key.clone().prop_map(|key| Op::Unpin { key }),
-            2 => key.prop_map(|key| Op::Lease { key }),
+            2 => key.clone().prop_map(|key| Op::Lease { key }),
+            1 => key.prop_map(|key| Op::Touch { key }),
             2 => any::<u8>().prop_map(|nth| Op::Release { nth }),
         ]
     }
@@ -1234,9 +1335,26 @@ mod props {
         BlockKey::new(Namespace::new(ns).unwrap(), BlockHash::from_opaque(&[i]))
     }
 
-    /// The pool's own accounting agrees with its blocks.
+    /// The pool's own accounting agrees with its blocks, and its shared
+    /// index shows exactly its ready blocks, where they are.
     fn check(pool: &DramPool) {
         let inner = pool.inner.lock();
+        if let Some(index) = &pool.index {
+            assert_eq!(index.unindexed.load(Ordering::Relaxed), 0);
+            for k in 0..=u8::MAX {
+                let key = key(k);
+                let want = inner.blocks.get(&key).filter(|b| b.ready).map(|b| Entry {
+                    offset: b.alloc.offset as u64 * UNIT,
+                    len: b.len as u64,
+                    checksum: b.checksum,
+                });
+                assert_eq!(
+                    index.table.lookup(Digest::of(&key)),
+                    want,
+                    "the index disagrees about block {k}"
+                );
+            }
+        }
         let mut spans: Vec<(u64, u64)> = inner
             .blocks
             .values()
@@ -1342,6 +1460,7 @@ mod props {
         fn any_sequence_keeps_the_pool_consistent(ops in proptest::collection::vec(op(), 1..200)) {
             let cfg = PoolConfig {
                 quotas: Quotas::new([("quota".into(), 0.3)]),
+                shared: true,
                 ..PoolConfig::with_capacity(1 << 20)
             };
             let pool = Arc::new(DramPool::new(cfg).unwrap());
@@ -1378,6 +1497,10 @@ mod props {
                         }
                     }
                     Op::Lease { key: k } => leases.extend(pool.get(&key(k))),
+                    Op::Touch { key: k } => {
+                        let ready = pool.contains(&key(k));
+                        prop_assert_eq!(pool.touch(&key(k)), ready);
+                    }
                     Op::Release { nth } => {
                         if !leases.is_empty() {
                             let i = nth as usize % leases.len();

@@ -112,6 +112,11 @@ impl Region {
         self.len
     }
 
+    /// The start of the mapping (page-aligned).
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
     pub fn uses_hugepages(&self) -> bool {
         self.hugepages
     }

@@ -7,6 +7,12 @@
 //! checks them against the block's checksum, so a copy is either right or
 //! a miss. Blocks only on NVMe answer `NotFound` here; the client reads
 //! those over TCP.
+//!
+//! Most reads need no message at all: the pool publishes where each block
+//! lies in a shared index (a second memfd, see `mooncake_proto::shm_index`);
+//! a client copies the block straight away and checks it, leasing only
+//! what the index does not show or what changed under its copy. It reports
+//! such reads afterwards, in batches (`ShmTouch`), for LRU and hit counts.
 
 use std::collections::HashMap;
 use std::io;
@@ -15,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mooncake_proto::message::{
-    Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot,
+    Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
 };
 use mooncake_proto::{ErrorCode, Header, Opcode, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -80,13 +86,17 @@ async fn serve(
     let (fd, len) = pool
         .shared_region()
         .ok_or_else(|| io::Error::other("the pool is not shared"))?;
+    let index = pool.shared_index();
     let hello = ShmHello {
         len,
         addr: advertise.to_string(),
+        index_len: index.map_or(0, |(_, len)| len),
     }
     .to_bytes();
+    let mut fds = vec![fd];
+    fds.extend(index.map(|(fd, _)| fd));
     stream.writable().await?;
-    send_with_fd(&stream, &hello, fd)?;
+    send_with_fds(&stream, &hello, &fds)?;
     // Every lease this client holds; all end when it goes away.
     let mut leases: HashMap<u64, ReadLease> = HashMap::new();
     // Blocks reserved and being written by this client; dropped (their
@@ -108,7 +118,11 @@ async fn serve(
                 if !h.response
                     && matches!(
                         h.opcode,
-                        Opcode::ShmGet | Opcode::ShmRelease | Opcode::ShmPut | Opcode::ShmCommit
+                        Opcode::ShmGet
+                            | Opcode::ShmRelease
+                            | Opcode::ShmPut
+                            | Opcode::ShmCommit
+                            | Opcode::ShmTouch
                     ) =>
             {
                 h
@@ -186,6 +200,17 @@ async fn serve(
                     ),
                 },
             },
+            Opcode::ShmTouch => match ShmTouch::from_bytes(&body) {
+                Err(err) => (err.code(), Vec::new()),
+                Ok(req) => {
+                    for key in &req.keys {
+                        if pool.touch(key) {
+                            pool.note_get(true);
+                        }
+                    }
+                    (ErrorCode::Ok, Vec::new())
+                }
+            },
             _ => match ShmRelease::from_bytes(&body) {
                 Err(err) => (err.code(), Vec::new()),
                 Ok(req) => {
@@ -207,11 +232,12 @@ async fn serve(
     }
 }
 
-/// Sends `bytes` with a file descriptor attached (SCM_RIGHTS).
-fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
-    let raw_fd = fd.as_raw_fd();
+/// Sends `bytes` with file descriptors attached (SCM_RIGHTS).
+fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let raw: Vec<libc::c_int> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
+    let fds_len = std::mem::size_of_val(raw.as_slice()) as u32;
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(fds_len) } as usize;
     let mut control = vec![0u8; space];
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr() as *mut libc::c_void,
@@ -223,13 +249,17 @@ fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Re
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
-    // SAFETY: the control buffer has room for one header and one fd.
+    // SAFETY: the control buffer has room for one header and the fds.
     unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), raw_fd);
+        (*cmsg).cmsg_len = libc::CMSG_LEN(fds_len) as _;
+        std::ptr::copy_nonoverlapping(
+            raw.as_ptr().cast::<u8>(),
+            libc::CMSG_DATA(cmsg),
+            fds_len as usize,
+        );
     }
     // SAFETY: a connected socket and a well-formed message.
     let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };

@@ -1,7 +1,9 @@
 //! Same-host reads and writes through the daemon's shared pool: right
 //! bytes, straight from and into shared memory; blocks the pool does not
 //! hold (on NVMe) and daemons without a socket go over TCP; a block
-//! replaced while clients copy it never comes back with mixed bytes.
+//! replaced while clients copy it never comes back with mixed bytes;
+//! reads through the daemon's shared index need no lease and still count
+//! as uses for its LRU.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,6 +75,11 @@ async fn same_host_puts_and_gets_go_through_shared_memory_byte_for_byte() {
         client.shm_reads(),
         50,
         "every block came out through shared memory"
+    );
+    assert_eq!(
+        client.shm_index_reads(),
+        50,
+        "every block was found through the daemon's index, without a lease"
     );
     // A client over TCP reads what was written through shared memory.
     let tcp = cluster.client();
@@ -174,6 +181,63 @@ async fn a_block_replaced_while_clients_copy_it_never_comes_back_mixed() {
         hits > 0 && reader.shm_reads() > 0,
         "the reader read through shared memory"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_through_the_index_keep_a_block_hot_and_count_as_hits() {
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 16 << 20, false).await;
+    let client = client(&cluster, &dir.join("daemon.sock"));
+    let pool = cluster.daemons[0].handle.pool.clone();
+    let len = 256 << 10;
+    let put = |from: u64, to: u64| {
+        let client = &client;
+        async move {
+            for i in from..to {
+                let out = client
+                    .put(&ns(), &[(hash(i), &block_bytes(i, len))])
+                    .await
+                    .unwrap();
+                assert_eq!(out, vec![PutOutcome::Stored], "block {i}");
+            }
+        }
+    };
+    // 10 MiB of a 16 MiB pool; block 0 is the oldest.
+    put(0, 40).await;
+    let hits_before = pool.stats().hits;
+    let mut buf = vec![0u8; len];
+    for _ in 0..128 {
+        let got = client
+            .get_into(&ns(), &[hash(0)], &mut [&mut buf[..]])
+            .await
+            .unwrap();
+        assert_eq!(got, vec![GetOutcome::Hit(len)]);
+    }
+    assert!(buf == block_bytes(0, len));
+    assert_eq!(client.shm_index_reads(), 128, "read without leases");
+    // The reads were told to the daemon in batches (of 64, or fewer after
+    // 20 ms); the next call on the link waits for its answers to them.
+    put(40, 80).await;
+    assert!(
+        pool.stats().hits >= hits_before + 64,
+        "the daemon counted the reads: {} -> {}",
+        hits_before,
+        pool.stats().hits
+    );
+    // Another 10 MiB evicted the coldest blocks: the oldest ones, but not
+    // block 0, which the reads made the most recently used of the first 40.
+    assert!(pool.stats().evictions > 0);
+    let mut got = Vec::new();
+    for i in [0u64, 1] {
+        got.push(
+            client
+                .get_into(&ns(), &[hash(i)], &mut [&mut buf[..]])
+                .await
+                .unwrap()[0],
+        );
+    }
+    assert_eq!(got, vec![GetOutcome::Hit(len), GetOutcome::Miss]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

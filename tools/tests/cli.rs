@@ -127,6 +127,7 @@ fn put_get_stat_ls_rm_through_the_binary_then_a_clean_stop() {
     );
     assert!(out.status.success());
     assert_eq!(std::fs::read(&file).unwrap(), value);
+    let _ = std::fs::remove_dir_all(&dir);
 
     let out = run(&meta, &["stat", "--json"], None);
     let stat = String::from_utf8_lossy(&out.stdout);

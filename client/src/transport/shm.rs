@@ -4,6 +4,13 @@
 //! lease ends), copying it into the caller's buffer and checking it against
 //! its checksum, then ending the leases (`ShmRelease`). No byte crosses a
 //! socket. See `store/src/shm.rs` for the daemon's side.
+//!
+//! Faster still, with no message at all: the daemon publishes where each
+//! block lies in a shared index (`mooncake_proto::shm_index`). A block
+//! found there is copied at once and checked against the checksum the
+//! meta service gave for it; a copy that does not match (the block moved
+//! under it) is leased and copied again. Reads through the index are told
+//! to the daemon afterwards, in batches (`ShmTouch`), for its LRU.
 
 use std::io::{self, IoSliceMut};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -13,8 +20,9 @@ use std::ptr::NonNull;
 
 use mooncake_proto::checksum::copy_with_checksum;
 use mooncake_proto::message::{
-    Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot,
+    Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
 };
+use mooncake_proto::shm_index::{Digest, IndexTable};
 use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -25,8 +33,8 @@ use mooncake_proto::transport::TransportKind;
 use super::{GetItem, PutItem, Read, Transport};
 use crate::error::{ClientError, ErrorSource};
 
-/// A mapping of a daemon's pool: read for gets, written only into room
-/// the daemon reserved for a put.
+/// A mapping of a daemon's pool (read for gets, written only into room
+/// the daemon reserved for a put), or of its index (read only).
 struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
@@ -44,13 +52,54 @@ impl Drop for Mapping {
     }
 }
 
+impl Mapping {
+    /// Maps `len` bytes of `fd`, shared; writable if `write`.
+    fn new(fd: &OwnedFd, len: usize, write: bool) -> io::Result<Mapping> {
+        let prot = libc::PROT_READ | if write { libc::PROT_WRITE } else { 0 };
+        // SAFETY: a fresh shared mapping of a memfd we were given.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(fd),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("null mapping"))?;
+        Ok(Mapping { ptr, len })
+    }
+}
+
+/// The daemon's block index, mapped read-only.
+struct Index {
+    table: IndexTable,
+    /// Keeps the table's memory mapped; dropped after it.
+    _map: Mapping,
+}
+
 /// Idle socket connections kept to the daemon.
 const MAX_IDLE: usize = 64;
+/// Reads through the index told to the daemon in one message, at most.
+const TOUCH_BATCH: usize = 64;
+/// Longest a read through the index waits to be told to the daemon, when
+/// reads keep coming.
+const TOUCH_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// An idle connection, and the id of a release whose answer it still owes.
+/// An idle connection, and the requests whose answers it still owes.
 struct Idle {
     stream: UnixStream,
-    owed: Option<u64>,
+    owed: Vec<(Opcode, u64)>,
+}
+
+/// Keys read through the index and not yet told to the daemon.
+struct Touches {
+    keys: Vec<BlockKey>,
+    since: std::time::Instant,
 }
 
 /// The link to the daemon on this host: its pool, mapped once, and a few
@@ -59,6 +108,14 @@ pub(crate) struct ShmLink {
     /// The daemon's TCP address, as block locations name it.
     pub addr: String,
     map: std::sync::Arc<Mapping>,
+    /// The pool's memfd (its inode): a new connection handing another
+    /// one means the daemon restarted, and this link is stale.
+    pool_inode: u64,
+    index: Option<Index>,
+    /// Blocks read through the index (the client's count, shared by its
+    /// links over time).
+    indexed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    touches: parking_lot::Mutex<Touches>,
     path: std::path::PathBuf,
     /// Connections whose last call finished cleanly; one cut short (a
     /// deadline) is dropped with its call, never reused.
@@ -66,35 +123,43 @@ pub(crate) struct ShmLink {
 }
 
 impl ShmLink {
-    /// Connects to the daemon's socket at `path` and maps its pool.
-    pub fn connect(path: &Path) -> io::Result<ShmLink> {
-        let (stream, hello, fd) = open(path)?;
+    /// Connects to the daemon's socket at `path` and maps its pool and its
+    /// index; reads through the index are counted in `indexed`.
+    pub fn connect(
+        path: &Path,
+        indexed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    ) -> io::Result<ShmLink> {
+        let (stream, hello, fds) = open(path)?;
         let len = usize::try_from(hello.len).map_err(io::Error::other)?;
-        // SAFETY: a read-only shared mapping of the memfd we were given.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                0,
-            )
+        let map = std::sync::Arc::new(Mapping::new(&fds[0], len, true)?);
+        let pool_inode = inode(&fds[0])?;
+        let index = match fds.get(1) {
+            Some(fd) if hello.index_len > 0 => {
+                let map = Mapping::new(fd, hello.index_len as usize, false)?;
+                // SAFETY: a page-aligned mapping of `len` bytes, kept
+                // alive with the table (`Index`).
+                unsafe { IndexTable::attach(map.ptr, map.len) }
+                    .map(|table| Index { table, _map: map })
+            }
+            _ => None,
         };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let map = std::sync::Arc::new(Mapping {
-            ptr: NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("null mapping"))?,
-            len,
-        });
-        drop(fd);
+        drop(fds);
         populate(&map);
         Ok(ShmLink {
             addr: hello.addr,
             map,
+            pool_inode,
+            index,
+            indexed,
+            touches: parking_lot::Mutex::new(Touches {
+                keys: Vec::new(),
+                since: std::time::Instant::now(),
+            }),
             path: path.to_path_buf(),
-            idle: parking_lot::Mutex::new(vec![Idle { stream, owed: None }]),
+            idle: parking_lot::Mutex::new(vec![Idle {
+                stream,
+                owed: Vec::new(),
+            }]),
         })
     }
 
@@ -103,80 +168,148 @@ impl ShmLink {
     async fn conn(&self) -> io::Result<UnixStream> {
         let idle = self.idle.lock().pop();
         if let Some(Idle { mut stream, owed }) = idle {
-            // The answer to the release its last get sent: leases are
-            // freed as soon as the daemon reads the release; only the
-            // answer waited for the next call.
-            let released = match owed {
-                None => true,
-                Some(id) => answer(&mut stream, Opcode::ShmRelease, id).await?.0 == ErrorCode::Ok,
-            };
-            if released {
+            // The answers to what its last call sent without waiting
+            // (releases, touches): the daemon acted on them when it read
+            // them; only the answers waited for the next call.
+            let mut fine = true;
+            for (op, id) in owed {
+                fine &= answer(&mut stream, op, id).await?.0 == ErrorCode::Ok;
+            }
+            if fine {
                 return Ok(stream);
             }
             // A release refused: closing this connection ends its leases.
         }
-        let (stream, hello, _fd) = open(&self.path)?;
-        if hello.addr != self.addr || hello.len as usize != self.map.len {
+        let (stream, hello, fds) = open(&self.path)?;
+        if hello.addr != self.addr
+            || hello.len as usize != self.map.len
+            || inode(&fds[0])? != self.pool_inode
+        {
             return Err(io::Error::other("another daemon now serves this socket"));
         }
         Ok(stream)
     }
 
-    fn put_back(&self, stream: UnixStream, owed: Option<u64>) {
+    fn put_back(&self, stream: UnixStream, owed: Vec<(Opcode, u64)>) {
         let mut idle = self.idle.lock();
         if idle.len() < MAX_IDLE {
             idle.push(Idle { stream, owed });
         }
     }
 
-    /// Reads `items` from the shared pool: one lease per block, all asked
-    /// at once, the bytes copied and checked, then all leases ended.
-    /// `Missing` for blocks the daemon does not hold in DRAM.
+    /// Reads `items` from the shared pool. Each block the index shows is
+    /// copied at once; the rest, and copies that did not check out, are
+    /// leased (all asked at once), copied and checked, then all leases
+    /// ended. `Missing` for blocks the daemon does not hold in DRAM.
     async fn get_blocks(
         &self,
         namespace: &Namespace,
         items: &mut [GetItem<'_>],
     ) -> io::Result<Vec<Read>> {
+        let mut out = vec![Read::Missing; items.len()];
+        let mut leased = Vec::new();
+        let mut touched = Vec::new();
+        for (i, item) in items.iter_mut().enumerate() {
+            let key = BlockKey::new(namespace.clone(), item.hash);
+            match self.copy_indexed(&key, item) {
+                Some(len) => {
+                    out[i] = Read::Hit(len);
+                    touched.push(key);
+                }
+                None => leased.push((i, key)),
+            }
+        }
+        self.indexed
+            .fetch_add(touched.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let touches = self.note_touches(touched);
+        if leased.is_empty() && touches.is_empty() {
+            return Ok(out);
+        }
         let mut conn = self.conn().await?;
-        let mut out = Vec::with_capacity(items.len());
         let mut frames = Vec::new();
-        for (i, it) in items.iter().enumerate() {
-            let body = KeyRequest {
-                key: BlockKey::new(namespace.clone(), it.hash),
+        let mut next_id = 0u64;
+        let mut id = || {
+            next_id += 1;
+            next_id
+        };
+        for (_, key) in &leased {
+            let body = KeyRequest { key: key.clone() }.to_bytes();
+            push_frame(&mut frames, Opcode::ShmGet, id(), &body);
+        }
+        let mut owed = Vec::new();
+        for keys in touches.chunks(TOUCH_BATCH) {
+            let body = ShmTouch {
+                keys: keys.to_vec(),
             }
             .to_bytes();
-            frames.extend_from_slice(
-                &Header::request(Opcode::ShmGet, i as u64 + 1, body.len() as u32).encode(),
-            );
-            frames.extend_from_slice(&body);
+            let id = id();
+            push_frame(&mut frames, Opcode::ShmTouch, id, &body);
+            owed.push((Opcode::ShmTouch, id));
         }
         conn.write_all(&frames).await?;
         let mut leases = Vec::new();
-        for (i, item) in items.iter_mut().enumerate() {
-            let (status, body) = answer(&mut conn, Opcode::ShmGet, i as u64 + 1).await?;
-            out.push(match status {
+        for (k, (i, _)) in leased.iter().enumerate() {
+            let (status, body) = answer(&mut conn, Opcode::ShmGet, k as u64 + 1).await?;
+            out[*i] = match status {
                 ErrorCode::Ok => {
                     let lease = ShmLease::from_bytes(&body).map_err(io::Error::other)?;
                     leases.push(lease.lease);
-                    self.copy(&lease, item)?
+                    self.copy(&lease, &mut items[*i])?
                 }
                 ErrorCode::NotFound => Read::Missing,
                 other => Read::Failed(other),
-            });
+            };
         }
-        let mut owed = None;
+        // The touches' answers come after the gets', before the release's.
         if !leases.is_empty() {
             let body = ShmRelease { leases }.to_bytes();
-            let id = items.len() as u64 + 1;
-            let mut frame = Header::request(Opcode::ShmRelease, id, body.len() as u32)
-                .encode()
-                .to_vec();
-            frame.extend_from_slice(&body);
-            conn.write_all(&frame).await?;
-            owed = Some(id);
+            let id = id();
+            frames.clear();
+            push_frame(&mut frames, Opcode::ShmRelease, id, &body);
+            conn.write_all(&frames).await?;
+            owed.push((Opcode::ShmRelease, id));
         }
         self.put_back(conn, owed);
         Ok(out)
+    }
+
+    /// Copies a block the index shows into its buffer: its length if the
+    /// copy is the block the meta service described (same size, and bytes
+    /// that hash to its checksum).
+    fn copy_indexed(&self, key: &BlockKey, item: &mut GetItem<'_>) -> Option<usize> {
+        let index = self.index.as_ref()?;
+        let entry = index.table.lookup(Digest::of(key))?;
+        let (len, want) = (item.location.size as usize, item.location.checksum);
+        if entry.len != len as u64 || entry.checksum != want || len > item.buf.len() {
+            return None;
+        }
+        let offset = usize::try_from(entry.offset).ok()?;
+        if offset.checked_add(len).is_none_or(|end| end > self.map.len) {
+            return None;
+        }
+        // SAFETY: in bounds (checked above). No lease holds these bytes:
+        // the daemon may reuse them while they are copied, which is why
+        // the copy counts only if it hashes to the block's checksum.
+        let src = unsafe { std::slice::from_raw_parts(self.map.ptr.as_ptr().add(offset), len) };
+        (copy_with_checksum(&mut item.buf[..len], src) == want).then_some(len)
+    }
+
+    /// Adds reads through the index to those the daemon has yet to hear
+    /// of; returns the ones to tell it now (a full batch, or reads that
+    /// waited long enough), else nothing.
+    fn note_touches(&self, keys: Vec<BlockKey>) -> Vec<BlockKey> {
+        let mut touches = self.touches.lock();
+        if touches.keys.is_empty() {
+            touches.since = std::time::Instant::now();
+        }
+        touches.keys.extend(keys);
+        let due = touches.keys.len() >= TOUCH_BATCH
+            || (!touches.keys.is_empty() && touches.since.elapsed() >= TOUCH_DELAY);
+        if due {
+            std::mem::take(&mut touches.keys)
+        } else {
+            Vec::new()
+        }
     }
 
     /// Stores `items` through the shared pool: room reserved for each at
@@ -241,7 +374,7 @@ impl ShmLink {
             let (status, _) = answer(&mut conn, Opcode::ShmCommit, base + k as u64).await?;
             codes[*i] = status;
         }
-        self.put_back(conn, None);
+        self.put_back(conn, Vec::new());
         Ok(codes)
     }
 
@@ -344,17 +477,34 @@ fn populate(map: &std::sync::Arc<Mapping>) {
 }
 
 /// Connects to the daemon's socket: the stream (non-blocking, for tokio),
-/// its hello and the pool's descriptor.
-fn open(path: &Path) -> io::Result<(UnixStream, ShmHello, OwnedFd)> {
+/// its hello and the descriptors of the pool (first) and of its index.
+fn open(path: &Path) -> io::Result<(UnixStream, ShmHello, Vec<OwnedFd>)> {
     let stream = StdUnixStream::connect(path)?;
     // The daemon answers at once; a socket that does not is not one, and
     // this runs on a runtime thread: wait briefly.
     stream.set_read_timeout(Some(std::time::Duration::from_millis(250)))?;
-    let (hello, fd) = recv_with_fd(&stream)?;
+    let (hello, fds) = recv_with_fds(&stream)?;
     let hello = ShmHello::from_bytes(&hello).map_err(io::Error::other)?;
     stream.set_read_timeout(None)?;
     stream.set_nonblocking(true)?;
-    Ok((UnixStream::from_std(stream)?, hello, fd))
+    Ok((UnixStream::from_std(stream)?, hello, fds))
+}
+
+/// The inode of a descriptor: which memfd it is.
+fn inode(fd: &OwnedFd) -> io::Result<u64> {
+    // SAFETY: `stat` is plain data, filled by the kernel.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a stat buffer.
+    if unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(fd), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_ino)
+}
+
+/// Appends a request frame to `frames`.
+fn push_frame(frames: &mut Vec<u8>, op: Opcode, id: u64, body: &[u8]) {
+    frames.extend_from_slice(&Header::request(op, id, body.len() as u32).encode());
+    frames.extend_from_slice(body);
 }
 
 /// The next answer on the link, which must be to request `id` of `op`.
@@ -375,11 +525,16 @@ async fn answer(conn: &mut UnixStream, op: Opcode, id: u64) -> io::Result<(Error
     Ok((status, body))
 }
 
-/// Receives one message with a file descriptor attached (SCM_RIGHTS).
-fn recv_with_fd(stream: &StdUnixStream) -> io::Result<(Vec<u8>, OwnedFd)> {
+/// Descriptors one hello may carry: the pool's and its index's.
+const MAX_FDS: usize = 2;
+
+/// Receives one message with file descriptors attached (SCM_RIGHTS); at
+/// least one must come.
+fn recv_with_fds(stream: &StdUnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut bytes = vec![0u8; 4096];
+    let fds_len = (MAX_FDS * std::mem::size_of::<libc::c_int>()) as u32;
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(fds_len) } as usize;
     let mut control = vec![0u8; space];
     let mut iov = [IoSliceMut::new(&mut bytes)];
     // SAFETY: msghdr is plain data; every pointer set below outlives the call.
@@ -399,19 +554,28 @@ fn recv_with_fd(stream: &StdUnixStream) -> io::Result<(Vec<u8>, OwnedFd)> {
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: the kernel filled `control`; we read the first header only.
-    let fd = unsafe {
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `control`; we read the first header, and
+    // as many descriptors as its length says.
+    unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null()
-            || (*cmsg).cmsg_level != libc::SOL_SOCKET
-            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        if !cmsg.is_null()
+            && (*cmsg).cmsg_level == libc::SOL_SOCKET
+            && (*cmsg).cmsg_type == libc::SCM_RIGHTS
         {
-            return Err(io::Error::other("no descriptor came with the hello"));
+            let data = libc::CMSG_DATA(cmsg);
+            let count = ((*cmsg).cmsg_len as usize - (data as usize - cmsg as usize))
+                / std::mem::size_of::<libc::c_int>();
+            for i in 0..count.min(MAX_FDS) {
+                let fd = std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
+                // The kernel installed this descriptor for us.
+                fds.push(OwnedFd::from_raw_fd(fd));
+            }
         }
-        std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>())
-    };
-    // SAFETY: the kernel installed this descriptor for us.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    }
+    if fds.is_empty() {
+        return Err(io::Error::other("no descriptor came with the hello"));
+    }
     bytes.truncate(n as usize);
-    Ok((bytes, fd))
+    Ok((bytes, fds))
 }
