@@ -314,6 +314,31 @@ impl Client {
     /// (re)connects at most once a second.
     /// A link that cannot be made counts a fallback to `instead`.
     fn shm_link(&self, addr: &str, instead: TransportKind) -> Option<Arc<ShmLink>> {
+        self.shm_connect(Some(instead)).filter(|l| l.addr == addr)
+    }
+
+    /// Makes the same-host link and waits (at most `within`) until this
+    /// process's view of the daemon's pool is in place, so that the first
+    /// reads do not share a core with setting it up (a few seconds for a
+    /// large pool of 4 KiB pages). `false` without a link, or if time ran
+    /// out. For a worker's warm-up; calls work without it.
+    pub async fn same_host_ready(&self, within: std::time::Duration) -> bool {
+        let Some(link) = self.shm_connect(None) else {
+            return false;
+        };
+        let deadline = std::time::Instant::now() + within;
+        while !link.populated() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        true
+    }
+
+    /// The same-host link, made if need be (at most once a second); a
+    /// failure counts a fallback to `instead`, if given.
+    fn shm_connect(&self, instead: Option<TransportKind>) -> Option<Arc<ShmLink>> {
         let path = self.cfg.shm_socket.as_ref()?;
         let mut shm = self.shm.lock();
         if shm.0.is_none() && shm.1.is_none_or(|t| t.elapsed() > SHM_RETRY) {
@@ -321,14 +346,16 @@ impl Client {
             match ShmLink::connect(path, self.shm_indexed.clone()) {
                 Ok(link) => shm.0 = Some(Arc::new(link)),
                 Err(err) => {
-                    tracing::warn!(%err, path = %path.display(), "no shared-memory link; going over {instead}");
                     drop(shm);
-                    self.fell_back(TransportKind::Shm, instead);
+                    if let Some(instead) = instead {
+                        tracing::warn!(%err, path = %path.display(), "no shared-memory link; going over {instead}");
+                        self.fell_back(TransportKind::Shm, instead);
+                    }
                     return None;
                 }
             }
         }
-        shm.0.clone().filter(|l| l.addr == addr)
+        shm.0.clone()
     }
 
     /// Blocks whose bytes failed their checksum on read (each was a miss).

@@ -54,7 +54,7 @@ impl Region {
                 }
             }
         }
-        Self::map_with(len, hugepages, prefault, Some(memfd(0, len)?))
+        Self::map_with(len, false, prefault, Some(memfd(0, len)?))
     }
 
     /// The memfd of a shared region.

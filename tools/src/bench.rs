@@ -81,6 +81,18 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     } else {
         crate::blocks::client(&args.target).await?
     });
+    if client.config().shm_socket.is_some() {
+        // Timed calls should not share a core with setting up the link.
+        let started = std::time::Instant::now();
+        let ready = client
+            .same_host_ready(std::time::Duration::from_secs(60))
+            .await;
+        eprintln!(
+            "same-host link {} in {:.1} s",
+            if ready { "ready" } else { "not ready" },
+            started.elapsed().as_secs_f64()
+        );
+    }
     let capacity = crate::blocks::live_capacity(&client).await?;
     let ns = Namespace::new("bench").expect("valid");
     let run_id: u64 = rand::random();

@@ -112,6 +112,8 @@ pub(crate) struct ShmLink {
     /// one means the daemon restarted, and this link is stale.
     pool_inode: u64,
     index: Option<Index>,
+    /// Set once the mapping's page tables are filled (see `populate`).
+    populated: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Blocks read through the index (the client's count, shared by its
     /// links over time).
     indexed: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -144,12 +146,13 @@ impl ShmLink {
             _ => None,
         };
         drop(fds);
-        populate(&map);
+        let populated = populate(&map);
         Ok(ShmLink {
             addr: hello.addr,
             map,
             pool_inode,
             index,
+            populated,
             indexed,
             touches: parking_lot::Mutex::new(Touches {
                 keys: Vec::new(),
@@ -188,6 +191,11 @@ impl ShmLink {
             return Err(io::Error::other("another daemon now serves this socket"));
         }
         Ok(stream)
+    }
+
+    /// Whether this process's view of the pool is fully set up.
+    pub fn populated(&self) -> bool {
+        self.populated.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn put_back(&self, stream: UnixStream, owed: Vec<(Opcode, u64)>) {
@@ -442,13 +450,17 @@ impl ShmLink {
 /// Fills the mapping's page tables in the background, so that a block's
 /// first read does not pay a page fault per 4 KiB (the pool's pages are
 /// already in memory, the daemon's; only this process's view of them is
-/// missing). Stops early if the link goes.
-fn populate(map: &std::sync::Arc<Mapping>) {
+/// missing). Stops early if the link goes. The flag returned is set when
+/// it is done (or has given up: then pages fault in on first use).
+fn populate(map: &std::sync::Arc<Mapping>) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
     const STEP: usize = 64 << 20;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let map = std::sync::Arc::downgrade(map);
+    let flag = done.clone();
     let spawned = std::thread::Builder::new()
         .name("mooncake-shm-populate".into())
         .spawn(move || {
+            let _done = SetOnDrop(flag);
             let mut offset = 0;
             while let Some(map) = map.upgrade() {
                 if offset >= map.len {
@@ -473,6 +485,17 @@ fn populate(map: &std::sync::Arc<Mapping>) {
         });
     if let Err(err) = spawned {
         tracing::debug!(%err, "no thread to populate the shared mapping");
+        done.store(true, std::sync::atomic::Ordering::Release);
+    }
+    done
+}
+
+/// Sets its flag when dropped: however a thread ends, it says it ended.
+struct SetOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
