@@ -1003,12 +1003,8 @@ impl Client {
     }
 
     fn remember(&self, namespace: &Namespace, hashes: &[BlockHash], items: &[Option<Location>]) {
-        for (hash, loc) in hashes.iter().zip(items) {
-            if let Some(loc) = loc {
-                self.locations
-                    .insert(BlockKey::new(namespace.clone(), *hash), *loc);
-            }
-        }
+        self.locations
+            .insert_batch(namespace, hashes.iter().zip(items));
     }
 
     async fn meta_call<Resp: Body>(

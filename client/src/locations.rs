@@ -7,12 +7,16 @@
 use std::collections::HashMap;
 
 use mooncake_proto::message::Location;
-use mooncake_proto::BlockKey;
+use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use parking_lot::Mutex;
+
+/// Block keys are hashes already: a cheap hash of them spreads well, and
+/// SipHash cost more than the rest of an insert.
+type Map = HashMap<BlockKey, Location, rustc_hash::FxBuildHasher>;
 
 pub struct LocationCache {
     capacity: usize,
-    map: Mutex<HashMap<BlockKey, Location>>,
+    map: Mutex<Map>,
 }
 
 impl LocationCache {
@@ -22,7 +26,7 @@ impl LocationCache {
     pub fn new(capacity: usize) -> Self {
         LocationCache {
             capacity,
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(Map::default()),
         }
     }
 
@@ -42,6 +46,26 @@ impl LocationCache {
             map.clear();
         }
         map.insert(key, location);
+    }
+
+    /// Inserts the located blocks of a batch under one lock (a prefix
+    /// match brings back up to thousands).
+    pub fn insert_batch<'a>(
+        &self,
+        namespace: &Namespace,
+        found: impl Iterator<Item = (&'a BlockHash, &'a Option<Location>)>,
+    ) {
+        if self.capacity == 0 {
+            return;
+        }
+        let mut map = self.map.lock();
+        for (hash, location) in found {
+            let Some(location) = location else { continue };
+            if map.len() >= self.capacity {
+                map.clear();
+            }
+            map.insert(BlockKey::new(namespace.clone(), *hash), *location);
+        }
     }
 
     pub fn forget(&self, key: &BlockKey) {

