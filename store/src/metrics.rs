@@ -162,6 +162,7 @@ struct PoolCollector {
     tenant_used: IntGaugeVec,
     tenant_quota: IntGaugeVec,
     quota_evictions: IntCounter,
+    unindexed: IntCounter,
     corrupt: IntCounter,
     descs: Vec<Desc>,
 }
@@ -248,10 +249,16 @@ impl PoolCollector {
             descs.extend(c.desc().into_iter().cloned());
         }
         descs.extend(quota_evictions.desc().into_iter().cloned());
+        let unindexed = IntCounter::new(
+            "mooncake_daemon_shm_unindexed_blocks_total",
+            "Blocks the same-host index had no room for (same-host clients lease those).",
+        )?;
+        descs.extend(unindexed.desc().into_iter().cloned());
         Ok(PoolCollector {
             tenant_used,
             tenant_quota,
             quota_evictions,
+            unindexed,
             tiers,
             moves,
             io_errors,
@@ -337,6 +344,7 @@ impl Collector for PoolCollector {
             }
         }
         bump(self.quota_evictions.clone(), pool.quota_evictions());
+        bump(self.unindexed.clone(), pool.unindexed_blocks());
         let mut out = Vec::new();
         for c in [
             &self.capacity,
@@ -355,6 +363,9 @@ impl Collector for PoolCollector {
             out.extend(self.drives_full.collect());
         }
         out.extend(self.corrupt.collect());
+        if pool.shared_index().is_some() {
+            out.extend(self.unindexed.collect());
+        }
         if !pool.tenant_usage().is_empty() || !self.tiers.nvme_tenant_usage().is_empty() {
             out.extend(self.tenant_used.collect());
             out.extend(self.tenant_quota.collect());

@@ -185,6 +185,41 @@ async fn a_block_replaced_while_clients_copy_it_never_comes_back_mixed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_batch_copied_by_several_threads_is_right_byte_for_byte() {
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
+    let mut cfg = ClientConfig::new(cluster.meta_addr.clone()).with_timeout(Duration::from_secs(5));
+    cfg.shm_socket = Some(dir.join("daemon.sock"));
+    cfg.copy_threads = 4;
+    let client = Client::new(cfg);
+    // 48 blocks of 256 KiB: 12 MiB in one call, over the 8 MiB from which
+    // a batch is split between threads.
+    let len = 256 << 10;
+    let hashes: Vec<BlockHash> = (0..48).map(hash).collect();
+    let values: Vec<Vec<u8>> = (0..48).map(|i| block_bytes(i, len)).collect();
+    let blocks: Vec<(BlockHash, &[u8])> = hashes
+        .iter()
+        .zip(&values)
+        .map(|(h, v)| (*h, &v[..]))
+        .collect();
+    assert!(client
+        .put(&ns(), &blocks)
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| *o == PutOutcome::Stored));
+    let mut bufs = vec![vec![0u8; len]; 48];
+    let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let got = client.get_into(&ns(), &hashes, &mut views).await.unwrap();
+    assert!(got.iter().all(|g| *g == GetOutcome::Hit(len)), "{got:?}");
+    for (i, (buf, value)) in bufs.iter().zip(&values).enumerate() {
+        assert!(buf == value, "block {i} bytes");
+    }
+    assert_eq!(client.shm_index_reads(), 48);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_through_the_index_keep_a_block_hot_and_count_as_hits() {
     let dir = scratch();
     let cluster = cluster_with_shm(&dir, 16 << 20, false).await;
