@@ -499,6 +499,25 @@ impl Client {
         self.inner.shm_reads()
     }
 
+    /// Of `shm_reads`, those found through the daemon's shared index and
+    /// copied without a message to it.
+    #[getter]
+    fn shm_index_reads(&self) -> u64 {
+        self.inner.shm_index_reads()
+    }
+
+    /// Connects to the daemon's `shm_socket` and waits, at most `timeout`
+    /// seconds, until this process's view of its pool is set up (a few
+    /// seconds for a large pool), so that a worker's first loads do not
+    /// share a core with it. `False` without a socket or past the timeout.
+    #[pyo3(signature = (timeout = 30.0))]
+    fn same_host_ready(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let within = std::time::Duration::try_from_secs_f64(timeout)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("timeout: {e}")))?;
+        let client = &self.inner;
+        Ok(py.detach(|| runtime().block_on(client.same_host_ready(within))))
+    }
+
     /// Blocks whose bytes failed their checksum on the way (each was a miss).
     #[getter]
     fn corrupt_reads(&self) -> u64 {

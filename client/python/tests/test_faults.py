@@ -72,6 +72,7 @@ def test_same_host_reads_through_shared_memory(tmp_path):
     try:
         wait_for_daemon(meta)
         client = mooncake_store.Client(meta, namespace="t/shm", shm_socket=str(sock))
+        assert client.same_host_ready(timeout=10.0)
         values = [bytes([i]) * (100_000 + i) for i in range(16)]
         keys = [f"s{i}" for i in range(16)]
         assert client.put_batch(keys, values) == [0] * 16
@@ -79,5 +80,8 @@ def test_same_host_reads_through_shared_memory(tmp_path):
         assert client.get_into_batch(keys, bufs) == [len(v) for v in values]
         assert all(bytes(b[: len(v)]) == v for b, v in zip(bufs, values))
         assert client.shm_reads == 16
+        assert client.shm_index_reads == 16, "found through the daemon's index"
+        elsewhere = mooncake_store.Client(meta, namespace="t/shm")
+        assert not elsewhere.same_host_ready(timeout=0.1), "no socket configured"
     finally:
         proc.kill()

@@ -349,8 +349,11 @@ impl QuicConnector {
             Ok(Connection::from_halves(
                 addr,
                 side,
-                Box::new(Explained { recv, conn }),
-                Box::new(send),
+                Box::new(Explained {
+                    recv,
+                    conn: conn.clone(),
+                }),
+                Box::new(ExplainedSend { send, conn }),
             ))
         };
         match tokio::time::timeout(timeout, attempt).await {
@@ -444,6 +447,78 @@ impl tokio::io::AsyncRead for Explained {
             }
             other => other,
         }
+    }
+}
+
+/// A stream's sending side whose errors say why its connection closed: a
+/// refused certificate can show first as a failed write (see `Explained`).
+struct ExplainedSend {
+    send: quinn::SendStream,
+    conn: quinn::Connection,
+}
+
+impl ExplainedSend {
+    fn explain<T>(
+        conn: &quinn::Connection,
+        result: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        match result {
+            std::task::Poll::Ready(Err(err)) => {
+                std::task::Poll::Ready(Err(match conn.close_reason() {
+                    Some(reason) => quic_error(&reason),
+                    None => std::io::Error::new(err.kind(), format!("quic: {err}")),
+                }))
+            }
+            other => other,
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for ExplainedSend {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let result = tokio::io::AsyncWrite::poll_write(std::pin::Pin::new(&mut this.send), cx, buf);
+        Self::explain(&this.conn, result)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let result = tokio::io::AsyncWrite::poll_write_vectored(
+            std::pin::Pin::new(&mut this.send),
+            cx,
+            bufs,
+        );
+        Self::explain(&this.conn, result)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        tokio::io::AsyncWrite::is_write_vectored(&self.send)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let result = tokio::io::AsyncWrite::poll_flush(std::pin::Pin::new(&mut this.send), cx);
+        Self::explain(&this.conn, result)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let result = tokio::io::AsyncWrite::poll_shutdown(std::pin::Pin::new(&mut this.send), cx);
+        Self::explain(&this.conn, result)
     }
 }
 
