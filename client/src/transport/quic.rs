@@ -439,14 +439,18 @@ impl tokio::io::AsyncRead for Explained {
         let this = &mut *self;
         match std::pin::Pin::new(&mut this.recv).poll_read(cx, buf) {
             std::task::Poll::Ready(Err(err)) => {
-                let explained = match this.conn.close_reason() {
-                    Some(reason) => quic_error(&reason),
-                    None => std::io::Error::new(err.kind(), format!("quic: {err}")),
-                };
-                std::task::Poll::Ready(Err(explained))
+                std::task::Poll::Ready(Err(explain(&this.conn, err)))
             }
             other => other,
         }
+    }
+}
+
+/// A stream's error, as the reason its connection closed if it did.
+fn explain(conn: &quinn::Connection, err: std::io::Error) -> std::io::Error {
+    match conn.close_reason() {
+        Some(reason) => quic_error(&reason),
+        None => std::io::Error::new(err.kind(), format!("quic: {err}")),
     }
 }
 
@@ -462,15 +466,7 @@ impl ExplainedSend {
         conn: &quinn::Connection,
         result: std::task::Poll<std::io::Result<T>>,
     ) -> std::task::Poll<std::io::Result<T>> {
-        match result {
-            std::task::Poll::Ready(Err(err)) => {
-                std::task::Poll::Ready(Err(match conn.close_reason() {
-                    Some(reason) => quic_error(&reason),
-                    None => std::io::Error::new(err.kind(), format!("quic: {err}")),
-                }))
-            }
-            other => other,
-        }
+        result.map_err(|err| explain(conn, err))
     }
 }
 
