@@ -185,7 +185,7 @@ async fn a_block_replaced_while_clients_copy_it_never_comes_back_mixed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_batch_copied_by_several_threads_is_right_byte_for_byte() {
+async fn a_large_batch_with_four_copy_threads_is_right_byte_for_byte() {
     let dir = scratch();
     let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
     let mut cfg = ClientConfig::new(cluster.meta_addr.clone()).with_timeout(Duration::from_secs(5));
