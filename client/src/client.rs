@@ -88,9 +88,18 @@ pub struct ClientConfig {
     /// settings (see [`ClientConfig::with_quic`]); daemons that serve no
     /// QUIC are refused, never reached over plain TCP. Default none: TCP.
     pub quic: Option<Arc<QuicConnector>>,
-    /// Prefers RDMA where both sides have it. This build has no RDMA data
-    /// path: each daemon learnt counts a fallback. Default false.
+    /// Moves blocks over RDMA (one-sided reads and writes of the daemon's
+    /// pool) to daemons that serve it, when this host has an RDMA NIC and
+    /// the client is built with the `rdma` feature. Otherwise, and for
+    /// blocks a daemon holds only on NVMe, blocks go over QUIC or TCP, and
+    /// each fallback is counted. Default false.
     pub rdma: bool,
+    /// The RDMA NIC to use (e.g. `mlx5_0`). Default: the first with an
+    /// active port.
+    pub rdma_device: Option<String>,
+    /// The GID index to use on it. Default: its first routable RoCE v2
+    /// GID (InfiniBand: 0).
+    pub rdma_gid_index: Option<u32>,
     /// Most connections (or QUIC streams) one large batch to one daemon is
     /// spread over, 8 MiB or more each. Default 4; 1 keeps every batch on
     /// one connection.
@@ -114,6 +123,8 @@ impl ClientConfig {
                 .clamp(1, 8),
             quic: None,
             rdma: false,
+            rdma_device: None,
+            rdma_gid_index: None,
             stripes: 4,
         }
     }
@@ -214,6 +225,9 @@ pub struct Client {
     corrupt_reads: AtomicU64,
     /// Highest meta election revision seen (fencing).
     leader_revision: AtomicU64,
+    /// This host's RDMA NIC, opened on first use (or why there is none).
+    #[cfg(feature = "rdma")]
+    nic: std::sync::OnceLock<Result<Arc<crate::transport::rdma::Nic>, String>>,
     /// The same-host link, once made (and when it was last tried).
     shm: parking_lot::Mutex<(Option<Arc<ShmLink>>, Option<std::time::Instant>)>,
     /// Blocks read through the daemon's shared index (no lease), over
@@ -232,6 +246,9 @@ struct Peer {
     tcp: Arc<ConnPool>,
     /// The network data path chosen for it.
     data: Arc<dyn Transport>,
+    /// RDMA to it, when configured and both sides have it; blocks it
+    /// cannot move go over `data`.
+    rdma: Option<Arc<dyn Transport>>,
 }
 
 /// The data path a daemon would need and does not offer: every call fails
@@ -286,6 +303,8 @@ impl Client {
             shm_indexed: Arc::new(AtomicU64::new(0)),
             transports: TransportCounters::default(),
             leader_revision: AtomicU64::new(0),
+            #[cfg(feature = "rdma")]
+            nic: std::sync::OnceLock::new(),
         }
     }
 
@@ -554,6 +573,15 @@ impl Client {
                 Err(err) => self.shm_lost(&err, peer.data.kind()),
             }
         }
+        if let Some(rdma) = &peer.rdma {
+            match rdma.put(namespace, items).await {
+                Ok(codes) => {
+                    self.transports.wrote(TransportKind::Rdma, stored(&codes));
+                    return Ok(codes);
+                }
+                Err(err) => self.rdma_failed(&err, peer.data.kind()),
+            }
+        }
         let codes = peer.data.put(namespace, items).await?;
         self.transports.wrote(peer.data.kind(), stored(&codes));
         Ok(codes)
@@ -776,6 +804,15 @@ impl Client {
                 Err(err) => self.shm_lost(&err, peer.data.kind()),
             }
         }
+        if let (None, Some(rdma)) = (&reads, &peer.rdma) {
+            match rdma.get(namespace, items).await {
+                Ok(got) => {
+                    self.transports.read(TransportKind::Rdma, hits(&got));
+                    reads = Some(got);
+                }
+                Err(err) => self.rdma_failed(&err, peer.data.kind()),
+            }
+        }
         let reads = match reads {
             // Blocks not in the daemon's DRAM (on NVMe) come over the network.
             Some(mut reads) => {
@@ -822,6 +859,13 @@ impl Client {
         tracing::warn!(%err, "shared-memory link lost; going over {to}");
         *self.shm.lock() = (None, Some(std::time::Instant::now()));
         self.fell_back(TransportKind::Shm, to);
+    }
+
+    /// An RDMA call failed: this one goes over the network path instead
+    /// (the link itself waits a second before trying RDMA again).
+    fn rdma_failed(&self, err: &ClientError, to: TransportKind) {
+        tracing::warn!(%err, "RDMA call failed; going over {to}");
+        self.fell_back(TransportKind::Rdma, to);
     }
 
     /// Counts a fallback from `from` to `to`.
@@ -1165,23 +1209,57 @@ impl Client {
                 stripes: self.cfg.stripes,
             }),
         };
-        if self.cfg.rdma {
-            // The one-sided RDMA data path is not in this build (see
-            // `transport::rdma`): no daemon advertises it yet.
-            let why = if offered(TransportKind::Rdma).is_some() {
-                "this client has no RDMA data path"
-            } else {
-                "the daemon offers no RDMA endpoint"
+        let rdma = if self.cfg.rdma {
+            let link = match offered(TransportKind::Rdma) {
+                Some(endpoint) => self.rdma_link(&endpoint.addr, &d.addr),
+                None => Err("the daemon offers no RDMA endpoint".to_string()),
             };
-            tracing::debug!(daemon = d.id, why, to = %data.kind(), "RDMA not used");
-            self.fell_back(TransportKind::Rdma, data.kind());
-        }
+            link.inspect_err(|why| {
+                tracing::debug!(daemon = d.id, why, to = %data.kind(), "RDMA not used");
+                self.fell_back(TransportKind::Rdma, data.kind());
+            })
+            .ok()
+        } else {
+            None
+        };
         Peer {
             advertised: d.clone(),
             addr: d.addr.clone(),
             tcp,
             data,
+            rdma,
         }
+    }
+
+    /// The RDMA data path to the daemon at `addr` whose RDMA control port
+    /// is `control`, through this host's NIC (opened once).
+    #[cfg(feature = "rdma")]
+    fn rdma_link(&self, control: &str, addr: &str) -> Result<Arc<dyn Transport>, String> {
+        use crate::transport::rdma::{Nic, NicChoice, RdmaLink};
+        let nic = self
+            .nic
+            .get_or_init(|| {
+                Nic::open(&NicChoice {
+                    device: self.cfg.rdma_device.clone(),
+                    gid_index: self.cfg.rdma_gid_index,
+                })
+                .inspect(|nic| tracing::info!(nic = %nic.name, "RDMA ready"))
+                .inspect_err(|why| {
+                    tracing::warn!(why, "RDMA unavailable; blocks go over QUIC or TCP")
+                })
+            })
+            .clone()?;
+        Ok(Arc::new(RdmaLink::new(
+            nic,
+            control.to_string(),
+            addr.to_string(),
+            self.cfg.connect_timeout,
+        )))
+    }
+
+    #[cfg(not(feature = "rdma"))]
+    fn rdma_link(&self, _: &str, _: &str) -> Result<Arc<dyn Transport>, String> {
+        Err("this client is built without the `rdma` feature".to_string())
     }
 
     fn peer(&self, daemon: u32) -> Result<Arc<Peer>, ClientError> {

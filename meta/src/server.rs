@@ -597,7 +597,10 @@ async fn dispatch(
         | Opcode::ShmRelease
         | Opcode::ShmPut
         | Opcode::ShmCommit
-        | Opcode::ShmTouch => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
+        | Opcode::ShmTouch
+        | Opcode::RdmaConnect => {
+            return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8)))
+        }
     })
 }
 

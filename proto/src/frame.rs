@@ -81,6 +81,12 @@ opcodes! {
     /// Same host: blocks read through the shared index, for the daemon's
     /// LRU and hit counts.
     ShmTouch = 0x0F,
+    /// RDMA, on the daemon's RDMA control port: the client's queue pair;
+    /// the answer is the daemon's queue pair and its pool's registered
+    /// regions. The connection then carries `ShmGet`, `ShmRelease`,
+    /// `ShmPut`, `ShmCommit` and `ShmTouch`, whose offsets the client reads
+    /// and writes with one-sided RDMA.
+    RdmaConnect = 0x10,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).

@@ -78,6 +78,22 @@ pub struct DaemonConfig {
     /// The QUIC address clients are told. Default: the advertised TCP
     /// host with the QUIC port.
     pub quic_advertise: Option<String>,
+    /// TCP address of the RDMA control port (e.g. `0.0.0.0:7271`): clients
+    /// built with RDMA connect a queue pair here and then read and write
+    /// the DRAM pool with one-sided RDMA. Needs a daemon built with the
+    /// `rdma` feature; on a host without an RDMA NIC the daemon says so
+    /// and serves TCP only. Peers can read and write the whole pool: not
+    /// with `auth`. Default none.
+    pub rdma_listen: Option<String>,
+    /// The RDMA control address clients are told. Default: the advertised
+    /// TCP host with the RDMA port.
+    pub rdma_advertise: Option<String>,
+    /// The RDMA NIC to register the pool with (e.g. `mlx5_0`). Default:
+    /// the first with an active port.
+    pub rdma_device: Option<String>,
+    /// The GID index to use on it. Default: its first routable RoCE v2
+    /// GID (InfiniBand: 0).
+    pub rdma_gid_index: Option<u32>,
     /// This daemon's certificate (PEM, with its chain) for QUIC.
     pub tls_cert: Option<std::path::PathBuf>,
     /// The certificate's private key (PEM).
@@ -125,6 +141,10 @@ impl Default for DaemonConfig {
             shm_socket: None,
             quic_listen: None,
             quic_advertise: None,
+            rdma_listen: None,
+            rdma_advertise: None,
+            rdma_device: None,
+            rdma_gid_index: None,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -168,6 +188,18 @@ impl DaemonConfig {
             return Err("max_connections and max_connections_per_client must be at least 1".into());
         }
         self.nvme_drives()?;
+        if self.rdma_listen.is_some() && self.auth.is_some() {
+            return Err(
+                "rdma_listen lets peers read and write the whole pool: it cannot be combined with auth"
+                    .into(),
+            );
+        }
+        if self.rdma_listen.is_some() && !cfg!(feature = "rdma") {
+            return Err(
+                "rdma_listen needs a daemon built with the `rdma` feature (cargo build --features mooncake-cli/rdma)"
+                    .into(),
+            );
+        }
         if self.shm_socket.is_some() && self.auth.is_some() {
             return Err(
                 "shm_socket lets local processes read every block: it cannot be combined with auth"
@@ -324,6 +356,31 @@ mod tests {
         assert_eq!(cfg.request_timeout.0, Duration::from_secs(2));
         assert!(toml::from_str::<DaemonConfig>("dram = \"lots\"").is_err());
         assert!(toml::from_str::<DaemonConfig>("unknown_option = 1").is_err());
+    }
+
+    #[test]
+    fn rdma_is_refused_with_auth_and_in_a_build_without_it() {
+        let cfg: DaemonConfig = toml::from_str(
+            r#"
+            rdma_listen = "0.0.0.0:7271"
+            auth = "/etc/mooncake/tokens.toml"
+            "#,
+        )
+        .unwrap();
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .contains("cannot be combined with auth"));
+        let cfg = DaemonConfig {
+            rdma_listen: Some("0.0.0.0:7271".into()),
+            ..DaemonConfig::default()
+        };
+        let checked = cfg.validate();
+        if cfg!(feature = "rdma") {
+            checked.unwrap();
+        } else {
+            assert!(checked.unwrap_err().contains("`rdma` feature"));
+        }
     }
 
     #[test]

@@ -10,12 +10,15 @@
 pub mod config;
 mod headroom;
 pub mod io;
+mod leases;
 mod meta_link;
 pub mod metrics;
 pub mod nvme;
 pub mod pool;
 mod quic;
 pub mod quota;
+#[cfg(feature = "rdma")]
+mod rdma;
 mod region;
 mod server;
 mod shm;
@@ -190,6 +193,14 @@ pub async fn start(
             shutdown.child_token(),
         )));
     }
+    if let Some(listen) = &config.rdma_listen {
+        if let Some((endpoint, task)) =
+            serve_rdma(listen, &config, &tiers, &advertise, shutdown.child_token()).await?
+        {
+            endpoints.push(endpoint);
+            tasks.push(task);
+        }
+    }
     if let Some(path) = config.shm_socket.clone() {
         shm::usable(&path).map_err(DaemonError::Config)?;
         let (tiers, advertise, stop) = (tiers.clone(), advertise.clone(), shutdown.child_token());
@@ -229,6 +240,60 @@ pub async fn start(
         tasks,
         tiers: Arc::downgrade(&tiers),
     })
+}
+
+/// Registers the pool with this host's RDMA NIC and serves the RDMA control
+/// port; `None` (said in one line) where the host has no usable NIC.
+#[cfg(feature = "rdma")]
+async fn serve_rdma(
+    listen: &str,
+    config: &DaemonConfig,
+    tiers: &Arc<tiers::Tiers>,
+    advertise: &str,
+    shutdown: CancellationToken,
+) -> Result<Option<(Endpoint, JoinHandle<()>)>, DaemonError> {
+    let choice = mooncake_client::transport::rdma::NicChoice {
+        device: config.rdma_device.clone(),
+        gid_index: config.rdma_gid_index,
+    };
+    let pool = match rdma::RdmaPool::register(tiers, &choice) {
+        Ok(pool) => Arc::new(pool),
+        Err(why) => {
+            tracing::warn!(why, "RDMA unavailable: serving TCP (and QUIC) only");
+            return Ok(None);
+        }
+    };
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| DaemonError::Config(format!("rdma_listen = {listen}: {e}")))?;
+    let bound = listener.local_addr().map_err(DaemonError::Listener)?;
+    let addr = config
+        .rdma_advertise
+        .clone()
+        .unwrap_or_else(|| with_port(advertise, bound.port()));
+    tracing::info!(nic = pool.nic(), %bound, advertised = %addr, "RDMA listening");
+    let task = tokio::spawn(rdma::run(listener, pool, advertise.to_string(), shutdown));
+    Ok(Some((
+        Endpoint {
+            kind: TransportKind::Rdma,
+            addr,
+        },
+        task,
+    )))
+}
+
+/// Without the `rdma` feature `validate` refuses `rdma_listen`.
+#[cfg(not(feature = "rdma"))]
+async fn serve_rdma(
+    _: &str,
+    _: &DaemonConfig,
+    _: &Arc<tiers::Tiers>,
+    _: &str,
+    _: CancellationToken,
+) -> Result<Option<(Endpoint, JoinHandle<()>)>, DaemonError> {
+    Err(DaemonError::Config(
+        "rdma_listen needs a daemon built with the `rdma` feature".into(),
+    ))
 }
 
 /// Opens one NVMe drive: its space reserved, its engine (io_uring, or

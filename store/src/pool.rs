@@ -334,6 +334,12 @@ impl DramPool {
         })
     }
 
+    /// Where the pool's memory starts and its length in bytes (what an RDMA
+    /// NIC registers); block offsets count from its start.
+    pub fn memory(&self) -> (std::ptr::NonNull<u8>, usize) {
+        (self.region.ptr(), self.region.len())
+    }
+
     /// The memfd and size of a shared pool (`PoolConfig::shared`).
     pub fn shared_region(&self) -> Option<(std::os::fd::BorrowedFd<'_>, u64)> {
         self.region.fd().map(|fd| (fd, self.region.len() as u64))

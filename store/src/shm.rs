@@ -14,27 +14,16 @@
 //! what the index does not show or what changed under its copy. It reports
 //! such reads afterwards, in batches (`ShmTouch`), for LRU and hit counts.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mooncake_proto::message::{
-    Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
-};
-use mooncake_proto::{ErrorCode, Header, Opcode, HEADER_LEN};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use mooncake_proto::message::{Body, ShmHello};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::pool::{ReadLease, WriteSlot};
 use crate::tiers::Tiers;
-
-/// Leases (and reserved slots) one client may hold at once.
-const MAX_LEASES: usize = 1 << 16;
-/// Longest a writer waits for the demotion queue before its put evicts.
-const BACKPRESSURE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves same-host clients on `path` until `shutdown`.
 pub async fn run(
@@ -97,139 +86,7 @@ async fn serve(
     fds.extend(index.map(|(fd, _)| fd));
     stream.writable().await?;
     send_with_fds(&stream, &hello, &fds)?;
-    // Every lease this client holds; all end when it goes away.
-    let mut leases: HashMap<u64, ReadLease> = HashMap::new();
-    // Blocks reserved and being written by this client; dropped (their
-    // space freed) if it goes away before committing.
-    let mut slots: HashMap<u64, WriteSlot> = HashMap::new();
-    let mut next_lease = 1u64;
-    loop {
-        let mut raw = [0u8; HEADER_LEN];
-        tokio::select! {
-            read = stream.read_exact(&mut raw) => match read {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                Err(e) => return Err(e),
-            },
-            _ = shutdown.cancelled() => return Ok(()),
-        }
-        let header = match Header::parse(&raw) {
-            Ok(Some(h))
-                if !h.response
-                    && matches!(
-                        h.opcode,
-                        Opcode::ShmGet
-                            | Opcode::ShmRelease
-                            | Opcode::ShmPut
-                            | Opcode::ShmCommit
-                            | Opcode::ShmTouch
-                    ) =>
-            {
-                h
-            }
-            Ok(_) => {
-                stream
-                    .write_all(&Header::error_reply(&raw, ErrorCode::UnknownOpcode as u16))
-                    .await?;
-                return Ok(());
-            }
-            Err(err) => {
-                stream
-                    .write_all(&Header::error_reply(&raw, err.code() as u16))
-                    .await?;
-                return Ok(());
-            }
-        };
-        let mut body = vec![0u8; header.body_len as usize];
-        stream.read_exact(&mut body).await?;
-        let (code, answer) = match header.opcode {
-            Opcode::ShmGet => match KeyRequest::from_bytes(&body) {
-                Err(err) => (err.code(), Vec::new()),
-                Ok(_) if leases.len() >= MAX_LEASES => (ErrorCode::Busy, Vec::new()),
-                Ok(req) => match pool.get(&req.key) {
-                    None => {
-                        pool.note_get(false);
-                        (ErrorCode::NotFound, Vec::new())
-                    }
-                    Some(lease) => {
-                        pool.note_get(true);
-                        let id = next_lease;
-                        next_lease += 1;
-                        let answer = ShmLease {
-                            lease: id,
-                            offset: lease.byte_offset(),
-                            len: lease.len() as u32,
-                            checksum: lease.checksum(),
-                        };
-                        leases.insert(id, lease);
-                        (ErrorCode::Ok, answer.to_bytes())
-                    }
-                },
-            },
-            Opcode::ShmPut => match ShmPutRequest::from_bytes(&body) {
-                Err(err) => (err.code(), Vec::new()),
-                Ok(_) if slots.len() >= MAX_LEASES => (ErrorCode::Busy, Vec::new()),
-                Ok(req) => {
-                    let reserved = {
-                        let _gate = tiers.room_to_demote(req.len, BACKPRESSURE).await;
-                        pool.reserve(req.key, req.len, req.checksum)
-                    };
-                    match reserved {
-                        Err(err) => (err.code(), Vec::new()),
-                        Ok(mut slot) => {
-                            slot.set_parent(req.parent);
-                            let id = next_lease;
-                            next_lease += 1;
-                            let answer = ShmSlot {
-                                slot: id,
-                                offset: slot.byte_offset(),
-                            };
-                            slots.insert(id, slot);
-                            (ErrorCode::Ok, answer.to_bytes())
-                        }
-                    }
-                }
-            },
-            Opcode::ShmCommit => match ShmSlot::from_bytes(&body) {
-                Err(err) => (err.code(), Vec::new()),
-                Ok(req) => match slots.remove(&req.slot) {
-                    None => (ErrorCode::NoReservation, Vec::new()),
-                    Some(slot) => (
-                        slot.commit().err().map_or(ErrorCode::Ok, |e| e.code()),
-                        Vec::new(),
-                    ),
-                },
-            },
-            Opcode::ShmTouch => match ShmTouch::from_bytes(&body) {
-                Err(err) => (err.code(), Vec::new()),
-                Ok(req) => {
-                    for key in &req.keys {
-                        if pool.touch(key) {
-                            pool.note_get(true);
-                        }
-                    }
-                    (ErrorCode::Ok, Vec::new())
-                }
-            },
-            _ => match ShmRelease::from_bytes(&body) {
-                Err(err) => (err.code(), Vec::new()),
-                Ok(req) => {
-                    for id in req.leases {
-                        leases.remove(&id);
-                    }
-                    (ErrorCode::Ok, Vec::new())
-                }
-            },
-        };
-        let h = Header::response(
-            header.opcode,
-            header.request_id,
-            code as u16,
-            answer.len() as u32,
-        );
-        stream.write_all(&h.encode()).await?;
-        stream.write_all(&answer).await?;
-    }
+    crate::leases::serve(&mut stream, tiers, shutdown).await
 }
 
 /// Sends `bytes` with file descriptors attached (SCM_RIGHTS).

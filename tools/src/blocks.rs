@@ -98,6 +98,7 @@ pub async fn client(target: &Target) -> Result<Client, Failure> {
     }
     cfg.shm_socket = target.shm_socket.clone();
     cfg.rdma = target.rdma;
+    cfg.rdma_device = target.rdma_device.clone();
     cfg.stripes = target.stripes;
     if let Some(ca) = &target.quic_ca {
         let identity = target.quic_cert.clone().zip(target.quic_key.clone());

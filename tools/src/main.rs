@@ -77,10 +77,15 @@ pub struct Target {
     /// The key of --quic-cert (PEM).
     #[arg(long, env = "MOONCAKE_QUIC_KEY", global = true, requires = "quic_cert")]
     quic_key: Option<std::path::PathBuf>,
-    /// Prefer RDMA where both sides have it (falls back to QUIC or TCP,
-    /// counted in mooncake_client_transport_fallbacks_total).
+    /// Move blocks over RDMA to daemons that serve it, with a build that
+    /// has the `rdma` feature (else, and on hosts without an RDMA NIC, over
+    /// QUIC or TCP, counted in mooncake_client_transport_fallbacks_total).
     #[arg(long, env = "MOONCAKE_RDMA", global = true)]
     rdma: bool,
+    /// The RDMA NIC to use with --rdma (default: the first with an active
+    /// port).
+    #[arg(long, env = "MOONCAKE_RDMA_DEVICE", global = true)]
+    rdma_device: Option<String>,
     /// Most connections one large batch to one daemon is spread over.
     #[arg(long, env = "MOONCAKE_STRIPES", default_value_t = 4, global = true)]
     stripes: usize,

@@ -76,6 +76,8 @@ pub struct UpArgs {
     shm_socket: Option<PathBuf>,
     #[command(flatten)]
     quic: QuicArgs,
+    #[command(flatten)]
+    rdma: RdmaArgs,
     /// Admin address (/metrics, /health) of the process; "" for none.
     #[arg(long)]
     admin: Option<String>,
@@ -147,6 +149,8 @@ pub struct DaemonArgs {
     #[command(flatten)]
     quic: QuicArgs,
     #[command(flatten)]
+    rdma: RdmaArgs,
+    #[command(flatten)]
     etcd: EtcdArgs,
 }
 
@@ -163,6 +167,31 @@ pub struct QuicArgs {
     quic_advertise: Option<String>,
     #[command(flatten)]
     tls: TlsArgs,
+}
+
+/// The daemon's RDMA control port (a build with the `rdma` feature).
+#[derive(clap::Args, Debug)]
+pub struct RdmaArgs {
+    /// Serve the DRAM pool over one-sided RDMA, with this TCP control
+    /// address (e.g. 0.0.0.0:7271); on a host without an RDMA NIC the
+    /// daemon says so and serves TCP only (not with --auth).
+    #[arg(long)]
+    rdma_listen: Option<String>,
+    /// The RDMA control address clients are told (default: the advertised
+    /// host with the RDMA port).
+    #[arg(long)]
+    rdma_advertise: Option<String>,
+    /// The RDMA NIC to use (default: the first with an active port).
+    #[arg(long)]
+    rdma_device: Option<String>,
+}
+
+impl RdmaArgs {
+    fn apply(self, cfg: &mut mooncake_daemon::config::DaemonConfig) {
+        cfg.rdma_listen = self.rdma_listen.or(cfg.rdma_listen.take());
+        cfg.rdma_advertise = self.rdma_advertise.or(cfg.rdma_advertise.take());
+        cfg.rdma_device = self.rdma_device.or(cfg.rdma_device.take());
+    }
 }
 
 /// A server's certificate for QUIC.
@@ -259,6 +288,7 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
         cfg.daemon.shm_socket = args.shm_socket;
     }
     args.quic.apply(&mut cfg.daemon);
+    args.rdma.apply(&mut cfg.daemon);
     // One host, one certificate: clients set up for QUIC reach the meta
     // service over QUIC too.
     if cfg.daemon.quic_listen.is_some() {
@@ -445,6 +475,7 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
         cfg.shm_socket = args.shm_socket;
     }
     args.quic.apply(&mut cfg);
+    args.rdma.apply(&mut cfg);
     if args.auth.is_some() {
         cfg.auth = args.auth;
     }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures::future::BoxFuture;
 use mooncake_proto::message::Location;
 use mooncake_proto::transport::TransportKind;
-use mooncake_proto::{BlockHash, ErrorCode, Namespace};
+use mooncake_proto::{BlockHash, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
 
 use crate::error::ClientError;
 
@@ -128,4 +128,35 @@ pub(crate) fn hits(reads: &[Read]) -> usize {
 /// Successes among `codes`.
 pub(crate) fn stored(codes: &[ErrorCode]) -> usize {
     codes.iter().filter(|c| **c == ErrorCode::Ok).count()
+}
+
+/// Appends one request frame to `frames`.
+pub(crate) fn push_frame(frames: &mut Vec<u8>, op: Opcode, id: u64, body: &[u8]) {
+    frames.extend_from_slice(&Header::request(op, id, body.len() as u32).encode());
+    frames.extend_from_slice(body);
+}
+
+/// Reads the answer to request `id` (an `op`) on a link whose answers come
+/// in the order of the requests: its status and body.
+pub(crate) async fn answer<S: tokio::io::AsyncRead + Unpin>(
+    conn: &mut S,
+    op: Opcode,
+    id: u64,
+) -> std::io::Result<(ErrorCode, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut raw = [0u8; HEADER_LEN];
+    conn.read_exact(&mut raw).await?;
+    let header = Header::parse(&raw)
+        .map_err(std::io::Error::other)?
+        .ok_or_else(|| std::io::Error::other("short header"))?;
+    if !header.response || header.opcode != op || header.request_id != id {
+        return Err(std::io::Error::other(format!(
+            "answers out of order: {:?} #{} where {op:?} #{id} was due",
+            header.opcode, header.request_id
+        )));
+    }
+    let mut body = vec![0u8; header.body_len as usize];
+    conn.read_exact(&mut body).await?;
+    let status = ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal);
+    Ok((status, body))
 }

@@ -23,14 +23,14 @@ use mooncake_proto::message::{
     Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
 };
 use mooncake_proto::shm_index::{Digest, IndexTable};
-use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use futures::future::BoxFuture;
 use mooncake_proto::transport::TransportKind;
 
-use super::{GetItem, PutItem, Read, Transport};
+use super::{answer, push_frame, GetItem, PutItem, Read, Transport};
 use crate::error::{ClientError, ErrorSource};
 
 /// A mapping of a daemon's pool (read for gets, written only into room
@@ -576,30 +576,6 @@ fn inode(fd: &OwnedFd) -> io::Result<u64> {
         return Err(io::Error::last_os_error());
     }
     Ok(st.st_ino)
-}
-
-/// Appends a request frame to `frames`.
-fn push_frame(frames: &mut Vec<u8>, op: Opcode, id: u64, body: &[u8]) {
-    frames.extend_from_slice(&Header::request(op, id, body.len() as u32).encode());
-    frames.extend_from_slice(body);
-}
-
-/// The next answer on the link, which must be to request `id` of `op`.
-async fn answer(conn: &mut UnixStream, op: Opcode, id: u64) -> io::Result<(ErrorCode, Vec<u8>)> {
-    let mut raw = [0u8; HEADER_LEN];
-    conn.read_exact(&mut raw).await?;
-    let header = Header::parse(&raw)
-        .map_err(io::Error::other)?
-        .ok_or_else(|| io::Error::other("short header"))?;
-    if !header.response || header.opcode != op || header.request_id != id {
-        return Err(io::Error::other(
-            "answers out of order on the shared-memory link",
-        ));
-    }
-    let mut body = vec![0u8; header.body_len as usize];
-    conn.read_exact(&mut body).await?;
-    let status = ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal);
-    Ok((status, body))
 }
 
 /// Descriptors one hello may carry: the pool's and its index's.

@@ -1,11 +1,20 @@
-//! RDMA devices on this host (feature `rdma`), found through rdma-core's
-//! libibverbs, which `sideway` loads at run time: the same binary runs on
-//! hosts with and without RDMA, and says why a host has none.
+//! RDMA (feature `rdma`), on rdma-core's libibverbs, which `sideway` loads
+//! at run time: the same binary runs on hosts with and without RDMA, and
+//! says why a host has none.
 //!
-//! Only discovery is here: the one-sided data path (the daemon's pool
-//! registered as a memory region, queue pairs per peer) is not written
-//! yet, so daemons advertise no RDMA endpoint and clients asked to prefer
-//! RDMA count a fallback and use QUIC or TCP.
+//! - `nic`: a NIC opened for use, memory registration, queue pairs.
+//! - `regions`: where pool bytes lie in a daemon's registered regions.
+//! - `link`: the client's data path to one daemon (one-sided reads and
+//!   writes of leased pool bytes; control messages on TCP).
+//!
+//! The daemon's side is `store/src/rdma.rs`.
+
+pub mod link;
+pub mod nic;
+pub mod regions;
+
+pub use link::RdmaLink;
+pub use nic::{MemoryRegion, Nic, NicChoice, Queue};
 
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 

@@ -1,0 +1,314 @@
+//! A client's leases and reservations on the DRAM pool, for the data paths
+//! where the client moves the bytes itself: same-host shared memory (over
+//! the daemon's Unix socket) and RDMA (over its RDMA control port). Either
+//! way the connection carries the same requests: lease a block so that it
+//! stays in place while the client reads it (`ShmGet`, `ShmRelease`),
+//! reserve room and have the client's bytes verified and stored
+//! (`ShmPut`, `ShmCommit`), and note reads the client made without a lease
+//! (`ShmTouch`). Everything a connection holds ends when it goes away.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+
+use mooncake_proto::message::{
+    Body, KeyRequest, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
+};
+use mooncake_proto::{ErrorCode, Header, Opcode, HEADER_LEN};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::pool::{ReadLease, WriteSlot};
+use crate::tiers::Tiers;
+
+/// Leases (and reserved slots) one client may hold at once.
+const MAX_LEASES: usize = 1 << 16;
+/// Longest a writer waits for the demotion queue before its put evicts.
+const BACKPRESSURE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serves one client's lease requests on `stream` until it goes away, sends
+/// something else, or `shutdown`.
+pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    tiers: &Arc<Tiers>,
+    shutdown: &CancellationToken,
+) -> io::Result<()> {
+    let pool = &tiers.dram;
+    // Every lease this client holds; all end when it goes away.
+    let mut leases: HashMap<u64, ReadLease> = HashMap::new();
+    // Blocks reserved and being written by this client; dropped (their
+    // space freed) if it goes away before committing.
+    let mut slots: HashMap<u64, WriteSlot> = HashMap::new();
+    let mut next_lease = 1u64;
+    loop {
+        let mut raw = [0u8; HEADER_LEN];
+        tokio::select! {
+            read = stream.read_exact(&mut raw) => match read {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            },
+            _ = shutdown.cancelled() => return Ok(()),
+        }
+        let header = match Header::parse(&raw) {
+            Ok(Some(h))
+                if !h.response
+                    && matches!(
+                        h.opcode,
+                        Opcode::ShmGet
+                            | Opcode::ShmRelease
+                            | Opcode::ShmPut
+                            | Opcode::ShmCommit
+                            | Opcode::ShmTouch
+                    ) =>
+            {
+                h
+            }
+            Ok(_) => {
+                stream
+                    .write_all(&Header::error_reply(&raw, ErrorCode::UnknownOpcode as u16))
+                    .await?;
+                return Ok(());
+            }
+            Err(err) => {
+                stream
+                    .write_all(&Header::error_reply(&raw, err.code() as u16))
+                    .await?;
+                return Ok(());
+            }
+        };
+        let mut body = vec![0u8; header.body_len as usize];
+        stream.read_exact(&mut body).await?;
+        let (code, answer) = match header.opcode {
+            Opcode::ShmGet => match KeyRequest::from_bytes(&body) {
+                Err(err) => (err.code(), Vec::new()),
+                Ok(_) if leases.len() >= MAX_LEASES => (ErrorCode::Busy, Vec::new()),
+                Ok(req) => match pool.get(&req.key) {
+                    None => {
+                        pool.note_get(false);
+                        (ErrorCode::NotFound, Vec::new())
+                    }
+                    Some(lease) => {
+                        pool.note_get(true);
+                        let id = next_lease;
+                        next_lease += 1;
+                        let answer = ShmLease {
+                            lease: id,
+                            offset: lease.byte_offset(),
+                            len: lease.len() as u32,
+                            checksum: lease.checksum(),
+                        };
+                        leases.insert(id, lease);
+                        (ErrorCode::Ok, answer.to_bytes())
+                    }
+                },
+            },
+            Opcode::ShmPut => match ShmPutRequest::from_bytes(&body) {
+                Err(err) => (err.code(), Vec::new()),
+                Ok(_) if slots.len() >= MAX_LEASES => (ErrorCode::Busy, Vec::new()),
+                Ok(req) => {
+                    let reserved = {
+                        let _gate = tiers.room_to_demote(req.len, BACKPRESSURE).await;
+                        pool.reserve(req.key, req.len, req.checksum)
+                    };
+                    match reserved {
+                        Err(err) => (err.code(), Vec::new()),
+                        Ok(mut slot) => {
+                            slot.set_parent(req.parent);
+                            let id = next_lease;
+                            next_lease += 1;
+                            let answer = ShmSlot {
+                                slot: id,
+                                offset: slot.byte_offset(),
+                            };
+                            slots.insert(id, slot);
+                            (ErrorCode::Ok, answer.to_bytes())
+                        }
+                    }
+                }
+            },
+            Opcode::ShmCommit => match ShmSlot::from_bytes(&body) {
+                Err(err) => (err.code(), Vec::new()),
+                Ok(req) => match slots.remove(&req.slot) {
+                    None => (ErrorCode::NoReservation, Vec::new()),
+                    Some(slot) => (
+                        slot.commit().err().map_or(ErrorCode::Ok, |e| e.code()),
+                        Vec::new(),
+                    ),
+                },
+            },
+            Opcode::ShmTouch => match ShmTouch::from_bytes(&body) {
+                Err(err) => (err.code(), Vec::new()),
+                Ok(req) => {
+                    for key in &req.keys {
+                        if pool.touch(key) {
+                            pool.note_get(true);
+                        }
+                    }
+                    (ErrorCode::Ok, Vec::new())
+                }
+            },
+            _ => match ShmRelease::from_bytes(&body) {
+                Err(err) => (err.code(), Vec::new()),
+                Ok(req) => {
+                    for id in req.leases {
+                        leases.remove(&id);
+                    }
+                    (ErrorCode::Ok, Vec::new())
+                }
+            },
+        };
+        let h = Header::response(
+            header.opcode,
+            header.request_id,
+            code as u16,
+            answer.len() as u32,
+        );
+        stream.write_all(&h.encode()).await?;
+        stream.write_all(&answer).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{DramPool, PoolConfig};
+    use mooncake_proto::checksum::checksum;
+    use mooncake_proto::{BlockHash, BlockKey, Namespace};
+    use tokio::io::DuplexStream;
+
+    fn key(n: u8) -> BlockKey {
+        BlockKey::new(Namespace::new("t").unwrap(), BlockHash([n; 32]))
+    }
+
+    /// A client's end of the connection: one request, its answer.
+    struct Conn(DuplexStream, u64);
+
+    impl Conn {
+        async fn call(&mut self, op: Opcode, body: &[u8]) -> (ErrorCode, Vec<u8>) {
+            self.1 += 1;
+            let h = Header::request(op, self.1, body.len() as u32);
+            self.0.write_all(&h.encode()).await.unwrap();
+            self.0.write_all(body).await.unwrap();
+            let mut raw = [0u8; HEADER_LEN];
+            self.0.read_exact(&mut raw).await.unwrap();
+            let h = Header::parse(&raw).unwrap().unwrap();
+            assert!(h.response && h.opcode == op && h.request_id == self.1);
+            let mut body = vec![0u8; h.body_len as usize];
+            self.0.read_exact(&mut body).await.unwrap();
+            (ErrorCode::from_u16(h.status).unwrap(), body)
+        }
+    }
+
+    fn session() -> (Arc<Tiers>, Conn, tokio::task::JoinHandle<io::Result<()>>) {
+        let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
+        let tiers = Tiers::dram_only(pool);
+        let (client, mut server) = tokio::io::duplex(1 << 16);
+        let t = tiers.clone();
+        let task = tokio::spawn(async move {
+            let stop = CancellationToken::new();
+            serve(&mut server, &t, &stop).await
+        });
+        (tiers, Conn(client, 0), task)
+    }
+
+    /// Writes `bytes` at `offset` of the pool, as a client's RDMA write (or
+    /// same-host copy) would.
+    fn write_pool(tiers: &Tiers, offset: u64, bytes: &[u8]) {
+        let (base, len) = tiers.dram.memory();
+        assert!(offset as usize + bytes.len() <= len);
+        // SAFETY: in bounds, into room reserved for this block alone.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                base.as_ptr().add(offset as usize),
+                bytes.len(),
+            )
+        };
+    }
+
+    fn read_pool(tiers: &Tiers, offset: u64, len: usize) -> Vec<u8> {
+        let (base, size) = tiers.dram.memory();
+        assert!(offset as usize + len <= size);
+        // SAFETY: in bounds, under a lease.
+        unsafe { std::slice::from_raw_parts(base.as_ptr().add(offset as usize), len) }.to_vec()
+    }
+
+    fn put_request(n: u8, bytes: &[u8], sum: u64) -> Vec<u8> {
+        ShmPutRequest {
+            key: key(n),
+            len: bytes.len() as u64,
+            checksum: sum,
+            parent: None,
+        }
+        .to_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_block_written_into_reserved_room_is_verified_stored_and_leased_in_place() {
+        let (tiers, mut conn, _task) = session();
+        let bytes: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        let (code, body) = conn
+            .call(Opcode::ShmPut, &put_request(1, &bytes, checksum(&bytes)))
+            .await;
+        assert_eq!(code, ErrorCode::Ok);
+        let slot = ShmSlot::from_bytes(&body).unwrap();
+        write_pool(&tiers, slot.offset, &bytes);
+        assert_eq!(
+            conn.call(Opcode::ShmCommit, &slot.to_bytes()).await.0,
+            ErrorCode::Ok
+        );
+        let (code, body) = conn
+            .call(Opcode::ShmGet, &KeyRequest { key: key(1) }.to_bytes())
+            .await;
+        assert_eq!(code, ErrorCode::Ok);
+        let lease = ShmLease::from_bytes(&body).unwrap();
+        assert_eq!(
+            (lease.len as usize, lease.checksum),
+            (bytes.len(), checksum(&bytes))
+        );
+        assert_eq!(read_pool(&tiers, lease.offset, bytes.len()), bytes);
+        let release = ShmRelease {
+            leases: vec![lease.lease],
+        };
+        assert_eq!(
+            conn.call(Opcode::ShmRelease, &release.to_bytes()).await.0,
+            ErrorCode::Ok
+        );
+        assert_eq!(tiers.dram.stats().hits, 1);
+    }
+
+    #[tokio::test]
+    async fn bytes_that_do_not_match_their_checksum_are_refused_at_commit() {
+        let (tiers, mut conn, _task) = session();
+        let bytes = vec![9u8; 3000];
+        let (_, body) = conn
+            .call(Opcode::ShmPut, &put_request(2, &bytes, checksum(&bytes)))
+            .await;
+        let slot = ShmSlot::from_bytes(&body).unwrap();
+        write_pool(&tiers, slot.offset, &bytes[..2999]);
+        write_pool(&tiers, slot.offset + 2999, &[8]);
+        assert_eq!(
+            conn.call(Opcode::ShmCommit, &slot.to_bytes()).await.0,
+            ErrorCode::ChecksumMismatch
+        );
+        let get = KeyRequest { key: key(2) }.to_bytes();
+        assert_eq!(conn.call(Opcode::ShmGet, &get).await.0, ErrorCode::NotFound);
+        // The slot is gone: committing it again is refused.
+        assert_eq!(
+            conn.call(Opcode::ShmCommit, &slot.to_bytes()).await.0,
+            ErrorCode::NoReservation
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_of_another_path_is_refused_and_ends_the_session() {
+        let (_tiers, mut conn, task) = session();
+        let get = KeyRequest { key: key(3) }.to_bytes();
+        assert_eq!(
+            conn.call(Opcode::Get, &get).await.0,
+            ErrorCode::UnknownOpcode
+        );
+        assert!(task.await.unwrap().is_ok());
+    }
+}
