@@ -228,6 +228,9 @@ pub struct Client {
     /// This host's RDMA NIC, opened on first use (or why there is none).
     #[cfg(feature = "rdma")]
     nic: std::sync::OnceLock<Result<Arc<crate::transport::rdma::Nic>, String>>,
+    /// Memory registered with the NIC by the caller.
+    #[cfg(feature = "rdma")]
+    registered: Arc<crate::transport::rdma::Registered>,
     /// The same-host link, once made (and when it was last tried).
     shm: parking_lot::Mutex<(Option<Arc<ShmLink>>, Option<std::time::Instant>)>,
     /// Blocks read through the daemon's shared index (no lease), over
@@ -305,6 +308,8 @@ impl Client {
             leader_revision: AtomicU64::new(0),
             #[cfg(feature = "rdma")]
             nic: std::sync::OnceLock::new(),
+            #[cfg(feature = "rdma")]
+            registered: Arc::default(),
         }
     }
 
@@ -1231,13 +1236,11 @@ impl Client {
         }
     }
 
-    /// The RDMA data path to the daemon at `addr` whose RDMA control port
-    /// is `control`, through this host's NIC (opened once).
+    /// This host's RDMA NIC, opened on first use.
     #[cfg(feature = "rdma")]
-    fn rdma_link(&self, control: &str, addr: &str) -> Result<Arc<dyn Transport>, String> {
-        use crate::transport::rdma::{Nic, NicChoice, RdmaLink};
-        let nic = self
-            .nic
+    fn nic(&self) -> Result<Arc<crate::transport::rdma::Nic>, String> {
+        use crate::transport::rdma::{Nic, NicChoice};
+        self.nic
             .get_or_init(|| {
                 Nic::open(&NicChoice {
                     device: self.cfg.rdma_device.clone(),
@@ -1248,12 +1251,56 @@ impl Client {
                     tracing::warn!(why, "RDMA unavailable; blocks go over QUIC or TCP")
                 })
             })
-            .clone()?;
-        Ok(Arc::new(RdmaLink::new(
-            nic,
+            .clone()
+    }
+
+    /// Registers `len` bytes at `ptr` with this host's RDMA NIC, once, so
+    /// that blocks read into them (`get_into`) or written from them (`put`)
+    /// move by RDMA straight between them and a daemon's pool, with no
+    /// copy here. True if registered; false where this client moves
+    /// blocks otherwise (`rdma` not configured, no NIC, a build without
+    /// the feature): the memory then works as any other, through copies.
+    ///
+    /// # Safety
+    ///
+    /// The bytes must stay allocated until `unregister_memory(ptr)` and
+    /// until every call using them has returned.
+    pub unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> Result<bool, ClientError> {
+        #[cfg(feature = "rdma")]
+        if self.cfg.rdma {
+            let Ok(nic) = self.nic() else {
+                return Ok(false);
+            };
+            // SAFETY: the caller's promise above.
+            unsafe { self.registered.add(&nic, ptr, len) }.map_err(ClientError::Invalid)?;
+            return Ok(true);
+        }
+        let _ = (ptr, len);
+        Ok(false)
+    }
+
+    /// Ends a registration made with `register_memory`; false if `ptr`
+    /// had none.
+    pub fn unregister_memory(&self, ptr: *const u8) -> bool {
+        #[cfg(feature = "rdma")]
+        return self.registered.remove(ptr);
+        #[cfg(not(feature = "rdma"))]
+        {
+            let _ = ptr;
+            false
+        }
+    }
+
+    /// The RDMA data path to the daemon at `addr` whose RDMA control port
+    /// is `control`, through this host's NIC (opened once).
+    #[cfg(feature = "rdma")]
+    fn rdma_link(&self, control: &str, addr: &str) -> Result<Arc<dyn Transport>, String> {
+        Ok(Arc::new(crate::transport::rdma::RdmaLink::new(
+            self.nic()?,
             control.to_string(),
             addr.to_string(),
             self.cfg.connect_timeout,
+            self.registered.clone(),
         )))
     }
 

@@ -183,7 +183,7 @@ async fn hello(
 
 #[cfg(test)]
 mod tests {
-    use mooncake_client::transport::rdma::RdmaLink;
+    use mooncake_client::transport::rdma::{RdmaLink, Registered};
     use mooncake_client::transport::{GetItem, PutItem, Read, Transport};
     use mooncake_proto::checksum::checksum;
     use mooncake_proto::message::Location;
@@ -230,10 +230,11 @@ mod tests {
         };
         let nic = Nic::open(&NicChoice::default()).unwrap();
         let link = RdmaLink::new(
-            nic,
+            nic.clone(),
             endpoint.addr.clone(),
             daemon.addr.to_string(),
             std::time::Duration::from_secs(1),
+            Default::default(),
         );
         let ns = Namespace::new("rdma").unwrap();
         let sizes = [1000usize, 256 << 10, 40 << 20];
@@ -276,6 +277,47 @@ mod tests {
             assert_eq!(*read, Read::Hit(sizes[k]));
             assert!(bufs[k] == values[k], "block {k} differs");
         }
+
+        // Registered memory: written from and read into with no staging.
+        let registered = Arc::new(Registered::default());
+        let mut memory: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+        // SAFETY: `memory` outlives the registration and every call below.
+        unsafe { registered.add(&nic, memory.as_mut_ptr(), memory.len()) }.unwrap();
+        let direct = RdmaLink::new(
+            nic,
+            endpoint.addr.clone(),
+            daemon.addr.to_string(),
+            std::time::Duration::from_secs(1),
+            registered.clone(),
+        );
+        let (value, _) = memory.split_at(1 << 20);
+        let sum = checksum(value);
+        let put = [PutItem {
+            index: 0,
+            hash: BlockHash([9; 32]),
+            value,
+            checksum: sum,
+            parent: None,
+        }];
+        assert_eq!(direct.put(&ns, &put).await.unwrap(), vec![ErrorCode::Ok]);
+        let expected = memory[..1 << 20].to_vec();
+        let (_, into) = memory.split_at_mut(2 << 20);
+        let mut get = [GetItem {
+            index: 0,
+            hash: BlockHash([9; 32]),
+            location: Location {
+                daemon: 0,
+                size: 1 << 20,
+                checksum: sum,
+            },
+            buf: &mut into[..1 << 20],
+        }];
+        assert_eq!(
+            direct.get(&ns, &mut get).await.unwrap(),
+            vec![Read::Hit(1 << 20)]
+        );
+        assert!(memory[2 << 20..3 << 20] == expected[..]);
+        assert!(registered.remove(memory.as_ptr()));
         stop.cancel();
     }
 }

@@ -374,12 +374,21 @@ impl Client {
     /// Registers `size` bytes at address `ptr` (a NumPy array's
     /// `ctypes.data`, a tensor's `data_ptr()`) for `get_into_ptrs` and
     /// `put_from_ptrs`. The memory must stay allocated until unregistered.
+    /// With RDMA (a client built with the `rdma` feature), the memory is
+    /// also registered with the NIC: blocks then move straight between it
+    /// and the daemons' pools.
     fn register_buffer(&self, ptr: usize, size: usize) -> PyResult<()> {
-        self.registered.register(ptr, size)
+        self.registered.register(ptr, size)?;
+        // SAFETY: the caller keeps the memory allocated until it
+        // unregisters it (this method's contract, as in Mooncake's API).
+        unsafe { self.inner.register_memory(ptr as *mut u8, size) }
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        Ok(())
     }
 
     /// Forgets a registered buffer; `False` if none starts at `ptr`.
     fn unregister_buffer(&self, ptr: usize) -> bool {
+        self.inner.unregister_memory(ptr as *const u8);
         self.registered.unregister(ptr)
     }
 

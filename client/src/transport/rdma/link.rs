@@ -30,6 +30,7 @@ use tokio::net::TcpStream;
 
 use super::nic::{Nic, Op, Queue};
 use super::regions::RemotePool;
+use super::registered::Registered;
 use crate::error::{ClientError, ErrorSource};
 use crate::transport::{answer, push_frame, GetItem, PutItem, Read, Transport};
 
@@ -203,8 +204,11 @@ impl Lane {
                 let end = (next + room).min(ops.len());
                 // SAFETY: every op's local bytes are in this lane's
                 // staging buffer (registered under its key), which lives
-                // as long as the queue pair; nothing else touches them
-                // until `run` returns.
+                // as long as the queue pair, or in a caller's registered
+                // buffer that the call borrows exclusively (and whose
+                // region it holds); nothing else touches them until `run`
+                // returns, and if the call is dropped first the queue pair
+                // is destroyed before the borrow ends.
                 unsafe { self.queue.post(&ops[next..end]) }.map_err(io::Error::other)?;
                 next = end;
             }
@@ -253,6 +257,29 @@ impl Lane {
     }
 }
 
+impl Lane {
+    /// The RDMA operations moving whole blocks straight between registered
+    /// caller memory and the pool: `(local address, its key, pool offset,
+    /// length)` each.
+    fn direct_ops(&self, blocks: &[(u64, u32, u64, u64)], write: bool) -> io::Result<Vec<Op>> {
+        let mut ops = Vec::with_capacity(blocks.len());
+        for &(local, lkey, offset, len) in blocks {
+            for s in self.pool.spans(offset, len).map_err(io::Error::other)? {
+                ops.push(Op {
+                    id: ops.len() as u64,
+                    write,
+                    local: local + s.skip,
+                    lkey,
+                    remote: s.addr,
+                    rkey: s.rkey,
+                    len: s.len,
+                });
+            }
+        }
+        Ok(ops)
+    }
+}
+
 /// The RDMA data path to one daemon.
 pub struct RdmaLink {
     nic: Arc<Nic>,
@@ -264,11 +291,20 @@ pub struct RdmaLink {
     idle: parking_lot::Mutex<Vec<Lane>>,
     lanes: tokio::sync::Semaphore,
     down_until: parking_lot::Mutex<Option<Instant>>,
+    /// Caller memory read into and written from directly.
+    registered: Arc<Registered>,
 }
 
 impl RdmaLink {
-    pub fn new(nic: Arc<Nic>, control: String, addr: String, connect_timeout: Duration) -> Self {
+    pub fn new(
+        nic: Arc<Nic>,
+        control: String,
+        addr: String,
+        connect_timeout: Duration,
+        registered: Arc<Registered>,
+    ) -> Self {
         RdmaLink {
+            registered,
             nic,
             control,
             addr,
@@ -381,10 +417,31 @@ impl RdmaLink {
                 other => out[i] = Read::Failed(other),
             }
         }
-        let reading: Vec<&(usize, ShmLease)> = leased
-            .iter()
-            .filter(|(i, _)| out[*i] == Read::Missing)
-            .collect();
+        // Blocks whose buffers are registered land there directly; the
+        // others go through the staging buffer.
+        let mut direct = Vec::new();
+        let mut reading: Vec<&(usize, ShmLease)> = Vec::new();
+        for entry @ (i, lease) in leased.iter().filter(|(i, _)| out[*i] == Read::Missing) {
+            match self.registered.find(&items[*i].buf[..lease.len as usize]) {
+                Some(mr) => direct.push((entry, mr)),
+                None => reading.push(entry),
+            }
+        }
+        if !direct.is_empty() {
+            let blocks: Vec<(u64, u32, u64, u64)> = direct
+                .iter()
+                .map(|((i, lease), mr)| {
+                    let local = items[*i].buf.as_mut_ptr() as u64;
+                    (local, mr.lkey(), lease.offset, lease.len as u64)
+                })
+                .collect();
+            let ops = lane.direct_ops(&blocks, false)?;
+            lane.run(&ops).await?;
+            for ((i, lease), _) in &direct {
+                let sum = checksum(&items[*i].buf[..lease.len as usize]);
+                out[*i] = verdict(lease, sum, &items[*i]);
+            }
+        }
         let sizes: Vec<u64> = reading.iter().map(|(_, l)| l.len as u64).collect();
         let offsets: Vec<u64> = reading.iter().map(|(_, l)| l.offset).collect();
         // Bytes of each block hashed so far, for blocks read in pieces.
@@ -457,6 +514,27 @@ impl RdmaLink {
                 other => *code = other,
             }
         }
+        // Values in registered memory are written from there directly.
+        let (direct, reserved): (Vec<_>, Vec<_>) = reserved
+            .iter()
+            .partition(|(i, _)| self.registered.find(items[*i].value).is_some());
+        let mut held = Vec::new();
+        let mut blocks = Vec::new();
+        for (i, slot) in &direct {
+            let value = items[*i].value;
+            if let Some(mr) = self.registered.find(value) {
+                blocks.push((
+                    value.as_ptr() as u64,
+                    mr.lkey(),
+                    slot.offset,
+                    value.len() as u64,
+                ));
+                held.push(mr);
+            }
+        }
+        let ops = lane.direct_ops(&blocks, true)?;
+        lane.run(&ops).await?;
+        drop(held);
         let sizes: Vec<u64> = reserved
             .iter()
             .map(|(i, _)| items[*i].value.len() as u64)
@@ -474,12 +552,13 @@ impl RdmaLink {
         }
         frames.clear();
         let first = lane.next_id + 1;
-        for (_, slot) in &reserved {
+        let committing: Vec<(usize, ShmSlot)> = direct.iter().chain(&reserved).copied().collect();
+        for (_, slot) in &committing {
             let id = lane.id();
             push_frame(&mut frames, Opcode::ShmCommit, id, &slot.to_bytes());
         }
         lane.conn.write_all(&frames).await?;
-        for (k, (i, _)) in reserved.iter().enumerate() {
+        for (k, (i, _)) in committing.iter().enumerate() {
             codes[*i] = answer(&mut lane.conn, Opcode::ShmCommit, first + k as u64)
                 .await?
                 .0;

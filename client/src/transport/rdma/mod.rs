@@ -4,6 +4,8 @@
 //!
 //! - `nic`: a NIC opened for use, memory registration, queue pairs.
 //! - `regions`: where pool bytes lie in a daemon's registered regions.
+//! - `registered`: caller memory registered once, read into and written
+//!   from with no copy.
 //! - `link`: the client's data path to one daemon (one-sided reads and
 //!   writes of leased pool bytes; control messages on TCP).
 //!
@@ -12,9 +14,11 @@
 pub mod link;
 pub mod nic;
 pub mod regions;
+pub mod registered;
 
 pub use link::RdmaLink;
 pub use nic::{MemoryRegion, Nic, NicChoice, Queue};
+pub use registered::Registered;
 
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 
