@@ -92,14 +92,14 @@ pub fn transports(args: TransportsArgs) -> Result<(), Failure> {
 
 #[cfg(feature = "rdma")]
 fn rdma_status() -> Result<String, String> {
-    let devices = mooncake_client::transport::rdma::devices()?;
-    let names: Vec<String> = devices
+    use mooncake_client::transport::rdma::{devices, Nic, NicChoice};
+    let names: Vec<String> = devices()?
         .iter()
         .map(|d| format!("{} ({})", d.name, d.transport))
         .collect();
-    // Discovery only: daemons do not serve RDMA yet (README, "Transports").
-    Err(format!(
-        "devices {}, but this build has no RDMA data path yet",
+    let nic = Nic::open(&NicChoice::default())?;
+    Ok(format!(
+        "devices {}; would use {nic:?} (daemons: --rdma-listen, clients: --rdma)",
         names.join(", ")
     ))
 }
