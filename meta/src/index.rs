@@ -6,12 +6,14 @@
 //! only `Visible` entries are ever returned: visible means complete.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use mooncake_proto::message::{CommitItem, ListEntry, Location};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::table::{prefetch, Table, TableKey};
 
 const SHARDS: usize = 64;
 
@@ -25,28 +27,10 @@ struct IdxKey {
     hash: BlockHash,
 }
 
-impl Hash for IdxKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
+impl TableKey for IdxKey {
+    fn hash64(&self) -> u64 {
         // The block hash is already uniform: its first bytes are the hash.
-        state.write_u64(self.hash.prefix_u64() ^ u64::from(self.ns).rotate_left(32));
-    }
-}
-
-/// Passes a precomputed u64 through.
-#[derive(Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
+        self.hash.prefix_u64() ^ u64::from(self.ns).rotate_left(32)
     }
 }
 
@@ -64,7 +48,70 @@ struct Entry {
     state: State,
 }
 
-type Shard = HashMap<IdxKey, Entry, BuildHasherDefault<PassThrough>>;
+/// Keys of a prefix match whose slots are prefetched ahead of the probe.
+const PREFETCH_AHEAD: usize = 8;
+
+/// One shard: its table, and where the table's slots lie (published on
+/// every write, read without the lock) so that a reader can prefetch a
+/// key's slot before taking the lock. A stale layout (the table grew
+/// since) only makes a prefetch useless.
+#[derive(Default)]
+struct Shard {
+    table: RwLock<Table<IdxKey, Entry>>,
+    base: AtomicUsize,
+    mask: AtomicUsize,
+}
+
+impl Shard {
+    fn read(&self) -> RwLockReadGuard<'_, Table<IdxKey, Entry>> {
+        self.table.read()
+    }
+
+    fn write(&self) -> ShardWrite<'_> {
+        ShardWrite {
+            table: self.table.write(),
+            shard: self,
+        }
+    }
+
+    fn prefetch(&self, key: &IdxKey) {
+        let (base, mask) = (
+            self.base.load(Ordering::Relaxed),
+            self.mask.load(Ordering::Relaxed),
+        );
+        if base != 0 {
+            let size = std::mem::size_of::<Option<(IdxKey, Entry)>>();
+            prefetch(base + (key.hash64() as usize & mask) * size, size);
+        }
+    }
+}
+
+/// A shard's table, locked for writing; publishes its layout when done.
+struct ShardWrite<'a> {
+    table: RwLockWriteGuard<'a, Table<IdxKey, Entry>>,
+    shard: &'a Shard,
+}
+
+impl std::ops::Deref for ShardWrite<'_> {
+    type Target = Table<IdxKey, Entry>;
+    fn deref(&self) -> &Self::Target {
+        &self.table
+    }
+}
+
+impl std::ops::DerefMut for ShardWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.table
+    }
+}
+
+impl Drop for ShardWrite<'_> {
+    fn drop(&mut self) {
+        let (base, mask) = self.table.layout();
+        self.shard.base.store(base, Ordering::Relaxed);
+        self.shard.mask.store(mask, Ordering::Relaxed);
+    }
+}
 
 /// Which visible blocks `list` returns beyond the namespace.
 #[derive(Debug, Clone, Copy, Default)]
@@ -84,7 +131,7 @@ pub struct PrefixStats {
 }
 
 pub struct Index {
-    shards: Vec<RwLock<Shard>>,
+    shards: Vec<Shard>,
     namespaces: RwLock<Namespaces>,
 }
 
@@ -104,7 +151,7 @@ pub enum Reservation {
 impl Default for Index {
     fn default() -> Self {
         Index {
-            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             namespaces: RwLock::new(Namespaces::default()),
         }
     }
@@ -115,7 +162,7 @@ impl Index {
         Self::default()
     }
 
-    fn shard(&self, key: &IdxKey) -> &RwLock<Shard> {
+    fn shard(&self, key: &IdxKey) -> &Shard {
         // High bits pick the shard; the map inside uses the low bits.
         &self.shards[(key.hash.prefix_u64() >> 58) as usize % SHARDS]
     }
@@ -247,7 +294,25 @@ impl Index {
         let Some(ns) = self.ns_id(ns) else {
             return Vec::new();
         };
-        hashes.iter().map_while(|h| self.visible(ns, *h)).collect()
+        let ahead = |i: usize| {
+            if let Some(hash) = hashes.get(i + PREFETCH_AHEAD) {
+                let key = IdxKey { ns, hash: *hash };
+                self.shard(&key).prefetch(&key);
+            }
+        };
+        for hash in hashes.iter().take(PREFETCH_AHEAD) {
+            let key = IdxKey { ns, hash: *hash };
+            self.shard(&key).prefetch(&key);
+        }
+        let mut out = Vec::with_capacity(hashes.len());
+        for (i, hash) in hashes.iter().enumerate() {
+            ahead(i);
+            match self.visible(ns, *hash) {
+                Some(location) => out.push(location),
+                None => break,
+            }
+        }
+        out
     }
 
     /// Removes visible keys; returns where each was (`None`: not stored).

@@ -12,6 +12,7 @@ mod daemons;
 mod index;
 pub mod metrics;
 mod server;
+mod table;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
