@@ -272,7 +272,13 @@ async fn serve_rdma(
         .clone()
         .unwrap_or_else(|| with_port(advertise, bound.port()));
     tracing::info!(nic = pool.nic(), %bound, advertised = %addr, "RDMA listening");
-    let task = tokio::spawn(rdma::run(listener, pool, advertise.to_string(), shutdown));
+    let task = tokio::spawn(rdma::run(
+        listener,
+        pool,
+        advertise.to_string(),
+        config.max_connections,
+        shutdown,
+    ));
     Ok(Some((
         Endpoint {
             kind: TransportKind::Rdma,

@@ -79,8 +79,11 @@ pub(crate) async fn run(
     listener: TcpListener,
     pool: Arc<RdmaPool>,
     advertise: String,
+    max_connections: usize,
     shutdown: CancellationToken,
 ) {
+    // Each connection holds a queue pair on the NIC: bounded.
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -93,8 +96,13 @@ pub(crate) async fn run(
             },
             _ = shutdown.cancelled() => return,
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(max_connections, "RDMA connection refused: at the limit");
+            continue;
+        };
         let (pool, advertise, shutdown) = (pool.clone(), advertise.clone(), shutdown.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(err) = serve(stream, &pool, &advertise, &shutdown).await {
                 tracing::debug!(%err, "RDMA client gone");
             }

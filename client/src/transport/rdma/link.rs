@@ -34,10 +34,11 @@ use super::registered::Registered;
 use crate::error::{ClientError, ErrorSource};
 use crate::transport::{answer, push_frame, GetItem, PutItem, Read, Transport};
 
-/// Bytes of one lane's staging buffer (registered, so pinned).
-pub const STAGING: usize = 32 << 20;
+/// Bytes of one lane's staging buffer (registered, so pinned): at most
+/// `MAX_LANES` x 16 MiB per daemon this client talks to.
+pub const STAGING: usize = 16 << 20;
 /// Lanes to one daemon, at most: calls beyond wait for one.
-const MAX_LANES: usize = 8;
+const MAX_LANES: usize = 4;
 /// Work requests one queue pair keeps posted at once.
 const DEPTH: u32 = 64;
 /// How long a daemon whose RDMA failed is reached by the other paths
