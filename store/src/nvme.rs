@@ -35,33 +35,43 @@ pub enum TierError {
     Index(#[from] rocksdb::Error),
 }
 
-/// Where a block lives on the device, as the index records it.
+/// Where a block lives on the device, as the index records it, and the
+/// block its prefix extends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Record {
     offset: u64,
     len: u32,
     checksum: u64,
+    parent: Option<BlockHash>,
 }
 
 impl Record {
+    /// Bytes of a record without a parent (the only kind before parents
+    /// were kept: such indexes still open); with one, 32 more.
     const LEN: usize = 20;
 
-    fn encode(&self) -> [u8; Self::LEN] {
-        let mut out = [0u8; Self::LEN];
-        out[..8].copy_from_slice(&self.offset.to_le_bytes());
-        out[8..12].copy_from_slice(&self.len.to_le_bytes());
-        out[12..].copy_from_slice(&self.checksum.to_le_bytes());
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::LEN + 32);
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&self.checksum.to_le_bytes());
+        if let Some(parent) = &self.parent {
+            out.extend_from_slice(&parent.0);
+        }
         out
     }
 
     fn decode(b: &[u8]) -> Option<Record> {
-        if b.len() != Self::LEN {
-            return None;
-        }
+        let parent = match b.len() {
+            Self::LEN => None,
+            n if n == Self::LEN + 32 => Some(BlockHash(b[Self::LEN..].try_into().ok()?)),
+            _ => return None,
+        };
         Some(Record {
             offset: u64::from_le_bytes(b[..8].try_into().ok()?),
             len: u32::from_le_bytes(b[8..12].try_into().ok()?),
-            checksum: u64::from_le_bytes(b[12..].try_into().ok()?),
+            checksum: u64::from_le_bytes(b[12..20].try_into().ok()?),
+            parent,
         })
     }
 
@@ -309,6 +319,15 @@ impl NvmeTier {
         self.state.lock().blocks.len()
     }
 
+    /// The parent the block was stored with, if it is here and had one.
+    pub fn parent_of(&self, key: &BlockKey) -> Option<BlockHash> {
+        self.state
+            .lock()
+            .blocks
+            .get(key)
+            .and_then(|(r, _)| r.parent)
+    }
+
     pub fn used(&self) -> u64 {
         self.capacity - self.state.lock().extents.free_bytes()
     }
@@ -363,6 +382,7 @@ impl NvmeTier {
         key: &BlockKey,
         value: &[u8],
         sum: u64,
+        parent: Option<BlockHash>,
     ) -> Result<Vec<BlockKey>, TierError> {
         let extent = (value.len() as u64).max(1).next_multiple_of(ALIGN as u64);
         if extent > self.capacity || value.len() > u32::MAX as usize {
@@ -428,6 +448,7 @@ impl NvmeTier {
             offset,
             len: value.len() as u32,
             checksum: sum,
+            parent,
         };
         let indexed = match written {
             Ok(n) if n as u64 == extent => self
@@ -575,6 +596,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_blocks_parent_survives_a_reopen_and_old_records_still_open() {
+        let dir = Scratch::new();
+        let parent = BlockHash::from_opaque(b"the parent");
+        {
+            let tier = open(&dir.0, EngineKind::Psync, 16 << 20);
+            let v = value(1, 5000);
+            tier.put(&key(1), &v, checksum(&v), Some(parent))
+                .await
+                .unwrap();
+            let v = value(2, 5000);
+            tier.put(&key(2), &v, checksum(&v), None).await.unwrap();
+        }
+        let tier = open(&dir.0, EngineKind::Psync, 16 << 20);
+        assert_eq!(tier.parent_of(&key(1)), Some(parent));
+        assert_eq!(tier.parent_of(&key(2)), None);
+        // A record written before parents were kept: 20 bytes.
+        let old = &Record {
+            offset: 4096,
+            len: 10,
+            checksum: 7,
+            parent: Some(parent),
+        }
+        .encode()[..Record::LEN];
+        let decoded = Record::decode(old).unwrap();
+        assert_eq!(
+            (decoded.offset, decoded.len, decoded.checksum),
+            (4096, 10, 7)
+        );
+        assert_eq!(decoded.parent, None);
+        assert!(Record::decode(&[0u8; 21]).is_none());
+    }
+
+    #[tokio::test]
     async fn blocks_round_trip_and_survive_a_reopen_on_both_engines() {
         for kind in [EngineKind::Uring, EngineKind::Psync] {
             let dir = Scratch::new();
@@ -582,7 +636,7 @@ mod tests {
                 let tier = open(&dir.0, kind, 64 << 20);
                 for i in 0..50u64 {
                     let v = value(i, 1000 + i as usize * 977);
-                    tier.put(&key(i), &v, checksum(&v)).await.unwrap();
+                    tier.put(&key(i), &v, checksum(&v), None).await.unwrap();
                 }
                 for i in 0..50u64 {
                     let (got, _) = tier.get(&key(i)).await.unwrap().unwrap();
@@ -600,7 +654,7 @@ mod tests {
             }
             // Recovered extents are not handed out again.
             let v = value(99, 300_000);
-            tier.put(&key(99), &v, checksum(&v)).await.unwrap();
+            tier.put(&key(99), &v, checksum(&v), None).await.unwrap();
             for i in (0..50u64).filter(|i| *i != 7) {
                 assert!(tier.get(&key(i)).await.unwrap().is_some());
             }
@@ -613,7 +667,7 @@ mod tests {
         let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
         for i in 0..8u64 {
             let v = value(i, 200 << 10);
-            let evicted = tier.put(&key(i), &v, checksum(&v)).await.unwrap();
+            let evicted = tier.put(&key(i), &v, checksum(&v), None).await.unwrap();
             if i < 5 {
                 assert!(evicted.is_empty());
             }
@@ -624,7 +678,7 @@ mod tests {
         assert!(tier.used() <= tier.capacity());
         let huge = vec![0u8; 2 << 20];
         assert!(matches!(
-            tier.put(&key(100), &huge, 0).await,
+            tier.put(&key(100), &huge, 0, None).await,
             Err(TierError::TooLarge(_))
         ));
     }
@@ -642,13 +696,13 @@ mod tests {
         };
         for i in 0..4 {
             let v = value(i, 64 << 10);
-            tier.put(&in_ns("globex", i), &v, checksum(&v))
+            tier.put(&in_ns("globex", i), &v, checksum(&v), None)
                 .await
                 .unwrap();
         }
         for i in 0..8 {
             let v = value(i, 64 << 10);
-            tier.put(&in_ns("acme/llama", i), &v, checksum(&v))
+            tier.put(&in_ns("acme/llama", i), &v, checksum(&v), None)
                 .await
                 .unwrap();
             let (_, used, limit) = tier.tenant_usage()[0].clone();
@@ -672,7 +726,7 @@ mod tests {
         let dir = Scratch::new();
         let tier = open(&dir.0, EngineKind::Psync, 4 << 20);
         let v = value(1, 10_000);
-        tier.put(&key(1), &v, checksum(&v) ^ 1).await.unwrap();
+        tier.put(&key(1), &v, checksum(&v) ^ 1, None).await.unwrap();
         assert!(tier.get(&key(1)).await.unwrap().is_none());
         assert_eq!(tier.corrupt_blocks(), 1);
         assert!(!tier.contains(&key(1)));
@@ -716,19 +770,19 @@ mod tests {
             let tier = NvmeTier::open(engine, 4 << 20, &index).unwrap();
             let v = value(3, 8192);
             assert!(matches!(
-                tier.put(&key(3), &v, checksum(&v)).await,
+                tier.put(&key(3), &v, checksum(&v), None).await,
                 Err(TierError::Io(_))
             ));
             errno.store(libc::ENOSPC, Ordering::Relaxed);
             assert!(matches!(
-                tier.put(&key(3), &v, checksum(&v)).await,
+                tier.put(&key(3), &v, checksum(&v), None).await,
                 Err(TierError::NoSpace)
             ));
             assert_eq!(tier.io_errors(), 2, "both failures counted");
             assert!(!tier.contains(&key(3)));
             assert_eq!(tier.used(), 0);
             errno.store(0, Ordering::Relaxed);
-            tier.put(&key(3), &v, checksum(&v)).await.unwrap();
+            tier.put(&key(3), &v, checksum(&v), None).await.unwrap();
             assert_eq!(tier.get(&key(3)).await.unwrap().unwrap().0, v);
         }
         let reopened = open(&dir.0, EngineKind::Psync, 4 << 20);

@@ -161,6 +161,9 @@ pub struct Demoted {
     pub key: BlockKey,
     pub bytes: Vec<u8>,
     pub checksum: u64,
+    /// Its parent, kept with it on the next tier so that it comes back
+    /// into DRAM as part of its chain (prefix-aware eviction).
+    pub parent: Option<mooncake_proto::BlockHash>,
 }
 
 struct Inner {
@@ -545,6 +548,7 @@ impl DramPool {
                 key: key.clone(),
                 bytes,
                 checksum: block.checksum,
+                parent: block.parent,
             };
             kept = next.try_send(demoted).is_ok();
             if kept {
@@ -810,6 +814,17 @@ impl DramPool {
 
     pub fn contains(&self, key: &BlockKey) -> bool {
         self.inner.lock().blocks.get(key).is_some_and(|b| b.ready)
+    }
+
+    /// The parent a stored block names (prefix-aware eviction keeps it
+    /// from being evicted before this block).
+    pub fn parent_of(&self, key: &BlockKey) -> Option<mooncake_proto::BlockHash> {
+        let inner = self.inner.lock();
+        inner
+            .blocks
+            .get(key)
+            .filter(|b| b.ready)
+            .and_then(|b| b.parent)
     }
 
     pub fn stats(&self) -> PoolStats {

@@ -155,6 +155,7 @@ impl Tiers {
         self.hits.lock().remove(key);
         if let Ok(mut slot) = self.dram.reserve(key.clone(), bytes.len() as u64, sum) {
             slot.buf_mut().copy_from_slice(bytes);
+            slot.set_parent(self.nvme.iter().find_map(|d| d.parent_of(key)));
             if slot.commit().is_ok() {
                 self.promotions.fetch_add(1, Ordering::Relaxed);
             }
@@ -295,7 +296,9 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                     in_flight_bytes[i] += demoted.bytes.len() as u64;
                     let drive = tiers.nvme[i].clone();
                     writes.push(async move {
-                        let written = drive.put(&demoted.key, &demoted.bytes, demoted.checksum).await;
+                        let written = drive
+                            .put(&demoted.key, &demoted.bytes, demoted.checksum, demoted.parent)
+                            .await;
                         (i, demoted, written)
                     });
                 }

@@ -127,3 +127,56 @@ async fn a_working_set_four_times_dram_is_served_from_nvme_and_survives_a_restar
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A block demoted to NVMe and promoted back comes back with its parent, so
+/// that prefix-aware eviction still sees it as part of its chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_promoted_from_nvme_keeps_its_parent() {
+    let dir = std::env::temp_dir().join(format!(
+        "mooncake-promote-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = daemon_config(4 << 20);
+    cfg.nvme = vec![format!("{}:32MiB", dir.join("drive.bin").display())];
+    cfg.promote_after = 2;
+    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let client = cluster.client();
+    let block = 512 << 10;
+    // A chain of 4 blocks, then 16 unrelated ones: the chain goes to NVMe.
+    let chain: Vec<(BlockHash, Vec<u8>)> = (0..4u64)
+        .map(|i| (hash(100 + i), block_bytes(100 + i, block)))
+        .collect();
+    let refs: Vec<(BlockHash, &[u8])> = chain.iter().map(|(h, v)| (*h, &v[..])).collect();
+    let out = client.put_chain(&ns(), None, &refs).await.unwrap();
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    for i in 0..16u64 {
+        let out = client
+            .put(&ns(), &[(hash(i), &block_bytes(i, block))])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored]);
+    }
+    let pool = cluster.daemons[0].handle.pool.clone();
+    let child = mooncake_proto::BlockKey::new(ns(), hash(102));
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            !pool.contains(&child) && cluster.daemons[0].handle.nvme_blocks_per_drive()[0] > 0
+        })
+        .await,
+        "the chain was demoted"
+    );
+    // Two reads from NVMe promote it.
+    for _ in 0..2 {
+        let got = client.get(&child).await.unwrap().unwrap();
+        assert_eq!(got, block_bytes(102, block));
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || async { pool.contains(&child) }).await,
+        "promoted"
+    );
+    assert_eq!(pool.parent_of(&child), Some(hash(101)));
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
