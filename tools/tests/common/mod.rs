@@ -15,11 +15,22 @@ pub fn repo(rel: &str) -> std::path::PathBuf {
         .join(rel)
 }
 
-/// A loopback port free right now (the kernel's pick).
+/// Ports handed to servers the tests start: below the kernel's ephemeral
+/// range (32768 and up here), so that no outgoing connection takes one
+/// between its pick and its server's bind, and picked at random, so that
+/// tests running at once (and a port a killed server left) rarely meet:
+/// the kernel's own pick (`bind(0)`) hands consecutive callers nearby
+/// ports, and hands a just-released port straight out again.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A loopback port free right now, for TCP and UDP (QUIC) alike.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    loop {
+        let port = TEST_PORTS.start + rand::random::<u16>() % (TEST_PORTS.end - TEST_PORTS.start);
+        let tcp = TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
+    }
 }
