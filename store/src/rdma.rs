@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use mooncake_client::transport::rdma::regions::split;
 use mooncake_client::transport::rdma::{MemoryRegion, Nic, NicChoice};
-use mooncake_proto::message::{Body, RdmaAccept, RdmaPeer, RdmaRegion};
+use mooncake_proto::message::{Body, RdmaAccept, RdmaPeer, RdmaRegion, MAX_RDMA_REGIONS};
 use mooncake_proto::{ErrorCode, Header, Opcode, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -45,9 +45,18 @@ impl RdmaPool {
     pub fn register(tiers: &Arc<Tiers>, choice: &NicChoice) -> Result<RdmaPool, String> {
         let nic = Nic::open(choice)?;
         let (base, len) = tiers.dram.memory();
+        let pieces = split(len as u64, nic.max_region);
+        if pieces.len() > MAX_RDMA_REGIONS {
+            return Err(format!(
+                "{} registers at most {} bytes a region: a pool of {len} bytes needs {} regions (at most {MAX_RDMA_REGIONS})",
+                nic.name,
+                nic.max_region,
+                pieces.len()
+            ));
+        }
         let mut regions = Vec::new();
         let mut registered = Vec::new();
-        for (offset, piece) in split(len as u64, nic.max_region) {
+        for (offset, piece) in pieces {
             // SAFETY: the piece lies in the pool's memory, which `tiers`
             // (held below, dropped after the regions) keeps mapped.
             let ptr = unsafe { base.as_ptr().add(offset as usize) };

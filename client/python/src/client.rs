@@ -142,8 +142,11 @@ impl Client {
     /// `$MOONCAKE_TOKEN`) authenticates with a store that requires it.
     /// `shm_socket`: the same-host daemon's socket. `quic_ca` (and, for
     /// mutual TLS, `quic_cert` and `quic_key`): move blocks over QUIC.
+    /// `rdma` (default `$MOONCAKE_RDMA`): move blocks over RDMA to daemons
+    /// that serve it, with a build that has the `rdma` feature (else over
+    /// TCP or QUIC); `rdma_device` names the NIC.
     #[new]
-    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0, token = None, shm_socket = None, quic_ca = None, quic_cert = None, quic_key = None))]
+    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0, token = None, shm_socket = None, quic_ca = None, quic_cert = None, quic_key = None, rdma = None, rdma_device = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -156,6 +159,8 @@ impl Client {
         quic_ca: Option<std::path::PathBuf>,
         quic_cert: Option<std::path::PathBuf>,
         quic_key: Option<std::path::PathBuf>,
+        rdma: Option<bool>,
+        rdma_device: Option<String>,
     ) -> PyResult<Self> {
         let ns = crate::keys::namespace(namespace)?;
         if !(timeout > 0.0 && timeout.is_finite()) {
@@ -174,6 +179,10 @@ impl Client {
         // The daemon on this host, read through its shared pool.
         cfg.shm_socket =
             shm_socket.or_else(|| std::env::var_os("MOONCAKE_SHM_SOCKET").map(Into::into));
+        cfg.rdma = rdma.unwrap_or_else(|| {
+            std::env::var("MOONCAKE_RDMA").is_ok_and(|v| matches!(v.as_str(), "1" | "true"))
+        });
+        cfg.rdma_device = rdma_device.or_else(|| std::env::var("MOONCAKE_RDMA_DEVICE").ok());
         let env = |name: &str| std::env::var_os(name).map(std::path::PathBuf::from);
         let identity = match (
             quic_cert.or_else(|| env("MOONCAKE_QUIC_CERT")),

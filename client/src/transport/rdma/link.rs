@@ -515,24 +515,29 @@ impl RdmaLink {
                 other => *code = other,
             }
         }
-        // Values in registered memory are written from there directly.
-        let (direct, reserved): (Vec<_>, Vec<_>) = reserved
-            .iter()
-            .partition(|(i, _)| self.registered.find(items[*i].value).is_some());
+        // Values in registered memory are written from there directly (the
+        // region held until the writes complete); the others are staged.
+        let mut direct = Vec::new();
+        let mut staged = Vec::new();
         let mut held = Vec::new();
         let mut blocks = Vec::new();
-        for (i, slot) in &direct {
+        for entry @ (i, slot) in &reserved {
             let value = items[*i].value;
-            if let Some(mr) = self.registered.find(value) {
-                blocks.push((
-                    value.as_ptr() as u64,
-                    mr.lkey(),
-                    slot.offset,
-                    value.len() as u64,
-                ));
-                held.push(mr);
+            match self.registered.find(value) {
+                Some(mr) => {
+                    blocks.push((
+                        value.as_ptr() as u64,
+                        mr.lkey(),
+                        slot.offset,
+                        value.len() as u64,
+                    ));
+                    held.push(mr);
+                    direct.push(entry);
+                }
+                None => staged.push(entry),
             }
         }
+        let reserved = staged;
         let ops = lane.direct_ops(&blocks, true)?;
         lane.run(&ops).await?;
         drop(held);
@@ -553,7 +558,8 @@ impl RdmaLink {
         }
         frames.clear();
         let first = lane.next_id + 1;
-        let committing: Vec<(usize, ShmSlot)> = direct.iter().chain(&reserved).copied().collect();
+        let committing: Vec<(usize, ShmSlot)> =
+            direct.iter().chain(&reserved).map(|e| **e).collect();
         for (_, slot) in &committing {
             let id = lane.id();
             push_frame(&mut frames, Opcode::ShmCommit, id, &slot.to_bytes());
