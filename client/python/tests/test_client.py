@@ -176,3 +176,28 @@ def test_async_client(store):
         assert await c.remove_all() == 1
 
     asyncio.run(main())
+
+
+def test_rdma_asked_for_where_no_daemon_serves_it_moves_blocks_over_tcp(store):
+    # Neither this host nor its daemon has RDMA: the client says so in its
+    # fallback count, not in errors, and blocks (from a registered buffer
+    # too) come back byte for byte.
+    from mooncake.store import MooncakeDistributedStore
+
+    c = mooncake_store.Client(store, namespace="t/rdma", rdma=True, rdma_device="mlx5_0")
+    buf = np.arange(1 << 16, dtype=np.uint8)
+    c.register_buffer(buf.ctypes.data, buf.nbytes)
+    assert c.put_from_ptrs(["r"], [buf.ctypes.data], [buf.nbytes]) == [0]
+    out = np.zeros_like(buf)
+    c.register_buffer(out.ctypes.data, out.nbytes)
+    assert c.get_into_ptrs(["r"], [out.ctypes.data], [out.nbytes]) == [buf.nbytes]
+    assert np.array_equal(out, buf)
+    assert c.unregister_buffer(buf.ctypes.data) and c.unregister_buffer(out.ctypes.data)
+    c.remove_all()
+
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", "", 0, 0, "rdma", "mlx5_0", store) == 0
+    assert s.put("over-rdma-or-tcp", b"either way") == 0
+    assert s.get("over-rdma-or-tcp") == b"either way"
+    s.remove_all()
+    assert s.close() == 0

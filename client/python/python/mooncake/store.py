@@ -20,8 +20,10 @@ How the two models map (see ``client/python/README.md``):
   ``local_hostname``, registered with the meta service. Pass 0 to only use
   the cluster's daemons (vLLM's ``standalone-store`` mode).
 - ``local_buffer_size`` is not needed (blocks land straight in the caller's
-  buffers) and is ignored; ``protocol`` ``"rdma"`` is accepted and uses TCP
-  until this build has an RDMA path.
+  buffers) and is ignored. ``protocol="rdma"`` moves blocks over RDMA (on
+  the first of ``rdma_devices``) to daemons that serve it, with a package
+  built with the ``rdma`` feature; otherwise, and on hosts without an RDMA
+  NIC, over TCP.
 - ``ReplicateConfig``: one copy per block; ``with_hard_pin`` pins the block
   against eviction; the other fields are accepted and ignored.
 - ``register_buffer`` is enforced: ``get_into`` / ``put_from`` on memory
@@ -86,6 +88,7 @@ class MooncakeDistributedStore:
             metadata_server = cfg.get("metadata_server", "")
             global_segment_size = int(cfg.get("global_segment_size", global_segment_size))
             protocol = cfg.get("protocol", protocol)
+            rdma_devices = cfg.get("rdma_devices", cfg.get("device_name", rdma_devices))
             master_server_addr = cfg.get(
                 "master_server_addr", cfg.get("master_server_address", master_server_addr)
             )
@@ -100,7 +103,14 @@ class MooncakeDistributedStore:
         namespace = os.environ.get("MOONCAKE_NAMESPACE", "default")
         try:
             # The token, if the store requires one, comes from $MOONCAKE_TOKEN.
-            client = mooncake_store.Client(master_server_addr, etcd=etcd, namespace=namespace)
+            device = next((d for d in str(rdma_devices).split(",") if d), None)
+            client = mooncake_store.Client(
+                master_server_addr,
+                etcd=etcd,
+                namespace=namespace,
+                rdma=protocol == "rdma",
+                rdma_device=device,
+            )
         except (mooncake_store.StoreError, OSError):
             return RPC_FAIL
         except ValueError:

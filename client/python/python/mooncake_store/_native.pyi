@@ -41,6 +41,8 @@ class Client:
         quic_ca: Optional[str] = None,
         quic_cert: Optional[str] = None,
         quic_key: Optional[str] = None,
+        rdma: Optional[bool] = None,
+        rdma_device: Optional[str] = None,
     ) -> None: ...
     @property
     def namespace(self) -> str: ...
