@@ -49,6 +49,11 @@ pub struct MetaConfig {
     /// Mutual TLS: accept only QUIC clients whose certificate this CA
     /// signed (and, with `auth`, only the token of the certificate's name).
     pub tls_client_ca: Option<std::path::PathBuf>,
+    /// The CA that signed the daemons' certificates: with it this replica
+    /// calls daemons (removals, pins) over QUIC only, at the QUIC endpoint
+    /// each registered, presenting `tls_cert` and `tls_key`; a daemon with
+    /// no QUIC endpoint is not called. Default none: TCP.
+    pub peer_ca: Option<std::path::PathBuf>,
 }
 
 impl Default for MetaConfig {
@@ -68,6 +73,7 @@ impl Default for MetaConfig {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            peer_ca: None,
         }
     }
 }
@@ -86,6 +92,15 @@ impl MetaConfig {
                     .into(),
             ),
         }
+    }
+
+    /// How this replica reaches daemons over QUIC (`peer_ca`), if it does.
+    pub fn peer_tls(&self) -> Option<mooncake_client::ClientTls> {
+        let ca = self.peer_ca.clone()?;
+        Some(mooncake_client::ClientTls {
+            ca,
+            identity: self.tls_cert.clone().zip(self.tls_key.clone()),
+        })
     }
 
     pub fn validate(&self) -> Result<(), String> {

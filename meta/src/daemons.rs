@@ -152,10 +152,6 @@ impl Daemons {
             .collect()
     }
 
-    pub fn addr(&self, id: u32) -> Option<String> {
-        self.members.read().get(&id).map(|m| m.addr.clone())
-    }
-
     /// Marks a daemon draining (no new placements) or not; `false` if
     /// there is no such daemon.
     pub fn set_draining(&self, id: u32, draining: bool) -> bool {

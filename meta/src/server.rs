@@ -6,7 +6,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mooncake_client::{ConnPool, ErrorSource};
+use mooncake_client::{ConnPool, Dialer, ErrorSource};
 use mooncake_proto::auth::{AuthRequest, Gate, Identity, TokenTable};
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::limits::PerClient;
@@ -15,6 +15,7 @@ use mooncake_proto::message::{
     KeysRequest, ListRequest, ListResponse, Locations, PinRequest, PutCommitRequest,
     PutStartRequest, PutStartResponse, RegisterRequest, RegisterResponse, Slot, Statuses,
 };
+use mooncake_proto::transport::TransportKind;
 use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, ProtoError, HEADER_LEN};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
@@ -50,6 +51,8 @@ pub struct State {
     tokens: Option<Arc<TokenTable>>,
     /// Presented to daemons that require authentication.
     token: Option<Arc<str>>,
+    /// Calls to daemons go over QUIC, with these settings (`peer_ca`).
+    peer_quic: Option<Arc<mooncake_client::transport::quic::QuicConnector>>,
 }
 
 impl State {
@@ -72,6 +75,13 @@ impl State {
             stop,
             tokens: cfg.tokens().map_err(crate::MetaError::Config)?,
             token: cfg.token.as_deref().map(Arc::from),
+            peer_quic: match cfg.peer_tls() {
+                Some(tls) => Some(Arc::new(
+                    mooncake_client::transport::quic::QuicConnector::new(&tls)
+                        .map_err(|e| crate::MetaError::Config(format!("peer_ca: {e}")))?,
+                )),
+                None => None,
+            },
         })
     }
 
@@ -94,8 +104,25 @@ impl State {
     }
 
     /// Sends a one-key command (remove, pin, unpin) to a daemon.
+    /// Where to call a daemon: its TCP address, or with `peer_ca` its QUIC
+    /// endpoint (none: it is not called, rather than called in clear).
+    fn daemon_call_addr(&self, daemon: u32) -> Option<String> {
+        let found = self.daemons.addrs([daemon]).into_iter().next()?;
+        if self.peer_quic.is_none() {
+            return Some(found.addr);
+        }
+        let quic = found
+            .endpoints
+            .into_iter()
+            .find(|e| e.kind == TransportKind::Quic);
+        if quic.is_none() {
+            tracing::warn!(daemon, addr = %found.addr, "daemon serves no QUIC endpoint; with peer_ca it is not called");
+        }
+        quic.map(|e| e.addr)
+    }
+
     async fn tell_daemon(&self, daemon: u32, op: Opcode, key: BlockKey) -> ErrorCode {
-        let Some(addr) = self.daemons.addr(daemon) else {
+        let Some(addr) = self.daemon_call_addr(daemon) else {
             return ErrorCode::Unavailable;
         };
         let pool = {
@@ -107,10 +134,12 @@ impl State {
             links
                 .entry(daemon)
                 .or_insert_with(|| {
-                    Arc::new(
-                        ConnPool::new(addr, ErrorSource::Daemon, DAEMON_CALL_TIMEOUT, 4)
-                            .with_token(self.token.clone()),
-                    )
+                    let pool = ConnPool::new(addr, ErrorSource::Daemon, DAEMON_CALL_TIMEOUT, 4)
+                        .with_token(self.token.clone());
+                    Arc::new(match &self.peer_quic {
+                        Some(quic) => pool.with_dialer(Dialer::Quic(quic.clone())),
+                        None => pool,
+                    })
                 })
                 .clone()
         };

@@ -101,6 +101,12 @@ pub struct DaemonConfig {
     /// Mutual TLS: only clients whose certificate this CA signed may
     /// connect over QUIC. Default none: any client (tokens still apply).
     pub tls_client_ca: Option<std::path::PathBuf>,
+    /// The CA that signed the meta service's certificate: with it the
+    /// daemon reaches the meta service over QUIC only (on UDP at its
+    /// address; the meta service needs `quic`), presenting `tls_cert` and
+    /// `tls_key` as its identity, so that its token and inventories travel
+    /// encrypted. Default none: TCP.
+    pub peer_ca: Option<std::path::PathBuf>,
     /// Meta service to register with. Default none (a standalone daemon).
     pub meta: Option<String>,
     /// Token file (`docs/security.md`): when set, every connection must
@@ -148,6 +154,7 @@ impl Default for DaemonConfig {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            peer_ca: None,
             meta: None,
             auth: None,
             token: None,
@@ -158,6 +165,16 @@ impl Default for DaemonConfig {
 
 impl DaemonConfig {
     /// Checks values that parse but make no sense together.
+    /// How this daemon reaches the meta service over QUIC (`peer_ca`),
+    /// if it does.
+    pub fn peer_tls(&self) -> Option<mooncake_client::ClientTls> {
+        let ca = self.peer_ca.clone()?;
+        Some(mooncake_client::ClientTls {
+            ca,
+            identity: self.tls_cert.clone().zip(self.tls_key.clone()),
+        })
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.quic_listen.is_some() {
             self.server_tls()?;

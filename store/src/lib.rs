@@ -124,6 +124,13 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> Result<DaemonHandle, DaemonError> {
     config.validate().map_err(DaemonError::Config)?;
+    let meta_quic = match config.peer_tls() {
+        Some(tls) => Some(Arc::new(
+            mooncake_client::transport::quic::QuicConnector::new(&tls)
+                .map_err(|e| DaemonError::Config(format!("peer_ca: {e}")))?,
+        )),
+        None => None,
+    };
     let addr = listener.local_addr().map_err(DaemonError::Listener)?;
     let pool = Arc::new(
         DramPool::new(config.pool()).map_err(|err| DaemonError::Pool {
@@ -227,6 +234,7 @@ pub async fn start(
                 endpoints: endpoints.clone(),
                 interval: config.heartbeat_interval.0,
                 token: config.token.clone(),
+                quic: meta_quic,
             },
             tiers.clone(),
             shutdown.child_token(),

@@ -39,6 +39,8 @@ pub struct LinkConfig {
     pub interval: Duration,
     /// Presented to a meta service that requires authentication.
     pub token: Option<String>,
+    /// Reach the meta service over QUIC with these settings (`peer_ca`).
+    pub quic: Option<Arc<mooncake_client::transport::quic::QuicConnector>>,
 }
 
 pub async fn run(cfg: LinkConfig, tiers: Arc<Tiers>, shutdown: CancellationToken) {
@@ -103,7 +105,10 @@ async fn session(
     let pool: &DramPool = &tiers.dram;
     let deadline = cfg.interval.max(Duration::from_secs(1)) * 3;
     let addr = meta_addr(&cfg.target).await?;
-    let mut conn = Connection::connect(&addr, ErrorSource::Meta, deadline).await?;
+    let mut conn = match &cfg.quic {
+        Some(quic) => quic.open(&addr, ErrorSource::Meta, deadline).await?,
+        None => Connection::connect(&addr, ErrorSource::Meta, deadline).await?,
+    };
     if let Some(token) = &cfg.token {
         with_deadline(deadline, conn.authenticate(token)).await?;
     }

@@ -468,3 +468,87 @@ async fn a_client_that_prefers_rdma_counts_its_fallback_to_tcp() {
     assert_eq!(t.writes(TransportKind::Tcp), 1);
     drop(dir);
 }
+
+/// A daemon set up like `setup`'s mutual-TLS one, reaching the meta
+/// service over QUIC when `peer_ca` names a CA.
+fn quic_daemon(dir: &Path, peer_ca: Option<PathBuf>) -> mooncake_daemon::DaemonConfig {
+    let tls = DevCerts::server_tls(dir, true);
+    let mut cfg = daemon_config(16 << 20);
+    cfg.quic_listen = Some("127.0.0.1:0".into());
+    cfg.tls_cert = Some(tls.cert);
+    cfg.tls_key = Some(tls.key);
+    cfg.tls_client_ca = tls.client_ca;
+    cfg.peer_ca = peer_ca;
+    cfg
+}
+
+/// With `peer_ca` on both, the servers talk to each other over QUIC with
+/// mutual TLS: a daemon registers (and reports) over QUIC, and the meta
+/// service's calls to it (a removal) arrive over QUIC. A daemon that
+/// trusts another CA never joins, and a meta service that trusts another
+/// CA cannot call a daemon: nothing goes over TCP instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_reach_each_other_over_quic_only_with_peer_ca() {
+    let dir = Scratch::new();
+    let other = Scratch::new();
+    let ca = dir.path().join("ca.pem");
+    let mut meta = meta_for(Kind::QuicMutual, dir.path());
+    meta.peer_ca = Some(ca.clone());
+    let mut cluster = TestCluster::start_with(meta, Vec::new()).await;
+    cluster
+        .add_daemon(quic_daemon(dir.path(), Some(ca.clone())))
+        .await;
+    let client = cluster.client();
+    let value = block_bytes(7, 10_000);
+    assert_eq!(
+        client.put(&ns(), &[(hash(7), &value)]).await.unwrap(),
+        vec![PutOutcome::Stored]
+    );
+    let key = mooncake_proto::BlockKey::new(ns(), hash(7));
+    let pool = cluster.daemons[0].handle.pool.clone();
+    assert!(pool.contains(&key));
+    assert_eq!(client.remove(&ns(), &[hash(7)]).await.unwrap(), vec![true]);
+    assert!(
+        !pool.contains(&key),
+        "the meta service's call reached the daemon"
+    );
+
+    // A daemon trusting another CA cannot verify the meta service.
+    let stranger = quic_daemon(dir.path(), Some(other.path().join("ca.pem")));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut cfg = stranger;
+    cfg.meta = Some(cluster.meta_addr.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let handle = mooncake_daemon::start(
+        cfg,
+        listener,
+        None,
+        &prometheus::Registry::new(),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let listed = client.cluster_stats().await.unwrap().daemons;
+    assert!(
+        listed.iter().all(|d| d.addr != handle.addr.to_string()),
+        "a daemon that cannot verify the meta service joined: {listed:?}"
+    );
+    stop.cancel();
+
+    // A meta service trusting another CA cannot call its daemon (which
+    // registered over TCP): the key leaves the index, but the bytes stay
+    // on the daemon, not removed over TCP instead.
+    let mut meta = meta_for(Kind::QuicMutual, dir.path());
+    meta.peer_ca = Some(other.path().join("ca.pem"));
+    let mut wary = TestCluster::start_with(meta, Vec::new()).await;
+    wary.add_daemon(quic_daemon(dir.path(), None)).await;
+    let client = wary.client();
+    assert_eq!(
+        client.put(&ns(), &[(hash(8), &value)]).await.unwrap(),
+        vec![PutOutcome::Stored]
+    );
+    assert_eq!(client.remove(&ns(), &[hash(8)]).await.unwrap(), vec![true]);
+    let key = mooncake_proto::BlockKey::new(ns(), hash(8));
+    assert!(wary.daemons[0].handle.pool.contains(&key));
+}

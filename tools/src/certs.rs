@@ -42,6 +42,7 @@ pub fn run(args: CertsArgs) -> Result<(), Failure> {
         println!("wrote {dir}/{{ca.pem,ca.key,daemon.pem,daemon.key,client.pem,client.key}}");
         println!("daemon: --quic-listen 0.0.0.0:7171 --tls-cert {dir}/daemon.pem --tls-key {dir}/daemon.key [--tls-client-ca {dir}/ca.pem]");
         println!("client: --quic-ca {dir}/ca.pem [--quic-cert {dir}/client.pem --quic-key {dir}/client.key]");
+        println!("servers to each other (daemons with --quic-listen, meta with --quic): --peer-ca {dir}/ca.pem");
     }
     Ok(())
 }

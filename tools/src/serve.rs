@@ -206,6 +206,11 @@ pub struct TlsArgs {
     /// Mutual TLS: accept only QUIC clients whose certificate this CA signed.
     #[arg(long)]
     tls_client_ca: Option<PathBuf>,
+    /// Talk to the other servers (meta service and daemons) over QUIC
+    /// only, trusting certificates this CA signed and presenting
+    /// --tls-cert; they must serve QUIC.
+    #[arg(long)]
+    peer_ca: Option<PathBuf>,
 }
 
 impl TlsArgs {
@@ -215,10 +220,12 @@ impl TlsArgs {
         cert: &mut Option<PathBuf>,
         key: &mut Option<PathBuf>,
         client_ca: &mut Option<PathBuf>,
+        peer_ca: &mut Option<PathBuf>,
     ) {
         *cert = self.tls_cert.or(cert.take());
         *key = self.tls_key.or(key.take());
         *client_ca = self.tls_client_ca.or(client_ca.take());
+        *peer_ca = self.peer_ca.or(peer_ca.take());
     }
 }
 
@@ -226,8 +233,12 @@ impl QuicArgs {
     fn apply(self, cfg: &mut mooncake_daemon::config::DaemonConfig) {
         cfg.quic_listen = self.quic_listen.or(cfg.quic_listen.take());
         cfg.quic_advertise = self.quic_advertise.or(cfg.quic_advertise.take());
-        self.tls
-            .apply(&mut cfg.tls_cert, &mut cfg.tls_key, &mut cfg.tls_client_ca);
+        self.tls.apply(
+            &mut cfg.tls_cert,
+            &mut cfg.tls_key,
+            &mut cfg.tls_client_ca,
+            &mut cfg.peer_ca,
+        );
     }
 }
 
@@ -296,6 +307,7 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
         cfg.meta.tls_cert = cfg.daemon.tls_cert.clone();
         cfg.meta.tls_key = cfg.daemon.tls_key.clone();
         cfg.meta.tls_client_ca = cfg.daemon.tls_client_ca.clone();
+        cfg.meta.peer_ca = cfg.daemon.peer_ca.clone();
     }
     if let Some(a) = args.admin {
         cfg.meta.admin = a;
@@ -363,8 +375,12 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         cfg.token = args.token;
     }
     cfg.quic |= args.quic;
-    args.tls
-        .apply(&mut cfg.tls_cert, &mut cfg.tls_key, &mut cfg.tls_client_ca);
+    args.tls.apply(
+        &mut cfg.tls_cert,
+        &mut cfg.tls_key,
+        &mut cfg.tls_client_ca,
+        &mut cfg.peer_ca,
+    );
     cfg.validate()
         .map_err(|e| Failure::usage(format!("[meta] {e}")))?;
     let stop = stop_on_signal();

@@ -577,7 +577,7 @@ impl DevCerts {
             let key = KeyPair::generate()?;
             let mut params = CertificateParams::new(names)?;
             params.distinguished_name.push(DnType::CommonName, cn);
-            params.extended_key_usages = vec![usage];
+            params.extended_key_usages = usage;
             params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
             let cert = params.signed_by(&key, &ca_cert, &ca_key)?;
             Ok::<_, rcgen::Error>((cert.pem(), key.serialize_pem()))
@@ -585,12 +585,17 @@ impl DevCerts {
         let daemon = leaf(
             hosts.to_vec(),
             "mooncake-daemon",
-            ExtendedKeyUsagePurpose::ServerAuth,
+            // Servers also present it when they call each other
+            // (`peer_ca`), as clients.
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
         )?;
         let client = leaf(
             vec![client.to_string()],
             client,
-            ExtendedKeyUsagePurpose::ClientAuth,
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
         )?;
         Ok(DevCerts {
             ca_pem: ca_cert.pem(),
