@@ -445,8 +445,8 @@ impl RdmaLink {
         }
         let sizes: Vec<u64> = reading.iter().map(|(_, l)| l.len as u64).collect();
         let offsets: Vec<u64> = reading.iter().map(|(_, l)| l.offset).collect();
-        // Bytes of each block hashed so far, for blocks read in pieces.
-        let mut pieced: Vec<Option<u64>> = vec![None; reading.len()];
+        // Bytes of each block copied so far, for blocks read in pieces.
+        let mut copied = vec![0u64; reading.len()];
         for round in plan(&sizes, STAGING as u64) {
             let ops = lane.ops(&round, &offsets, false)?;
             lane.run(&ops).await?;
@@ -460,9 +460,8 @@ impl RdmaLink {
                     out[*i] = verdict(lease, sum, &items[*i]);
                 } else {
                     dst.copy_from_slice(src);
-                    let copied = pieced[p.item].unwrap_or(0) + p.len;
-                    pieced[p.item] = Some(copied);
-                    if copied == lease.len as u64 {
+                    copied[p.item] += p.len;
+                    if copied[p.item] == lease.len as u64 {
                         let sum = checksum(&items[*i].buf[..lease.len as usize]);
                         out[*i] = verdict(lease, sum, &items[*i]);
                     }
