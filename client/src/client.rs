@@ -1260,6 +1260,9 @@ impl Client {
     /// copy here. True if registered; false where this client moves
     /// blocks otherwise (`rdma` not configured, no NIC, a build without
     /// the feature): the memory then works as any other, through copies.
+    /// Host memory only: every block read is checked by this CPU where it
+    /// lands, so GPU memory (GPUDirect) cannot be registered here; load
+    /// into GPU memory through pinned host buffers.
     ///
     /// # Safety
     ///
