@@ -3,7 +3,9 @@
 # puts) of the same blocks over TCP, QUIC and same-host shared memory, at
 # 8 and 64 requests in flight, beside the two ceilings: iperf3's single
 # TCP stream on loopback (what TCP can carry) and one core's memcpy of the
-# same block sizes (what a same-host copy can reach).
+# same block sizes (what a same-host copy can reach). With
+# MOONCAKE_FEATURES=mooncake-cli/rdma on a host with an RDMA NIC, RDMA too
+# (through the NIC's loopback; its rows have no ceiling here).
 # Usage: tools/bench/transports.sh [SIZES] [OPS] [CLIENT_THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,21 +19,26 @@ if ! command -v iperf3 >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq iperf3 >/dev/null
 fi
-cargo build --release -q --bin mooncake-store
+FEATURES="${MOONCAKE_FEATURES:-}"
+cargo build --release -q --bin mooncake-store ${FEATURES:+--features "$FEATURES"}
 BIN="$CARGO_TARGET_DIR/release/mooncake-store"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-MPORT=$(free_port); DPORT=$(free_port); QPORT=$(free_port); IPORT=$(free_port)
+MPORT=$(free_port); DPORT=$(free_port); QPORT=$(free_port); IPORT=$(free_port); RPORT=$(free_port)
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 
 "$BIN" certs --out "$tmp/certs" >/dev/null
+# RDMA where this build and host have it; else one line saying why not.
+rdma=()
+rdma_why=$("$BIN" transports --json | python3 -c 'import json,sys; r=json.load(sys.stdin)["rdma"]; print("" if r["available"] else r["detail"])')
+[ -z "$rdma_why" ] && rdma=(--rdma-listen "127.0.0.1:$RPORT")
 "$BIN" up --meta-listen "127.0.0.1:$MPORT" --listen "127.0.0.1:$DPORT" --admin "" --dram 4GiB \
     --shm-socket "$tmp/daemon.sock" --quic-listen "127.0.0.1:$QPORT" \
     --tls-cert "$tmp/certs/daemon.pem" --tls-key "$tmp/certs/daemon.key" \
-    --tls-client-ca "$tmp/certs/ca.pem" >"$tmp/up.log" 2>&1 &
+    --tls-client-ca "$tmp/certs/ca.pem" "${rdma[@]}" >"$tmp/up.log" 2>&1 &
 pids+=($!)
 iperf3 -s -p "$IPORT" -B 127.0.0.1 >"$tmp/iperf3-server.log" 2>&1 &
 pids+=($!)
@@ -50,10 +57,14 @@ for conc in 8 64; do
     "$BIN" bench "${common[@]}" >"$tmp/tcp-$conc.json"
     "$BIN" bench "${common[@]}" "${quic[@]}" >"$tmp/quic-$conc.json"
     "$BIN" bench "${common[@]}" --shm-socket "$tmp/daemon.sock" >"$tmp/shm-$conc.json"
+    if [ ${#rdma[@]} -gt 0 ]; then
+        "$BIN" bench "${common[@]}" --rdma >"$tmp/rdma-$conc.json"
+    fi
 done
+[ -n "$rdma_why" ] && echo "rdma: not measured ($rdma_why)"
 
 python3 - "$tmp" <<'PY'
-import json, sys
+import json, os, sys
 d = sys.argv[1]
 def rows(name):
     return [json.loads(l) for l in open(f"{d}/{name}.json") if l.strip()]
@@ -70,11 +81,13 @@ print()
 print(f"{'transport':<9} {'size':<7} {'in flight':>9} {'op':<4} {'GB/s':>6} {'p99 ms':>7} {'errors':>6}  {'of ceiling':>10}  {'vs TCP':>6}")
 for conc in (8, 64):
     tcp = {(r["op"], r["size"]): r for r in rows(f"tcp-{conc}")}
-    for name in ("tcp", "quic", "shm"):
+    for name in ("tcp", "quic", "shm", "rdma"):
+        if name == "rdma" and not os.path.exists(f"{d}/rdma-{conc}.json"):
+            continue
         for r in rows(f"{name}-{conc}"):
             ceiling = memcpy[r["size"]]["gb_per_sec"] if name == "shm" else iperf
             ceiling_name = "memcpy" if name == "shm" else "iperf3"
-            of = f"{r['gb_per_sec'] / ceiling * 100:5.0f}% {ceiling_name}" if r["op"] == "get" else ""
+            of = f"{r['gb_per_sec'] / ceiling * 100:5.0f}% {ceiling_name}" if r["op"] == "get" and name != "rdma" else ""
             base = tcp.get((r["op"], r["size"]))
             vs = f"{r['gb_per_sec'] / base['gb_per_sec']:.2f}x" if base else ""
             print(f"{name:<9} {fmt_size(r['size']):<7} {conc:>9} {r['op']:<4} {r['gb_per_sec']:>6.2f} "

@@ -165,6 +165,9 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     }
     shutdown.cancel();
     print_rows(&args, &rows);
+    // Which paths the blocks really took (a path asked for and not
+    // available falls back, and its rows measure the fallback).
+    eprintln!("{}", moved_by(client.transports()));
     Ok(())
 }
 
@@ -291,6 +294,25 @@ where
         misses,
         errors,
     }
+}
+
+/// One line: blocks read and written per transport, and fallbacks.
+fn moved_by(t: &mooncake_client::TransportCounters) -> String {
+    use mooncake_proto::transport::TransportKind;
+    let mut parts: Vec<String> = TransportKind::ALL
+        .into_iter()
+        .filter(|k| t.reads(*k) + t.writes(*k) > 0)
+        .map(|k| format!("{k} {} read, {} written", t.reads(k), t.writes(k)))
+        .collect();
+    for from in TransportKind::ALL {
+        for to in TransportKind::ALL {
+            let n = t.fallbacks(from, to);
+            if n > 0 {
+                parts.push(format!("{n} fallbacks {from} -> {to}"));
+            }
+        }
+    }
+    format!("blocks by transport: {}", parts.join("; "))
 }
 
 /// Latencies from 1 us to 10 min, 3 significant digits. Bounded, so that
