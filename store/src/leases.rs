@@ -27,12 +27,15 @@ const MAX_LEASES: usize = 1 << 16;
 const BACKPRESSURE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves one client's lease requests on `stream` until it goes away, sends
-/// something else, or `shutdown`.
+/// something else, or `shutdown`; counted in `sessions` meanwhile.
 pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     tiers: &Arc<Tiers>,
+    sessions: &prometheus::IntGauge,
     shutdown: &CancellationToken,
 ) -> io::Result<()> {
+    sessions.inc();
+    let _open = Open(sessions);
     let pool = &tiers.dram;
     // Every lease this client holds; all end when it goes away.
     let mut leases: HashMap<u64, ReadLease> = HashMap::new();
@@ -169,6 +172,15 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// Counts a session out when it ends, however it ends.
+struct Open<'a>(&'a prometheus::IntGauge);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,16 +212,25 @@ mod tests {
         }
     }
 
-    fn session() -> (Arc<Tiers>, Conn, tokio::task::JoinHandle<io::Result<()>>) {
+    type Session = (
+        Arc<Tiers>,
+        Conn,
+        tokio::task::JoinHandle<io::Result<()>>,
+        prometheus::IntGauge,
+    );
+
+    fn session() -> Session {
         let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
         let tiers = Tiers::dram_only(pool);
         let (client, mut server) = tokio::io::duplex(1 << 16);
         let t = tiers.clone();
+        let sessions = prometheus::IntGauge::new("sessions", "open").unwrap();
+        let counted = sessions.clone();
         let task = tokio::spawn(async move {
             let stop = CancellationToken::new();
-            serve(&mut server, &t, &stop).await
+            serve(&mut server, &t, &counted, &stop).await
         });
-        (tiers, Conn(client, 0), task)
+        (tiers, Conn(client, 0), task, sessions)
     }
 
     /// Writes `bytes` at `offset` of the pool, as a client's RDMA write (or
@@ -246,7 +267,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_block_written_into_reserved_room_is_verified_stored_and_leased_in_place() {
-        let (tiers, mut conn, _task) = session();
+        let (tiers, mut conn, _task, _) = session();
         let bytes: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
         let (code, body) = conn
             .call(Opcode::ShmPut, &put_request(1, &bytes, checksum(&bytes)))
@@ -280,7 +301,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_that_do_not_match_their_checksum_are_refused_at_commit() {
-        let (tiers, mut conn, _task) = session();
+        let (tiers, mut conn, _task, _) = session();
         let bytes = vec![9u8; 3000];
         let (_, body) = conn
             .call(Opcode::ShmPut, &put_request(2, &bytes, checksum(&bytes)))
@@ -303,12 +324,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_of_another_path_is_refused_and_ends_the_session() {
-        let (_tiers, mut conn, task) = session();
+        let (_tiers, mut conn, task, sessions) = session();
         let get = KeyRequest { key: key(3) }.to_bytes();
+        // Answered once the session is open: it counts.
+        assert_eq!(conn.call(Opcode::ShmGet, &get).await.0, ErrorCode::NotFound);
+        assert_eq!(sessions.get(), 1);
         assert_eq!(
             conn.call(Opcode::Get, &get).await.0,
             ErrorCode::UnknownOpcode
         );
         assert!(task.await.unwrap().is_ok());
+        assert_eq!(sessions.get(), 0, "an ended session is counted out");
     }
 }

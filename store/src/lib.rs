@@ -171,7 +171,7 @@ pub async fn start(
             tokens: config.tokens().map_err(DaemonError::Config)?,
             ..config.server()
         },
-        metrics,
+        metrics.clone(),
     );
     let mut tasks = vec![tokio::spawn(server::run(
         listener,
@@ -201,8 +201,15 @@ pub async fn start(
         )));
     }
     if let Some(listen) = &config.rdma_listen {
-        if let Some((endpoint, task)) =
-            serve_rdma(listen, &config, &tiers, &advertise, shutdown.child_token()).await?
+        if let Some((endpoint, task)) = serve_rdma(
+            listen,
+            &config,
+            &tiers,
+            &advertise,
+            &metrics,
+            shutdown.child_token(),
+        )
+        .await?
         {
             endpoints.push(endpoint);
             tasks.push(task);
@@ -211,8 +218,9 @@ pub async fn start(
     if let Some(path) = config.shm_socket.clone() {
         shm::usable(&path).map_err(DaemonError::Config)?;
         let (tiers, advertise, stop) = (tiers.clone(), advertise.clone(), shutdown.child_token());
+        let sessions = metrics.shm_sessions.clone();
         tasks.push(tokio::spawn(async move {
-            if let Err(err) = shm::run(path.clone(), tiers, advertise, stop).await {
+            if let Err(err) = shm::run(path.clone(), tiers, advertise, sessions, stop).await {
                 tracing::error!(%err, path = %path.display(), "shared-memory socket failed");
             }
         }));
@@ -258,6 +266,7 @@ async fn serve_rdma(
     config: &DaemonConfig,
     tiers: &Arc<tiers::Tiers>,
     advertise: &str,
+    metrics: &metrics::DaemonMetrics,
     shutdown: CancellationToken,
 ) -> Result<Option<(Endpoint, JoinHandle<()>)>, DaemonError> {
     let choice = mooncake_client::transport::rdma::NicChoice {
@@ -285,6 +294,7 @@ async fn serve_rdma(
         pool,
         advertise.to_string(),
         config.max_connections,
+        metrics.rdma_sessions.clone(),
         shutdown,
     ));
     Ok(Some((
@@ -303,6 +313,7 @@ async fn serve_rdma(
     _: &DaemonConfig,
     _: &Arc<tiers::Tiers>,
     _: &str,
+    _: &metrics::DaemonMetrics,
     _: CancellationToken,
 ) -> Result<Option<(Endpoint, JoinHandle<()>)>, DaemonError> {
     Err(DaemonError::Config(

@@ -37,6 +37,10 @@ pub struct DaemonMetrics {
     pub connections: IntGauge,
     pub in_flight: IntGauge,
     pub refused_connections: IntCounter,
+    /// Open sessions of clients that move block bytes themselves, each
+    /// holding its leases: same-host shared memory and RDMA.
+    pub shm_sessions: IntGauge,
+    pub rdma_sessions: IntGauge,
     tenant_requests: IntCounterVec,
     /// `OPS`' label values, made once (not per request).
     op_labels: Vec<String>,
@@ -91,6 +95,14 @@ impl DaemonMetrics {
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(refused.clone()))?;
+        let sessions = IntGaugeVec::new(
+            Opts::new(
+                "mooncake_daemon_lease_sessions",
+                "Open sessions of clients that move block bytes themselves (same-host shared memory, RDMA), by path.",
+            ),
+            &["path"],
+        )?;
+        registry.register(Box::new(sessions.clone()))?;
         let tenant_requests = IntCounterVec::new(
             Opts::new(
                 "mooncake_daemon_tenant_requests_total",
@@ -118,6 +130,8 @@ impl DaemonMetrics {
             connections,
             in_flight,
             refused_connections: refused,
+            shm_sessions: sessions.with_label_values(&["shm"]),
+            rdma_sessions: sessions.with_label_values(&["rdma"]),
             tenant_requests,
             op_labels: OPS.iter().map(|op| op.name().to_lowercase()).collect(),
         }))

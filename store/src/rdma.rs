@@ -89,6 +89,7 @@ pub(crate) async fn run(
     pool: Arc<RdmaPool>,
     advertise: String,
     max_connections: usize,
+    sessions: prometheus::IntGauge,
     shutdown: CancellationToken,
 ) {
     // Each connection holds a queue pair on the NIC: bounded.
@@ -110,9 +111,10 @@ pub(crate) async fn run(
             continue;
         };
         let (pool, advertise, shutdown) = (pool.clone(), advertise.clone(), shutdown.clone());
+        let sessions = sessions.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(err) = serve(stream, &pool, &advertise, &shutdown).await {
+            if let Err(err) = serve(stream, &pool, &advertise, &sessions, &shutdown).await {
                 tracing::debug!(%err, "RDMA client gone");
             }
         });
@@ -123,6 +125,7 @@ async fn serve(
     mut stream: TcpStream,
     pool: &RdmaPool,
     advertise: &str,
+    sessions: &prometheus::IntGauge,
     shutdown: &CancellationToken,
 ) -> io::Result<()> {
     stream.set_nodelay(true)?;
@@ -162,7 +165,7 @@ async fn serve(
     if let Err(why) = answer {
         return Err(io::Error::other(why));
     }
-    crate::leases::serve(&mut stream, &pool.tiers, shutdown).await
+    crate::leases::serve(&mut stream, &pool.tiers, sessions, shutdown).await
 }
 
 /// Reads the client's `RdmaConnect`; on a bad one, the header to answer

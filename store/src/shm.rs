@@ -30,6 +30,7 @@ pub async fn run(
     path: PathBuf,
     tiers: Arc<Tiers>,
     advertise: String,
+    sessions: prometheus::IntGauge,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let _ = std::fs::remove_file(&path);
@@ -49,8 +50,9 @@ pub async fn run(
             _ = shutdown.cancelled() => return Ok(()),
         };
         let (tiers, advertise, shutdown) = (tiers.clone(), advertise.clone(), shutdown.clone());
+        let sessions = sessions.clone();
         tokio::spawn(async move {
-            if let Err(err) = serve(stream, &tiers, &advertise, &shutdown).await {
+            if let Err(err) = serve(stream, &tiers, &advertise, &sessions, &shutdown).await {
                 tracing::debug!(%err, "shm client gone");
             }
         });
@@ -69,6 +71,7 @@ async fn serve(
     mut stream: UnixStream,
     tiers: &Arc<Tiers>,
     advertise: &str,
+    sessions: &prometheus::IntGauge,
     shutdown: &CancellationToken,
 ) -> io::Result<()> {
     let pool = &tiers.dram;
@@ -86,7 +89,7 @@ async fn serve(
     fds.extend(index.map(|(fd, _)| fd));
     stream.writable().await?;
     send_with_fds(&stream, &hello, &fds)?;
-    crate::leases::serve(&mut stream, tiers, shutdown).await
+    crate::leases::serve(&mut stream, tiers, sessions, shutdown).await
 }
 
 /// Sends `bytes` with file descriptors attached (SCM_RIGHTS).
