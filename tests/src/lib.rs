@@ -82,8 +82,9 @@ impl TestCluster {
         cluster
     }
 
-    /// Starts one more daemon and waits until the meta service lists it.
-    pub async fn add_daemon(&mut self, mut cfg: DaemonConfig) -> usize {
+    /// Starts a daemon pointed at this cluster's meta service, without
+    /// waiting for it to register (nor keeping it in `daemons`).
+    pub async fn launch_daemon(&self, mut cfg: DaemonConfig) -> TestDaemon {
         let stop = self.shutdown.child_token();
         cfg.meta = Some(self.meta_addr.clone());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -96,8 +97,14 @@ impl TestCluster {
         )
         .await
         .unwrap();
-        let addr = handle.addr.to_string();
-        self.daemons.push(TestDaemon { handle, stop });
+        TestDaemon { handle, stop }
+    }
+
+    /// Starts one more daemon and waits until the meta service lists it.
+    pub async fn add_daemon(&mut self, cfg: DaemonConfig) -> usize {
+        let daemon = self.launch_daemon(cfg).await;
+        let addr = daemon.handle.addr.to_string();
+        self.daemons.push(daemon);
         let client = self.client();
         for _ in 0..200 {
             let st = client.cluster_stats().await.unwrap();

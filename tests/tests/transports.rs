@@ -514,27 +514,18 @@ async fn servers_reach_each_other_over_quic_only_with_peer_ca() {
     );
 
     // A daemon trusting another CA cannot verify the meta service.
-    let stranger = quic_daemon(dir.path(), Some(other.path().join("ca.pem")));
-    let stop = tokio_util::sync::CancellationToken::new();
-    let mut cfg = stranger;
-    cfg.meta = Some(cluster.meta_addr.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let handle = mooncake_daemon::start(
-        cfg,
-        listener,
-        None,
-        &prometheus::Registry::new(),
-        stop.clone(),
-    )
-    .await
-    .unwrap();
+    let stranger = cluster
+        .launch_daemon(quic_daemon(dir.path(), Some(other.path().join("ca.pem"))))
+        .await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     let listed = client.cluster_stats().await.unwrap().daemons;
     assert!(
-        listed.iter().all(|d| d.addr != handle.addr.to_string()),
+        listed
+            .iter()
+            .all(|d| d.addr != stranger.handle.addr.to_string()),
         "a daemon that cannot verify the meta service joined: {listed:?}"
     );
-    stop.cancel();
+    stranger.stop.cancel();
 
     // A meta service trusting another CA cannot call its daemon (which
     // registered over TCP): the key leaves the index, but the bytes stay
