@@ -137,10 +137,17 @@ impl Daemons {
     }
 
     pub fn addrs(&self, ids: impl IntoIterator<Item = u32>) -> Vec<DaemonAddr> {
+        // A chain's blocks sit on a few daemons: keep each id once as it
+        // comes rather than collect, sort and dedup one per block.
+        let mut unique: Vec<u32> = Vec::new();
+        for id in ids {
+            if !unique.contains(&id) {
+                unique.push(id);
+            }
+        }
+        unique.sort_unstable();
+        let ids = unique;
         let members = self.members.read();
-        let mut ids: Vec<u32> = ids.into_iter().collect();
-        ids.sort_unstable();
-        ids.dedup();
         ids.into_iter()
             .filter_map(|id| {
                 members.get(&id).map(|m| DaemonAddr {

@@ -5,13 +5,13 @@
 //! An entry is `Pending` from a put's first phase until its commit, and
 //! only `Visible` entries are ever returned: visible means complete.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use mooncake_proto::message::{CommitItem, ListEntry, Location};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::table::{prefetch, Table, TableKey};
 
@@ -60,6 +60,14 @@ struct Shard {
     table: RwLock<Table<IdxKey, Entry>>,
     base: AtomicUsize,
     mask: AtomicUsize,
+    /// Reservations in the order they were made, so that expiring them
+    /// visits only those old enough, not the whole table: a scan of every
+    /// entry under the write lock, five times a second, costs as much as
+    /// the index is large and stalls every lookup of the shard meanwhile.
+    /// Holds the reservations of the last put timeout, committed or not
+    /// (a committed one is skipped when its turn comes). Locked after the
+    /// table, never before.
+    reservations: Mutex<VecDeque<(IdxKey, Instant)>>,
 }
 
 impl Shard {
@@ -199,11 +207,12 @@ impl Index {
             ns: self.intern(ns),
             hash,
         };
-        let mut shard = self.shard(&key).write();
-        if shard.contains_key(&key) {
+        let shard = self.shard(&key);
+        let mut table = shard.write();
+        if table.contains_key(&key) {
             return Reservation::Exists;
         }
-        shard.insert(
+        table.insert(
             key,
             Entry {
                 daemon,
@@ -212,6 +221,7 @@ impl Index {
                 state: State::Pending { since: now },
             },
         );
+        shard.reservations.lock().push_back((key, now));
         Reservation::Reserved
     }
 
@@ -367,18 +377,33 @@ impl Index {
     }
 
     /// Drops reservations older than `deadline`; returns them, so that their
-    /// daemons can free whatever bytes arrived.
+    /// daemons can free whatever bytes arrived. Visits only the reservations
+    /// made before `deadline` (an entry reserved again since, or committed,
+    /// is left alone).
     pub fn expire_pending(&self, deadline: Instant) -> Vec<(BlockKey, u32)> {
+        let due = |s: &Shard| {
+            s.reservations
+                .lock()
+                .front()
+                .is_some_and(|(_, since)| *since < deadline)
+        };
         let mut expired = Vec::new();
-        for s in &self.shards {
-            let mut shard = s.write();
-            shard.retain(|k, e| match e.state {
-                State::Pending { since } if since < deadline => {
-                    expired.push((*k, e.daemon));
-                    false
+        for s in self.shards.iter().filter(|s| due(s)) {
+            let mut table = s.write();
+            let mut queue = s.reservations.lock();
+            while let Some(&(key, made)) = queue.front() {
+                if made >= deadline {
+                    break;
                 }
-                _ => true,
-            });
+                queue.pop_front();
+                let still_pending = table
+                    .get(&key)
+                    .is_some_and(|e| matches!(e.state, State::Pending { since } if since == made));
+                if still_pending {
+                    let entry = table.remove(&key).expect("just found");
+                    expired.push((key, entry.daemon));
+                }
+            }
         }
         let names = self.namespaces.read();
         expired
@@ -624,6 +649,10 @@ mod props {
         DaemonDied {
             daemon: u32,
         },
+        /// Expires reservations made more than `age` steps ago.
+        Expire {
+            age: u64,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -660,6 +689,7 @@ mod props {
             (ns.clone(), h.clone()).prop_map(|(ns, h)| Op::Remove { ns, h }),
             (ns, h, d.clone()).prop_map(|(ns, h, daemon)| Op::RemoveAt { ns, h, daemon }),
             d.prop_map(|daemon| Op::DaemonDied { daemon }),
+            (0u64..40).prop_map(|age| Op::Expire { age }),
         ]
     }
 
@@ -668,6 +698,8 @@ mod props {
         daemon: u32,
         size: u32,
         visible: bool,
+        /// The step of the reservation, while pending.
+        since: u64,
     }
 
     fn name(i: u8) -> Namespace {
@@ -685,15 +717,17 @@ mod props {
         fn the_index_holds_what_a_plain_map_holds(ops in proptest::collection::vec(op(), 1..150)) {
             let index = Index::new();
             let mut model: HashMap<(u8, u8), Model> = HashMap::new();
-            let now = Instant::now();
-            for op in ops {
+            let t0 = Instant::now();
+            let at = |step: u64| t0 + std::time::Duration::from_millis(step);
+            for (step, op) in ops.into_iter().enumerate() {
+                let step = step as u64;
                 match op {
                     Op::Reserve { ns, h, daemon, size } => {
-                        let r = index.reserve(&name(ns), hash(h), size, daemon, now);
+                        let r = index.reserve(&name(ns), hash(h), size, daemon, at(step));
                         let exists = model.contains_key(&(ns, h));
                         prop_assert_eq!(r == Reservation::Exists, exists);
                         if !exists {
-                            model.insert((ns, h), Model { daemon, size, visible: false });
+                            model.insert((ns, h), Model { daemon, size, visible: false, since: step });
                         }
                     }
                     Op::Commit { ns, h, daemon, stored, size } => {
@@ -703,7 +737,7 @@ mod props {
                             Some(m) if !m.visible && m.daemon == daemon => {
                                 prop_assert_eq!(code, ErrorCode::Ok);
                                 if stored {
-                                    model.insert((ns, h), Model { daemon, size, visible: true });
+                                    model.insert((ns, h), Model { daemon, size, visible: true, since: 0 });
                                 } else {
                                     model.remove(&(ns, h));
                                 }
@@ -714,7 +748,7 @@ mod props {
                     }
                     Op::Report { ns, h, daemon, size } => {
                         index.insert_visible(&BlockKey::new(name(ns), hash(h)), daemon, size, 7);
-                        model.insert((ns, h), Model { daemon, size, visible: true });
+                        model.insert((ns, h), Model { daemon, size, visible: true, since: 0 });
                     }
                     Op::Remove { ns, h } => {
                         let got = index.remove(&name(ns), &[hash(h)]);
@@ -737,6 +771,19 @@ mod props {
                         let before = model.len();
                         model.retain(|_, m| m.daemon != daemon);
                         prop_assert_eq!(gone, before - model.len());
+                    }
+                    Op::Expire { age } => {
+                        let deadline = step.saturating_sub(age);
+                        let mut got: Vec<(BlockKey, u32)> = index.expire_pending(at(deadline));
+                        let mut want: Vec<(BlockKey, u32)> = model
+                            .iter()
+                            .filter(|(_, m)| !m.visible && m.since < deadline)
+                            .map(|((ns, h), m)| (BlockKey::new(name(*ns), hash(*h)), m.daemon))
+                            .collect();
+                        got.sort_by_key(|(k, d)| (k.to_string(), *d));
+                        want.sort_by_key(|(k, d)| (k.to_string(), *d));
+                        prop_assert_eq!(got, want);
+                        model.retain(|_, m| m.visible || m.since >= deadline);
                     }
                 }
                 // Every key, and a chain per namespace, read as the model says.

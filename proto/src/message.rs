@@ -12,8 +12,16 @@ pub trait Body: Sized {
     fn encode(&self, w: &mut Writer);
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError>;
 
+    /// About how many bytes `encode` writes, so that a large body is
+    /// allocated once instead of grown by doubling.
+    fn size_hint(&self) -> usize {
+        64
+    }
+
     fn to_bytes(&self) -> Vec<u8> {
-        let mut w = Writer::new();
+        let mut w = Writer {
+            buf: Vec::with_capacity(self.size_hint()),
+        };
         self.encode(&mut w);
         w.buf
     }
@@ -280,6 +288,9 @@ pub struct KeysRequest {
 }
 
 impl Body for KeysRequest {
+    fn size_hint(&self) -> usize {
+        64 + self.hashes.len() * BlockHash::LEN
+    }
     fn encode(&self, w: &mut Writer) {
         w.namespace(&self.namespace);
         w.count(self.hashes.len());
@@ -340,6 +351,9 @@ pub struct Locations {
 }
 
 impl Body for Locations {
+    fn size_hint(&self) -> usize {
+        8 + self.items.len() * 17 + self.daemons.len() * 64
+    }
     fn encode(&self, w: &mut Writer) {
         w.count(self.items.len());
         for item in &self.items {

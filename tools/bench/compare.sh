@@ -6,7 +6,10 @@
 # store's match_prefix against pipelined EXISTS on redis.
 # The store is measured twice: over TCP like the others, and through the
 # same-host shared pool (--shm-socket), the path a worker on the daemon's
-# host takes.
+# host takes. And the most any TCP server could move here: CONCURRENCY
+# iperf3 streams at once, one process each (iperf3 3.12 runs all of a
+# process's streams on one thread), so that a ratio can be read against
+# what loopback TCP allows on this machine.
 # Usage: tools/bench/compare.sh [SIZES] [CONCURRENCY] [OPS] [CLIENT_THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,6 +22,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v memcached >/dev/null || need+=(memcached)
+command -v iperf3 >/dev/null || need+=(iperf3)
 if ((${#need[@]})); then
     echo "installing: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -33,6 +37,17 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
+
+# Loopback TCP ceiling: one iperf3 server and client per stream, 3 s.
+clients=()
+for i in $(seq "$CONC"); do
+    p=$(free_port)
+    iperf3 -s -1 -p "$p" >/dev/null 2>&1 &
+    pids+=($!)
+    (sleep 0.3; iperf3 -c 127.0.0.1 -p "$p" -t 3 -J >"$tmp/iperf-$i.json" 2>/dev/null) &
+    clients+=($!)
+done
+wait "${clients[@]}" || true
 
 redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
     --proto-max-bulk-len 1gb --daemonize no >"$tmp/redis.log" 2>&1 &
@@ -54,7 +69,7 @@ common=(--threads "$THREADS" --sizes "$SIZES" --concurrency "$CONC" --ops "$OPS"
 "$BIN" bench-peer --peer memcached --addr "127.0.0.1:$CPORT" "${common[@]}" >"$tmp/memcached.json"
 "$BIN" bench --meta "127.0.0.1:$MPORT" "${common[@]}" --json >"$tmp/mooncake.json"
 "$BIN" bench --meta "127.0.0.1:$MPORT" "${common[@]}" --shm-socket "$tmp/daemon.sock" --json >"$tmp/shm.json"
-"$BIN" bench-meta --meta "127.0.0.1:$MPORT" --chain-len 128 --requests $((OPS * 10)) --json >"$tmp/meta.json"
+"$BIN" bench-meta --meta "127.0.0.1:$MPORT" --concurrency "$CONC" --chain-len 128 --requests $((OPS * 10)) --json >"$tmp/meta.json"
 
 python3 - "$tmp" <<'PY'
 import json, sys
@@ -62,6 +77,9 @@ d = sys.argv[1]
 def rows(name):
     return [json.loads(l) for l in open(f"{d}/{name}.json") if l.strip()]
 redis, mc, moon, shm = rows("redis"), rows("memcached"), rows("mooncake"), rows("shm")
+import glob
+streams = [json.load(open(f)) for f in glob.glob(f"{d}/iperf-*.json") if open(f).read().strip()]
+ceiling = sum(s["end"]["sum_received"]["bits_per_second"] for s in streams if "end" in s) / 8e9
 def find(rs, op, size):
     return next((r for r in rs if r.get("op") == op and r.get("size") == size), None)
 def fmt_size(n):
@@ -81,10 +99,21 @@ for m in moon:
         line += (f" {s['gb_per_sec']:>9.2f} {s['p99_us']/1000:>7.2f} "
                  f"{s['gb_per_sec']/r['gb_per_sec']:>11.2f}x {s['gb_per_sec']/c['gb_per_sec']:>8.2f}x")
     print(line)
+    if m["misses"] or m["errors"] or r["misses"] or c["misses"] or r["errors"] or c["errors"]:
+        print(f"        misses/errors: redis {r['misses']}/{r['errors']}, memcached {c['misses']}/{c['errors']}, "
+              f"mooncake {m['misses']}/{m['errors']} (GB/s counts values that arrived)")
+if ceiling:
+    print()
+    print(f"loopback TCP ceiling, {len(streams)} iperf3 streams at once: {ceiling:.2f} GB/s")
+    for m in moon:
+        c = find(mc, m["op"], m["size"])
+        if m["op"] == "get" and c and m["size"] >= 256 << 10:
+            print(f"  {fmt_size(m['size'])} gets: memcached {c['gb_per_sec']/ceiling:.0%} of it, mooncake TCP {m['gb_per_sec']/ceiling:.0%}; "
+                  f"1.5x memcached over TCP would need {1.5*c['gb_per_sec']/ceiling:.0%}")
 ex = next(r for r in redis if r.get("op") == "match_prefix")
 meta = rows("meta")[0]
 print()
-print(f"prefix match, 128-key chains: redis pipelined EXISTS {ex['keys_per_sec']/1e6:.2f} M keys/s (p99 {ex['p99_us']} us); "
+print(f"prefix match, 128-key chains, {ex['concurrency']} in flight each: redis pipelined EXISTS {ex['keys_per_sec']/1e6:.2f} M keys/s (p99 {ex['p99_us']} us); "
       f"mooncake match_prefix {meta['wire_match_keys_per_sec']/1e6:.2f} M keys/s (p99 {meta['wire_match_p99_us']} us): "
       f"{meta['wire_match_keys_per_sec']/ex['keys_per_sec']:.1f}x")
 PY

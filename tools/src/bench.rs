@@ -287,7 +287,10 @@ where
         ops: total as u64,
         seconds,
         ops_per_sec: total as f64 / seconds,
-        gb_per_sec: (total * size) as f64 / seconds / 1e9,
+        // Only blocks that arrived count as bytes moved.
+        gb_per_sec: (total.saturating_sub((misses + errors) as usize) * size) as f64
+            / seconds
+            / 1e9,
         p50_us: hist.value_at_quantile(0.5),
         p99_us: hist.value_at_quantile(0.99),
         p999_us: hist.value_at_quantile(0.999),
