@@ -65,8 +65,10 @@ struct Shard {
     /// entry under the write lock, five times a second, costs as much as
     /// the index is large and stalls every lookup of the shard meanwhile.
     /// Holds the reservations of the last put timeout, committed or not
-    /// (a committed one is skipped when its turn comes). Locked after the
-    /// table, never before.
+    /// (a committed one is skipped when its turn comes). Two threads may
+    /// push their times slightly out of order: an entry then waits for the
+    /// one before it, microseconds later. Locked after the table, never
+    /// before.
     reservations: Mutex<VecDeque<(IdxKey, Instant)>>,
 }
 
