@@ -17,6 +17,7 @@ use mooncake_proto::message::{
 use mooncake_proto::{checksum, BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
 use parking_lot::RwLock;
 
+use crate::coalesce::Coalescer;
 use crate::conn::Connection;
 use crate::error::{ClientError, ErrorSource};
 use crate::locations::LocationCache;
@@ -237,6 +238,9 @@ pub struct Client {
     /// every same-host link this client made.
     shm_indexed: Arc<AtomicU64>,
     transports: TransportCounters,
+    /// Reservations and commits of puts in flight at once, sent together.
+    reservations: Coalescer<(BlockHash, u32), Slot, Vec<DaemonAddr>>,
+    commits: Coalescer<CommitItem, ErrorCode, ()>,
 }
 
 /// How this client reaches one daemon.
@@ -305,6 +309,8 @@ impl Client {
             shm: parking_lot::Mutex::new((None, None)),
             shm_indexed: Arc::new(AtomicU64::new(0)),
             transports: TransportCounters::default(),
+            reservations: Coalescer::default(),
+            commits: Coalescer::default(),
             leader_revision: AtomicU64::new(0),
             #[cfg(feature = "rdma")]
             nic: std::sync::OnceLock::new(),
@@ -466,25 +472,28 @@ impl Client {
                 .map_err(|_| ClientError::Invalid(format!("block {hash} is over 4 GiB")))?;
             items.push((*hash, size));
         }
-        let start: PutStartResponse = self
-            .meta_call(
-                Opcode::PutStart,
-                &PutStartRequest {
-                    namespace: namespace.clone(),
-                    node: self.cfg.node.clone(),
-                    items,
-                },
-                "put_start",
-            )
+        let (slots, daemons) = self
+            .reservations
+            .call(namespace.clone(), items, |namespace, items| async move {
+                let start: PutStartResponse = self
+                    .meta_call(
+                        Opcode::PutStart,
+                        &PutStartRequest {
+                            namespace,
+                            node: self.cfg.node.clone(),
+                            items,
+                        },
+                        "put_start",
+                    )
+                    .await?;
+                Ok((start.slots, start.daemons))
+            })
             .await?;
-        if start.slots.len() != blocks.len() {
-            return Err(self.meta_protocol("put_start answered a different number of slots"));
-        }
-        self.learn_daemons(&start.daemons);
+        self.learn_daemons(&daemons);
 
         let mut outcomes = vec![PutOutcome::Failed(ErrorCode::Internal); blocks.len()];
         let mut by_daemon: HashMap<u32, Vec<PutItem<'_>>> = HashMap::new();
-        for (index, (slot, (hash, value))) in start.slots.iter().zip(blocks).enumerate() {
+        for (index, (slot, (hash, value))) in slots.iter().zip(blocks).enumerate() {
             match slot {
                 Slot::Place(daemon) => by_daemon.entry(*daemon).or_default().push(PutItem {
                     index,
@@ -532,14 +541,24 @@ impl Client {
         if commits.is_empty() {
             return Ok(outcomes);
         }
-        let request = PutCommitRequest {
-            namespace: namespace.clone(),
-            items: commits,
-        };
-        let statuses: Statuses = self
-            .meta_call(Opcode::PutCommit, &request, "put_commit")
+        let (codes, ()) = self
+            .commits
+            .call(
+                namespace.clone(),
+                commits.clone(),
+                |namespace, items| async move {
+                    let statuses: Statuses = self
+                        .meta_call(
+                            Opcode::PutCommit,
+                            &PutCommitRequest { namespace, items },
+                            "put_commit",
+                        )
+                        .await?;
+                    Ok((statuses.codes, ()))
+                },
+            )
             .await?;
-        for (item, code) in request.items.iter().zip(statuses.codes) {
+        for (item, code) in commits.iter().zip(codes) {
             if !item.stored {
                 continue;
             }

@@ -99,6 +99,60 @@ impl ClientError {
         }
     }
 
+    /// The same error for another caller (one request answered several).
+    pub(crate) fn duplicate(&self) -> ClientError {
+        match self {
+            ClientError::Server {
+                side,
+                addr,
+                op,
+                code,
+            } => ClientError::Server {
+                side: *side,
+                addr: addr.clone(),
+                op,
+                code: *code,
+            },
+            ClientError::Timeout {
+                side,
+                addr,
+                op,
+                timeout_ms,
+            } => ClientError::Timeout {
+                side: *side,
+                addr: addr.clone(),
+                op,
+                timeout_ms: *timeout_ms,
+            },
+            ClientError::Io { side, addr, err } => ClientError::Io {
+                side: *side,
+                addr: addr.clone(),
+                err: io::Error::new(err.kind(), err.to_string()),
+            },
+            ClientError::Protocol { side, addr, err } => ClientError::Protocol {
+                side: *side,
+                addr: addr.clone(),
+                err: err.clone(),
+            },
+            ClientError::NoLeader(why) => ClientError::NoLeader(why.clone()),
+            ClientError::Stale {
+                addr,
+                revision,
+                seen,
+            } => ClientError::Stale {
+                addr: addr.clone(),
+                revision: *revision,
+                seen: *seen,
+            },
+            ClientError::Invalid(why) => ClientError::Invalid(why.clone()),
+            ClientError::Refused { side, addr, why } => ClientError::Refused {
+                side: *side,
+                addr: addr.clone(),
+                why: why.clone(),
+            },
+        }
+    }
+
     /// Where the error came from.
     pub fn source_side(&self) -> ErrorSource {
         match self {

@@ -7,6 +7,7 @@
 
 pub mod bindings;
 mod client;
+mod coalesce;
 mod conn;
 mod error;
 mod locations;
