@@ -251,6 +251,13 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
         100.0 * lru.block_hit_rate(),
         100.0 * aware.block_hit_rate()
     );
+    if args.workers > 1 && footprint <= capacity_blocks && token_rate < theoretical.token_hit_rate()
+    {
+        println!(
+            "                (below the maximum with room for every block: with {} requests in flight, one that shares a prefix with a request still being served misses the blocks that request has not stored yet; --workers 1 replays one at a time)",
+            args.workers
+        );
+    }
     println!(
         "bytes           read {}, written {}",
         ByteSize(t(&totals.read)),
