@@ -6,7 +6,7 @@
 //! only `Visible` entries are ever returned: visible means complete.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use mooncake_proto::message::{CommitItem, ListEntry, Location};
@@ -70,6 +70,12 @@ struct Shard {
     /// one before it, microseconds later. Locked after the table, never
     /// before.
     reservations: Mutex<VecDeque<(IdxKey, Instant)>>,
+    /// What the table holds, kept as entries come and go (under the write
+    /// lock) so that `stats` (every metrics scrape) reads three numbers
+    /// instead of every entry.
+    visible: AtomicU64,
+    bytes: AtomicU64,
+    pending: AtomicU64,
 }
 
 impl Shard {
@@ -109,9 +115,56 @@ impl std::ops::Deref for ShardWrite<'_> {
     }
 }
 
-impl std::ops::DerefMut for ShardWrite<'_> {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.table
+/// Every change to a shard's entries goes through these, which keep the
+/// shard's counts.
+impl ShardWrite<'_> {
+    fn insert(&mut self, key: IdxKey, entry: Entry) -> Option<Entry> {
+        self.count(&entry, true);
+        let old = self.table.insert(key, entry);
+        if let Some(old) = &old {
+            self.count(old, false);
+        }
+        old
+    }
+
+    fn remove(&mut self, key: &IdxKey) -> Option<Entry> {
+        let old = self.table.remove(key);
+        if let Some(old) = &old {
+            self.count(old, false);
+        }
+        old
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&IdxKey, &Entry) -> bool) {
+        let shard = self.shard;
+        self.table.retain(|k, e| {
+            let kept = keep(k, e);
+            if !kept {
+                count(shard, e, false);
+            }
+            kept
+        });
+    }
+
+    fn count(&self, e: &Entry, added: bool) {
+        count(self.shard, e, added);
+    }
+}
+
+fn count(shard: &Shard, e: &Entry, added: bool) {
+    let change = |n: &AtomicU64, by: u64| {
+        if added {
+            n.fetch_add(by, Ordering::Relaxed);
+        } else {
+            n.fetch_sub(by, Ordering::Relaxed);
+        }
+    };
+    match e.state {
+        State::Visible => {
+            change(&shard.visible, 1);
+            change(&shard.bytes, u64::from(e.size));
+        }
+        State::Pending { .. } => change(&shard.pending, 1),
     }
 }
 
@@ -264,12 +317,16 @@ impl Index {
             hash: item.hash,
         };
         let mut shard = self.shard(&key).write();
-        match shard.get_mut(&key) {
+        match shard.get(&key).copied() {
             Some(e) if matches!(e.state, State::Pending { .. }) && e.daemon == item.daemon => {
                 if item.stored {
-                    e.state = State::Visible;
-                    e.size = item.size;
-                    e.checksum = item.checksum;
+                    let visible = Entry {
+                        state: State::Visible,
+                        size: item.size,
+                        checksum: item.checksum,
+                        ..e
+                    };
+                    shard.insert(key, visible);
                 } else {
                     shard.remove(&key);
                 }
@@ -464,15 +521,9 @@ impl Index {
     pub fn stats(&self) -> PrefixStats {
         let mut st = PrefixStats::default();
         for s in &self.shards {
-            for e in s.read().values() {
-                match e.state {
-                    State::Visible => {
-                        st.visible += 1;
-                        st.bytes += e.size as u64;
-                    }
-                    State::Pending { .. } => st.pending += 1,
-                }
-            }
+            st.visible += s.visible.load(Ordering::Relaxed);
+            st.bytes += s.bytes.load(Ordering::Relaxed);
+            st.pending += s.pending.load(Ordering::Relaxed);
         }
         st
     }

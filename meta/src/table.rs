@@ -72,11 +72,6 @@ impl<K: TableKey, V> Table<K, V> {
         self.slots[i].as_ref().map(|(_, v)| v)
     }
 
-    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        let i = self.find(key)?;
-        self.slots[i].as_mut().map(|(_, v)| v)
-    }
-
     pub fn contains_key(&self, key: &K) -> bool {
         self.find(key).is_some()
     }
@@ -149,10 +144,6 @@ impl<K: TableKey, V> Table<K, V> {
 
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.slots.iter().flatten().map(|(k, v)| (k, v))
-    }
-
-    pub fn values(&self) -> impl Iterator<Item = &V> {
-        self.iter().map(|(_, v)| v)
     }
 }
 
