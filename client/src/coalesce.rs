@@ -345,7 +345,7 @@ mod tests {
         ));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_caller_dropped_while_leading_hands_the_lead_on() {
         let c = Arc::new(Coalescer::<u32, u32, ()>::default());
         let slow = |_: Namespace, items: Vec<u32>| async move {
@@ -375,7 +375,7 @@ mod tests {
         assert!(!c.state.lock().leading);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn callers_of_a_request_abandoned_in_flight_get_an_error() {
         let c = Arc::new(Coalescer::<u32, u32, ()>::default());
         let slow = |_: Namespace, items: Vec<u32>| async move {

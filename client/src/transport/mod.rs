@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::BoxFuture;
-use mooncake_proto::message::Location;
+use mooncake_proto::message::{Location, ShmLease};
 use mooncake_proto::transport::TransportKind;
 use mooncake_proto::{BlockHash, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
 
@@ -78,6 +78,21 @@ pub enum Read {
     /// The bytes do not match the daemon's own checksum.
     Corrupt,
     Failed(ErrorCode),
+}
+
+impl Read {
+    /// What a read of a leased block (same host or RDMA) found, its bytes
+    /// hashing to `sum`: corrupt unless they match the daemon's checksum,
+    /// stale unless the lease is the block the location described.
+    pub(crate) fn of_lease(lease: &ShmLease, sum: u64, item: &GetItem<'_>) -> Read {
+        if sum != lease.checksum {
+            Read::Corrupt
+        } else if lease.checksum != item.location.checksum || lease.len != item.location.size {
+            Read::Stale
+        } else {
+            Read::Hit(lease.len as usize)
+        }
+    }
 }
 
 const KINDS: usize = TransportKind::ALL.len();

@@ -452,14 +452,8 @@ impl ShmLink {
         // SAFETY: in bounds (checked above), and the lease keeps these
         // bytes in place, unwritten, until it is released.
         let src = unsafe { std::slice::from_raw_parts(self.map.ptr.as_ptr().add(offset), len) };
-        let dst = &mut item.buf[..len];
-        if copy_with_checksum(dst, src) != lease.checksum {
-            return Ok(Read::Corrupt);
-        }
-        if lease.checksum != item.location.checksum || len != item.location.size as usize {
-            return Ok(Read::Stale);
-        }
-        Ok(Read::Hit(len))
+        let sum = copy_with_checksum(&mut item.buf[..len], src);
+        Ok(Read::of_lease(lease, sum, item))
     }
 }
 

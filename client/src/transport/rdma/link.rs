@@ -440,7 +440,7 @@ impl RdmaLink {
             lane.run(&ops).await?;
             for ((i, lease), _) in &direct {
                 let sum = checksum(&items[*i].buf[..lease.len as usize]);
-                out[*i] = verdict(lease, sum, &items[*i]);
+                out[*i] = Read::of_lease(lease, sum, &items[*i]);
             }
         }
         let sizes: Vec<u64> = reading.iter().map(|(_, l)| l.len as u64).collect();
@@ -457,13 +457,13 @@ impl RdmaLink {
                 let dst = &mut items[*i].buf[p.skip as usize..(p.skip + p.len) as usize];
                 if p.len == lease.len as u64 {
                     let sum = copy_with_checksum(dst, src);
-                    out[*i] = verdict(lease, sum, &items[*i]);
+                    out[*i] = Read::of_lease(lease, sum, &items[*i]);
                 } else {
                     dst.copy_from_slice(src);
                     copied[p.item] += p.len;
                     if copied[p.item] == lease.len as u64 {
                         let sum = checksum(&items[*i].buf[..lease.len as usize]);
-                        out[*i] = verdict(lease, sum, &items[*i]);
+                        out[*i] = Read::of_lease(lease, sum, &items[*i]);
                     }
                 }
             }
@@ -579,17 +579,6 @@ impl RdmaLink {
             addr: self.control.clone(),
             err,
         }
-    }
-}
-
-/// What a read of a leased block found: its bytes hash to `sum`.
-fn verdict(lease: &ShmLease, sum: u64, item: &GetItem<'_>) -> Read {
-    if sum != lease.checksum {
-        Read::Corrupt
-    } else if lease.checksum != item.location.checksum || lease.len != item.location.size {
-        Read::Stale
-    } else {
-        Read::Hit(lease.len as usize)
     }
 }
 
