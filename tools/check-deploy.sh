@@ -7,6 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
+# kubernetes-validate and PyYAML live in the virtual environment that
+# tools/setup.sh makes.
+VENV="${MOONCAKE_VENV:-$HOME/.cache/mooncake-venv}"
+PATH="$VENV/bin:$PATH"
 cargo build -q --bin mooncake-store
 BIN="$CARGO_TARGET_DIR/debug/mooncake-store"
 fail=0

@@ -1,32 +1,51 @@
 #!/usr/bin/env bash
-# Installs what building and testing Mooncake Store need, from Debian's
-# packages, when missing: a C toolchain, cmake and libibverbs (the `rdma`
-# feature), protoc (etcd's client is generated
-# from protobuf at build time), RocksDB and libclang (the NVMe tier's index
-# links Debian's librocksdb), etcd (the cluster tests start a real one),
-# Prometheus (a test scrapes the store with it) and Python (the block-key
-# spec's snippet is run by a test; the Python SDK is tested in a virtual
-# environment). Idempotent and quick when everything is there.
+# Installs what building and testing Mooncake Store need, on Debian 12 (or
+# Ubuntu), by package name, when missing. Idempotent and quick when
+# everything is there.
+#
+#   tools/setup.sh           what the build and the tests need (tools/test.sh)
+#   tools/setup.sh --build   only what building the binary needs (tools/up.sh)
+#
+# What is installed is decided by asking dpkg about package names, never by
+# looking for files that another package may also provide (Debian's
+# libclang-cpp14 ships a `libclang-cpp.so` that looks like libclang, which
+# bindgen cannot load). Python tools go into a virtual environment under
+# ~/.cache, never into the system's Python (Debian's has no pip).
 set -euo pipefail
 
+mode=all
+case "${1:-}" in
+    "") ;;
+    --build) mode=build ;;
+    *) echo "usage: tools/setup.sh [--build]" >&2; exit 2 ;;
+esac
+
+build=(
+    build-essential      # cc and c++: RocksDB's bindings, ring, rdma-core's loader
+    ca-certificates      # cargo fetches crates over HTTPS
+    protobuf-compiler    # protoc: etcd's client is generated at build time
+    libprotobuf-dev      # the well-known .proto files that etcd's protos import
+    librocksdb-dev       # the NVMe tier's index links Debian's RocksDB (.cargo/config.toml)
+    libclang-dev         # bindgen (RocksDB's and rdma-core's bindings) loads libclang.so
+    cmake                # the `rdma` feature builds rdma-core's loader
+    libibverbs-dev       # verbs.h for the `rdma` feature; libibverbs is loaded at run time
+)
+tests=(
+    python3 python3-venv # the block-key spec's snippet; the Python SDK, tested in a venv
+    etcd-server          # the cluster tests start a real etcd on loopback
+    prometheus           # a test scrapes the store with a real Prometheus; promtool
+    util-linux           # unshare: the disk-full tests mount a tmpfs in a private namespace
+)
+wanted=("${build[@]}")
+[[ $mode == all ]] && wanted+=("${tests[@]}")
+
+if ! command -v dpkg-query >/dev/null; then
+    echo "tools/setup.sh installs Debian packages; on this system install the equivalents of: ${wanted[*]}" >&2
+    exit 1
+fi
+installed() { [[ $(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null) == ii* ]]; }
 need=()
-command -v cc >/dev/null || need+=(build-essential)
-command -v python3 >/dev/null || need+=(python3)
-# The Python SDK is built and tested in a virtual environment.
-python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
-# The disk-full tests mount a small tmpfs in a private namespace.
-command -v unshare >/dev/null || need+=(util-linux)
-command -v protoc >/dev/null || need+=(protobuf-compiler)
-[[ -e /usr/include/google/protobuf/descriptor.proto ]] || need+=(libprotobuf-dev)
-command -v etcd >/dev/null || need+=(etcd-server)
-command -v prometheus >/dev/null || need+=(prometheus)    # scrapes the store in a test
-# The NVMe tier's index links Debian's RocksDB; its bindings need libclang.
-[[ -e /usr/lib/x86_64-linux-gnu/librocksdb.so ]] || need+=(librocksdb-dev)
-compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || need+=(libclang-dev)
-# The `rdma` feature: sideway builds rdma-core's loader with cmake (and
-# bindgen, libclang above); libibverbs itself is loaded at run time.
-command -v cmake >/dev/null || need+=(cmake)
-[[ -e /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
+for pkg in "${wanted[@]}"; do installed "$pkg" || need+=("$pkg"); done
 
 if ((${#need[@]})); then
     echo "installing: ${need[*]}"
@@ -41,10 +60,14 @@ if ((${#need[@]})); then
         done
     fi
 fi
+[[ $mode == build ]] && exit 0
 
-# Schemas of the Kubernetes API, offline, and PyYAML, for tools/check-deploy.sh.
-if ! command -v kubernetes-validate >/dev/null || ! python3 -c 'import yaml' 2>/dev/null; then
-    echo "installing: kubernetes-validate (PyPI)"
-    pip_install() { python3 -m pip install -q --disable-pip-version-check "$@"; }
-    pip_install kubernetes-validate || pip_install --break-system-packages kubernetes-validate
+# Python tools for the tests, in one virtual environment outside the clone:
+# the Kubernetes API's schemas (kubernetes-validate, with PyYAML) for
+# tools/check-deploy.sh; maturin, pytest and numpy for the Python SDK.
+VENV="${MOONCAKE_VENV:-$HOME/.cache/mooncake-venv}"
+[[ -x $VENV/bin/python ]] || python3 -m venv "$VENV"
+if ! "$VENV/bin/python" -c 'import kubernetes_validate, yaml, maturin, pytest, numpy' 2>/dev/null; then
+    echo "installing into $VENV (PyPI): kubernetes-validate pyyaml maturin pytest numpy"
+    "$VENV/bin/pip" install -q --disable-pip-version-check kubernetes-validate pyyaml maturin pytest numpy
 fi

@@ -29,13 +29,10 @@ cargo clippy --workspace --all-targets --features mooncake-cli/rdma -- -D warnin
 cargo test -q -p mooncake-client --features rdma --lib transport::
 cargo test -q -p mooncake-daemon --features rdma --lib -- rdma leases config
 
-# The Python SDK, built and installed the way the README says (pip), in a
-# virtual environment outside the clone, tested against the CLI's store.
+# The Python SDK, built and installed the way the README says (pip), in the
+# virtual environment that tools/setup.sh made, tested against the CLI's store.
 VENV="${MOONCAKE_VENV:-$HOME/.cache/mooncake-venv}"
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
-"${pip[@]}" maturin pytest numpy
-"${pip[@]}" ./client/python
+"$VENV/bin/pip" install -q --disable-pip-version-check ./client/python
 MOONCAKE_BIN="$CARGO_TARGET_DIR/debug/mooncake-store" "$VENV/bin/python" -m pytest -q client/python/tests
 
 # Every parser that reads the network or the disk, fuzzed for a bounded time.
