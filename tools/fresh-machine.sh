@@ -75,7 +75,13 @@ run_step() {
     git clone -q --no-hardlinks "file://$PWD" "$root/src"
     git -C "$root/src" checkout -q "$(git rev-parse HEAD)"
     mkdir -p "$root/opt/rust"
+    # The network is the host's: its resolver, and the certificate
+    # authorities of a proxy this network may put between it and the
+    # package registries (installed by ca-certificates' own hook when
+    # setup installs that package). Nothing else of the host's goes in.
     cp /etc/resolv.conf "$root/etc/resolv.conf"
+    compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null \
+        && cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
     mount --bind "$toolchain" "$root/opt/rust" && mount -o remount,bind,ro "$root/opt/rust"
     mount -t proc proc "$root/proc"
     mount --rbind /sys "$root/sys" && mount --make-rslave "$root/sys"
@@ -87,8 +93,13 @@ run_step() {
     chroot "$root" dpkg-query -W -f='${Package}\n' | sort >"$root/tmp/before"
     local script=$inside_up start=$SECONDS rc
     [[ $step == test ]] && script=$inside_test
+    local net=() var
+    for var in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY SSL_CERT_FILE SSL_CERT_DIR \
+        CURL_CA_BUNDLE REQUESTS_CA_BUNDLE PIP_CERT; do
+        [[ -n ${!var:-} ]] && net+=("$var=${!var}")
+    done
     set +e
-    env -i HOME=/root TERM=dumb LANG=C.UTF-8 PATH=/opt/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    env -i HOME=/root TERM=dumb LANG=C.UTF-8 PATH=/opt/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${net[@]}" \
         chroot "$root" bash -c "$script" 2>&1 | sed "s/^/[$step] /"
     rc=${PIPESTATUS[0]}
     set -e
