@@ -71,6 +71,7 @@ run_step() {
     local step=$1 root
     root=$(mktemp -d /var/tmp/mooncake-fresh.XXXXXX)
     echo "== $step: clean root $root"
+    chmod 755 "$root"   # mktemp's 0700 would shut out apt's _apt user
     tar -C "$root" -xf "$base"
     git clone -q --no-hardlinks "file://$PWD" "$root/src"
     git -C "$root/src" checkout -q "$(git rev-parse HEAD)"
@@ -80,8 +81,10 @@ run_step() {
     # package registries (installed by ca-certificates' own hook when
     # setup installs that package). Nothing else of the host's goes in.
     cp /etc/resolv.conf "$root/etc/resolv.conf"
-    compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null \
-        && cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+    if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+        mkdir -p "$root/usr/local/share/ca-certificates"
+        cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+    fi
     mount --bind "$toolchain" "$root/opt/rust" && mount -o remount,bind,ro "$root/opt/rust"
     mount -t proc proc "$root/proc"
     mount --rbind /sys "$root/sys" && mount --make-rslave "$root/sys"
