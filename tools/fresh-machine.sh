@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Proves the README's two commands on a machine where nothing was installed
-# by hand: each runs in its own clean Debian 12 root (debootstrap, minbase),
+# by hand: each runs in its own clean Debian 12 root (debootstrap, minbase,
+# entered with pivot_root in a private mount namespace),
 # from a clone of this checkout's HEAD, with the host's Rust toolchain
 # mounted read-only (nothing else of the host's is visible), and the script
 # prints which packages each command installed and how long it took.
@@ -102,8 +103,16 @@ run_step() {
         [[ -n ${!var:-} ]] && net+=("$var=${!var}")
     done
     set +e
+    # Entered with pivot_root in a private mount namespace, not chroot: the
+    # kernel refuses user namespaces (`unshare -r`, which the disk-full
+    # tests use) to a chrooted process, and a real machine has no chroot.
     env -i HOME=/root TERM=dumb LANG=C.UTF-8 PATH=/opt/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${net[@]}" \
-        chroot "$root" bash -c "$script" 2>&1 | sed "s/^/[$step] /"
+        unshare --mount --propagation private -- /bin/bash -c '
+            set -e; root=$1; shift
+            mount --rbind "$root" "$root"; cd "$root"
+            mkdir -p .old-root; pivot_root . .old-root; cd /
+            umount -l /.old-root; rmdir /.old-root
+            exec "$@"' _ "$root" bash -c "$script" 2>&1 | sed "s/^/[$step] /"
     rc=${PIPESTATUS[0]}
     set -e
     chroot "$root" dpkg-query -W -f='${Package}\n' | sort >"$root/tmp/after"

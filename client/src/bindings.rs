@@ -70,9 +70,10 @@ pub mod status {
             ErrorCode::NotFound => OBJECT_NOT_FOUND,
             ErrorCode::NoSpace | ErrorCode::Busy => NO_AVAILABLE_HANDLE,
             ErrorCode::TooLarge | ErrorCode::Malformed => INVALID_PARAMS,
-            ErrorCode::ChecksumMismatch | ErrorCode::Corrupt | ErrorCode::NoReservation => {
-                TRANSFER_FAIL
-            }
+            ErrorCode::ChecksumMismatch | ErrorCode::Corrupt => TRANSFER_FAIL,
+            // The block was evicted (or its reservation expired) before its
+            // commit: the write failed, and may be tried again.
+            ErrorCode::NoReservation => WRITE_FAIL,
             ErrorCode::Timeout | ErrorCode::Unavailable => RPC_FAIL,
             ErrorCode::Unauthorized => ILLEGAL_CLIENT,
             _ => INTERNAL_ERROR,

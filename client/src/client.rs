@@ -1004,12 +1004,15 @@ impl Client {
         .await
     }
 
-    /// Removes keys everywhere; `true` for each key that was stored.
+    /// Removes keys everywhere: a status per key, `Ok` once the daemon that
+    /// held it dropped its bytes, `NotFound` if it was not stored, else why
+    /// the removal is not confirmed (`Timeout`, `Unavailable`: the key is
+    /// gone from the index and its daemon is told again when it answers).
     pub async fn remove(
         &self,
         namespace: &Namespace,
         hashes: &[BlockHash],
-    ) -> Result<Vec<bool>, ClientError> {
+    ) -> Result<Vec<ErrorCode>, ClientError> {
         let mut out = Vec::with_capacity(hashes.len());
         for chunk in hashes.chunks(MAX_BATCH) {
             let st: Statuses = self
@@ -1026,7 +1029,7 @@ impl Client {
                 self.locations
                     .forget(&BlockKey::new(namespace.clone(), *hash));
             }
-            out.extend(st.codes.iter().map(|c| *c == ErrorCode::Ok));
+            out.extend(st.codes);
         }
         Ok(out)
     }

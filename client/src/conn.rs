@@ -113,6 +113,17 @@ impl Connection {
         self.writer.next_id == self.reader.next_id
     }
 
+    /// Whether an idle connection was closed or broken by its peer since
+    /// its last call: nothing may be readable on it, so end of stream, an
+    /// error or stray bytes all mean it cannot carry another call. Looks
+    /// without waiting; a close the runtime has not seen yet reads as alive
+    /// (`ConnPool::call` retries once for that).
+    pub fn peer_gone(&mut self) -> bool {
+        use futures::FutureExt;
+        use tokio::io::AsyncBufReadExt;
+        self.reader.rd.fill_buf().now_or_never().is_some()
+    }
+
     /// Presents a token (`Opcode::Auth`), as the first request on a
     /// connection to a server that requires one.
     pub async fn authenticate(&mut self, token: &str) -> Result<(), ClientError> {

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use mooncake_proto::message::Body;
 use mooncake_proto::transport::TransportKind;
+use mooncake_proto::Opcode;
 
 use crate::conn::Connection;
 use crate::error::{ClientError, ErrorSource};
@@ -74,10 +76,17 @@ impl ConnPool {
         &self.addr
     }
 
-    /// An idle connection (`true`: reused, it may have gone stale) or a new one.
+    /// An idle connection (`true`: reused; one its peer is seen to have
+    /// closed is dropped, but a close not seen yet can still fail the next
+    /// call) or a new one.
     pub async fn get(&self) -> Result<(Connection, bool), ClientError> {
-        if let Some(conn) = self.idle.lock().pop() {
-            return Ok((conn, true));
+        loop {
+            let Some(mut conn) = self.idle.lock().pop() else {
+                break;
+            };
+            if !conn.peer_gone() {
+                return Ok((conn, true));
+            }
         }
         let mut conn = match &self.dialer {
             Dialer::Tcp => Connection::connect(&self.addr, self.side, self.connect_timeout).await?,
@@ -90,6 +99,38 @@ impl ConnPool {
             conn.authenticate(token).await?;
         }
         Ok((conn, false))
+    }
+
+    /// One request and its response on a pooled connection. A reused
+    /// connection that fails on the way (its peer restarted since the last
+    /// call, before any answer) is dropped with the other idle ones, and the
+    /// call is made once more on a new connection; the caller bounds the
+    /// whole with its deadline.
+    pub async fn call<Resp: Body>(
+        &self,
+        op: Opcode,
+        req: &impl Body,
+        name: &'static str,
+    ) -> Result<Resp, ClientError> {
+        let mut retried = false;
+        loop {
+            let (mut conn, reused) = self.get().await?;
+            match conn.call(op, req, name).await {
+                Ok(resp) => {
+                    self.put_back(conn);
+                    return Ok(resp);
+                }
+                Err(err @ ClientError::Server { .. }) => {
+                    self.put_back(conn);
+                    return Err(err);
+                }
+                Err(ClientError::Io { .. }) if reused && !retried => {
+                    self.clear();
+                    retried = true;
+                }
+                Err(err) => return Err(err),
+            }
+        }
     }
 
     /// Returns a connection after a clean call.

@@ -11,6 +11,7 @@ pub mod config;
 mod daemons;
 mod index;
 pub mod metrics;
+mod removals;
 mod server;
 mod table;
 

@@ -201,6 +201,8 @@ struct TermCollector {
     pending: IntGauge,
     alive: IntGauge,
     dead: IntGauge,
+    owed: IntGauge,
+    given_up: IntGauge,
     descs: Vec<Desc>,
 }
 
@@ -231,7 +233,17 @@ impl TermCollector {
             "mooncake_meta_daemons_dead",
             "Daemons declared dead this term.",
         )?;
-        let gauges = [&leader, &revision, &blocks, &bytes, &pending, &alive, &dead];
+        let owed = IntGauge::new(
+            "mooncake_meta_removals_owed",
+            "Removals a daemon has not confirmed yet (sent again when it answers).",
+        )?;
+        let given_up = IntGauge::new(
+            "mooncake_meta_removals_given_up",
+            "Unconfirmed removals dropped this term because too many were owed.",
+        )?;
+        let gauges = [
+            &leader, &revision, &blocks, &bytes, &pending, &alive, &dead, &owed, &given_up,
+        ];
         let descs = gauges
             .iter()
             .flat_map(|g| g.desc().into_iter().cloned())
@@ -245,6 +257,8 @@ impl TermCollector {
             pending,
             alive,
             dead,
+            owed,
+            given_up,
             descs,
         })
     }
@@ -269,6 +283,9 @@ impl Collector for TermCollector {
                 self.pending.set(st.pending as i64);
                 self.alive.set(alive as i64);
                 self.dead.set((daemons.len() - alive) as i64);
+                let (owed, given_up) = state.owed_removals();
+                self.owed.set(owed as i64);
+                self.given_up.set(given_up as i64);
             }
             None => {
                 for g in [
@@ -278,6 +295,8 @@ impl Collector for TermCollector {
                     &self.pending,
                     &self.alive,
                     &self.dead,
+                    &self.owed,
+                    &self.given_up,
                 ] {
                     g.set(0);
                 }
@@ -291,6 +310,8 @@ impl Collector for TermCollector {
             &self.pending,
             &self.alive,
             &self.dead,
+            &self.owed,
+            &self.given_up,
         ]
         .iter()
         .flat_map(|g| g.collect())

@@ -30,6 +30,7 @@ use crate::config::MetaConfig;
 use crate::daemons::Daemons;
 use crate::index::{Index, ListFilter, Reservation};
 use crate::metrics::MetaMetrics;
+use crate::removals::OwedRemovals;
 
 const IO_BUFFER: usize = 64 << 10;
 /// Deadline of a call from the meta service to a daemon.
@@ -39,6 +40,8 @@ const REAPER_PERIOD: Duration = Duration::from_millis(200);
 pub struct State {
     pub index: Index,
     pub daemons: Daemons,
+    /// Removals that daemons have not confirmed.
+    owed: Arc<OwedRemovals>,
     daemon_ttl: Duration,
     put_timeout: Duration,
     links: Mutex<HashMap<u32, Arc<ConnPool>>>,
@@ -66,6 +69,7 @@ impl State {
         Ok(State {
             index: Index::new(),
             daemons: Daemons::default(),
+            owed: Arc::default(),
             daemon_ttl: cfg.daemon_ttl.0,
             put_timeout: cfg.put_timeout.0,
             links: Mutex::new(HashMap::new()),
@@ -87,6 +91,11 @@ impl State {
 
     pub fn revision(&self) -> u64 {
         self.revision
+    }
+
+    /// Removals owed by daemons now, and given up this term.
+    pub fn owed_removals(&self) -> (usize, u64) {
+        self.owed.counts()
     }
 
     /// Whether this term is still being served.
@@ -143,22 +152,47 @@ impl State {
                 })
                 .clone()
         };
-        let call = async {
-            let (mut conn, _) = pool.get().await?;
-            let result = conn.call::<Empty>(op, &KeyRequest { key }, op.name()).await;
-            if matches!(
-                result,
-                Ok(_) | Err(mooncake_client::ClientError::Server { .. })
-            ) {
-                pool.put_back(conn);
-            }
-            result
-        };
+        let req = KeyRequest { key };
+        let call = pool.call::<Empty>(op, &req, op.name());
         match tokio::time::timeout(DAEMON_CALL_TIMEOUT, call).await {
             Ok(Ok(_)) => ErrorCode::Ok,
             Ok(Err(err)) => err.code().unwrap_or(ErrorCode::Unavailable),
             Err(_) => ErrorCode::Timeout,
         }
+    }
+
+    /// Tells `daemon` to drop `key`, which the index no longer has. Until
+    /// the daemon confirms, the removal is owed (see `removals`); the
+    /// answer is the daemon's, with `NotFound` as success.
+    async fn remove_on_daemon(&self, daemon: u32, key: BlockKey) -> ErrorCode {
+        match self.tell_daemon(daemon, Opcode::Remove, key.clone()).await {
+            ErrorCode::Ok | ErrorCode::NotFound => {
+                self.owed.settle(daemon, &key);
+                ErrorCode::Ok
+            }
+            code => {
+                tracing::warn!(daemon, %key, %code, "daemon did not confirm a removal; it stays owed");
+                self.owed.owe(daemon, key);
+                code
+            }
+        }
+    }
+
+    /// Sends a daemon the removals it owes, in the background, one resend
+    /// per daemon at a time.
+    fn resend_owed(self: &Arc<Self>, daemon: u32) {
+        let Some(keys) = self.owed.start_resend(daemon) else {
+            return;
+        };
+        let state = self.clone();
+        tokio::spawn(async move {
+            for key in keys {
+                if state.remove_on_daemon(daemon, key).await != ErrorCode::Ok {
+                    break;
+                }
+            }
+            state.owed.sent(daemon);
+        });
     }
 }
 
@@ -310,7 +344,7 @@ enum ConnError {
 async fn serve<R, W>(
     (rd, wr): (R, W),
     mut gate: Gate,
-    state: &State,
+    state: &Arc<State>,
     metrics: &MetaMetrics,
     request_timeout: Duration,
     stop: &CancellationToken,
@@ -441,7 +475,7 @@ impl From<ProtoError> for Failure {
 }
 
 async fn dispatch(
-    state: &State,
+    state: &Arc<State>,
     metrics: &MetaMetrics,
     op: Opcode,
     body: &[u8],
@@ -498,13 +532,11 @@ async fn dispatch(
             for (hash, daemon) in req.hashes.iter().zip(removed) {
                 match daemon {
                     Some(d) => {
-                        // Invisible already; the daemon frees the bytes.
+                        // Invisible already. Removed only once the daemon
+                        // that holds the bytes drops them; until then the
+                        // caller hears that it could not be confirmed.
                         let key = BlockKey::new(req.namespace.clone(), *hash);
-                        let code = state.tell_daemon(d, Opcode::Remove, key).await;
-                        if !matches!(code, ErrorCode::Ok | ErrorCode::NotFound) {
-                            tracing::warn!(daemon = d, %code, "daemon did not confirm a removal");
-                        }
-                        codes.push(ErrorCode::Ok);
+                        codes.push(state.remove_on_daemon(d, key).await);
                     }
                     None => codes.push(ErrorCode::NotFound),
                 }
@@ -592,10 +624,18 @@ async fn dispatch(
         }
         Opcode::Inventory => {
             let req = InventoryRequest::from_bytes(body)?;
+            let mut owed = false;
             for item in &req.items {
+                if state.owed.is_owed(req.daemon, &item.key) {
+                    owed = true;
+                    continue;
+                }
                 state
                     .index
                     .insert_visible(&item.key, req.daemon, item.size, item.checksum);
+            }
+            if owed {
+                state.resend_owed(req.daemon);
             }
             Vec::new()
         }
@@ -604,6 +644,8 @@ async fn dispatch(
             if !state.daemons.heartbeat(req.daemon, req.stats, now) {
                 return Err(Failure::Code(ErrorCode::NotFound));
             }
+            // It answers again: what it was not told, it is told now.
+            state.resend_owed(req.daemon);
             Vec::new()
         }
         Opcode::Events => {
@@ -658,6 +700,12 @@ fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartRespo
                 .reserve(&req.namespace, *hash, size as u32, daemon, now)
             {
                 Reservation::Reserved => {
+                    // The put replaces any stale bytes the daemon holds.
+                    if state.owed.any() {
+                        state
+                            .owed
+                            .settle(daemon, &BlockKey::new(req.namespace.clone(), *hash));
+                    }
                     placed.push(daemon);
                     Slot::Place(daemon)
                 }

@@ -110,10 +110,9 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 Err(err) => (err.code(), Vec::new()),
                 Ok(_) if slots.len() >= MAX_LEASES => (ErrorCode::Busy, Vec::new()),
                 Ok(req) => {
-                    let reserved = {
-                        let _gate = tiers.room_to_demote(req.len, BACKPRESSURE).await;
-                        pool.reserve(req.key, req.len, req.checksum)
-                    };
+                    let reserved = tiers
+                        .reserve_put(req.key, req.len, req.checksum, BACKPRESSURE)
+                        .await;
                     match reserved {
                         Err(err) => (err.code(), Vec::new()),
                         Ok(mut slot) => {

@@ -319,6 +319,15 @@ impl NvmeTier {
         self.state.lock().blocks.len()
     }
 
+    /// The length and checksum of the block stored under `key`, if any.
+    pub fn record_of(&self, key: &BlockKey) -> Option<(u32, u64)> {
+        self.state
+            .lock()
+            .blocks
+            .get(key)
+            .map(|(r, _)| (r.len, r.checksum))
+    }
+
     /// The parent the block was stored with, if it is here and had one.
     pub fn parent_of(&self, key: &BlockKey) -> Option<BlockHash> {
         self.state

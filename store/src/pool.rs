@@ -70,8 +70,12 @@ impl PoolConfig {
 /// Why a block could not be stored, read or changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
-    #[error("block is already stored or being stored")]
+    /// The pool holds these very bytes (same length and checksum).
+    #[error("block is already stored")]
     AlreadyExists,
+    /// Another put of the key is writing it now.
+    #[error("block is being stored by another put")]
+    Busy,
     #[error("block of {0} bytes exceeds the largest block accepted")]
     TooLarge(u64),
     #[error("no space: the rest of the pool is pinned, leased or being written")]
@@ -86,6 +90,7 @@ impl PoolError {
     pub fn code(self) -> ErrorCode {
         match self {
             PoolError::AlreadyExists => ErrorCode::AlreadyExists,
+            PoolError::Busy => ErrorCode::Busy,
             PoolError::TooLarge(_) => ErrorCode::TooLarge,
             PoolError::NoSpace => ErrorCode::NoSpace,
             PoolError::ChecksumMismatch => ErrorCode::ChecksumMismatch,
@@ -379,6 +384,12 @@ impl DramPool {
     /// Reserves room for a block; the block stays invisible until the
     /// slot's bytes are written and `commit` verifies them. Evicts least
     /// recently used blocks when the pool is past its high watermark.
+    ///
+    /// A put is the key's current version: bytes still held under the key
+    /// that differ from it (a removal that never reached this daemon, a
+    /// block that outlived its meta entry) are stale and are replaced.
+    /// `AlreadyExists` means exactly these bytes are stored; a put of the
+    /// key still being written by another is `Busy`.
     pub fn reserve(
         self: &Arc<Self>,
         key: BlockKey,
@@ -390,8 +401,18 @@ impl DramPool {
         }
         let units = len.div_ceil(UNIT).max(1) as u32;
         let mut inner = self.inner.lock();
-        if inner.blocks.contains_key(&key) {
-            return Err(PoolError::AlreadyExists);
+        if let Some(held) = inner.blocks.get(&key) {
+            if !held.ready {
+                return Err(PoolError::Busy);
+            }
+            if u64::from(held.len) == len && held.checksum == checksum {
+                return Err(PoolError::AlreadyExists);
+            }
+            // Not reported as removed: the meta service already has this
+            // put as the key's version here, and must keep it.
+            let stale = inner.blocks.remove(&key).expect("just found");
+            self.discard(&mut inner, &key, stale);
+            tracing::info!(%key, "put replaces other bytes held under its key");
         }
         let capacity_units = self.region.len() as u64 / UNIT;
         let high = (capacity_units as f64 * self.cfg.high_watermark) as u64;
@@ -1104,7 +1125,34 @@ mod tests {
         let lease = p.get(&key(1)).unwrap();
         assert_eq!(lease.bytes(), &vec![7u8; 5000][..]);
         assert!(lease.verify());
-        assert_eq!(put(&p, key(1), 7, 10), Err(PoolError::AlreadyExists));
+        assert_eq!(put(&p, key(1), 7, 5000), Err(PoolError::AlreadyExists));
+    }
+
+    #[test]
+    fn a_put_of_other_bytes_replaces_what_the_key_held() {
+        let p = pool(1 << 20);
+        put(&p, key(1), 7, 5000).unwrap();
+        let old_reader = p.get(&key(1)).unwrap();
+        put(&p, key(1), 8, 10).unwrap();
+        let lease = p.get(&key(1)).unwrap();
+        assert_eq!(lease.bytes(), &[8u8; 10][..], "the new bytes, not the old");
+        assert!(lease.verify());
+        assert_eq!(
+            old_reader.bytes(),
+            &vec![7u8; 5000][..],
+            "a reader of the old block keeps its bytes until it lets go"
+        );
+        assert!(
+            p.take_removed().is_empty(),
+            "not a removal for the meta service: the key lives on, with new bytes"
+        );
+        let writing = p.reserve(key(2), 100, 0).unwrap();
+        assert_eq!(
+            p.reserve(key(2), 100, 0).err(),
+            Some(PoolError::Busy),
+            "a put in progress is neither replaced nor reported stored"
+        );
+        drop(writing);
     }
 
     #[test]
@@ -1492,6 +1540,9 @@ mod props {
                     Op::Put { key: k, len } => {
                         let value = vec![k; len as usize];
                         if let Ok(mut slot) = pool.reserve(key(k), len as u64, checksum(&value)) {
+                            // Whatever the key held before (pinned or not)
+                            // was replaced.
+                            pinned.remove(&k);
                             slot.buf_mut().copy_from_slice(&value);
                             // Chains 0, 2, 4, ... and 1, 3, 5, ... (one
                             // namespace each).
@@ -1500,7 +1551,9 @@ mod props {
                         }
                     }
                     Op::Abandon { key: k, len } => {
-                        drop(pool.reserve(key(k), len as u64, 0));
+                        if pool.reserve(key(k), len as u64, 0).is_ok() {
+                            pinned.remove(&k);
+                        }
                     }
                     Op::Remove { key: k } => {
                         if pool.remove(&key(k)).is_ok() {

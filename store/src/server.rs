@@ -406,11 +406,9 @@ where
         discard(rd, value_len).await?;
         return reply(wr, header, ErrorCode::Unauthorized, &[]).await;
     }
-    let pool = &tiers.dram;
-    let reserved = {
-        let _gate = tiers.room_to_demote(value_len as u64, backpressure).await;
-        pool.reserve(put.key, value_len as u64, put.checksum)
-    };
+    let reserved = tiers
+        .reserve_put(put.key, value_len as u64, put.checksum, backpressure)
+        .await;
     match reserved {
         Ok(mut slot) => {
             slot.set_parent(put.parent);

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::nvme::{NvmeTier, TierError};
-use crate::pool::{Demoted, DramPool};
+use crate::pool::{Demoted, DramPool, PoolError, WriteSlot};
 
 /// Blocks waiting to be written to NVMe. The pool's byte budget is the real
 /// bound; this only caps the count of small blocks.
@@ -160,6 +160,40 @@ impl Tiers {
                 self.promotions.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Room in DRAM for a put of `key` (its writer's length and checksum),
+    /// waiting up to `backpressure` for the demotion queue as
+    /// `room_to_demote` says. The put is the key's current version: a copy
+    /// of other bytes under the key on a drive is stale and goes (DRAM's
+    /// own is replaced by `DramPool::reserve`); `AlreadyExists` means a
+    /// tier holds exactly these bytes.
+    pub async fn reserve_put(
+        &self,
+        key: BlockKey,
+        len: u64,
+        checksum: u64,
+        backpressure: Duration,
+    ) -> Result<WriteSlot, PoolError> {
+        let mut same_on_nvme = false;
+        for drive in &self.nvme {
+            match drive.record_of(&key) {
+                Some((l, sum)) if u64::from(l) == len && sum == checksum => same_on_nvme = true,
+                Some(_) => {
+                    tracing::info!(%key, "put replaces other bytes held under its key on NVMe");
+                    if let Err(err) = drive.remove(&key) {
+                        tracing::warn!(%key, %err, "NVMe removal of a replaced block failed");
+                        return Err(PoolError::Busy);
+                    }
+                }
+                None => {}
+            }
+        }
+        if same_on_nvme && !self.dram.contains(&key) {
+            return Err(PoolError::AlreadyExists);
+        }
+        let _gate = self.room_to_demote(len, backpressure).await;
+        self.dram.reserve(key, len, checksum)
     }
 
     fn on_nvme(&self, key: &BlockKey) -> bool {

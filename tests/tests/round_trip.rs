@@ -153,7 +153,10 @@ async fn remove_and_duplicate_puts_behave() {
     );
     assert_eq!(
         client.remove(&ns, &[hash(1), hash(2)]).await.unwrap(),
-        vec![true, false]
+        vec![
+            mooncake_proto::ErrorCode::Ok,
+            mooncake_proto::ErrorCode::NotFound
+        ]
     );
     let key = mooncake_proto::BlockKey::new(ns.clone(), hash(1));
     assert_eq!(client.get(&key).await.unwrap(), None);

@@ -507,7 +507,10 @@ async fn servers_reach_each_other_over_quic_only_with_peer_ca() {
     let key = mooncake_proto::BlockKey::new(ns(), hash(7));
     let pool = cluster.daemons[0].handle.pool.clone();
     assert!(pool.contains(&key));
-    assert_eq!(client.remove(&ns(), &[hash(7)]).await.unwrap(), vec![true]);
+    assert_eq!(
+        client.remove(&ns(), &[hash(7)]).await.unwrap(),
+        vec![mooncake_proto::ErrorCode::Ok]
+    );
     assert!(
         !pool.contains(&key),
         "the meta service's call reached the daemon"
@@ -539,7 +542,10 @@ async fn servers_reach_each_other_over_quic_only_with_peer_ca() {
         client.put(&ns(), &[(hash(8), &value)]).await.unwrap(),
         vec![PutOutcome::Stored]
     );
-    assert_eq!(client.remove(&ns(), &[hash(8)]).await.unwrap(), vec![true]);
+    assert_eq!(
+        client.remove(&ns(), &[hash(8)]).await.unwrap(),
+        vec![mooncake_proto::ErrorCode::Ok]
+    );
     let key = mooncake_proto::BlockKey::new(ns(), hash(8));
     assert!(wary.daemons[0].handle.pool.contains(&key));
 }

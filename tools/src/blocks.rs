@@ -11,7 +11,7 @@ use mooncake_client::{Client, ClientConfig, PutOutcome};
 use mooncake_coord::{EtcdConfig, EtcdCoordinator, LeaderResolver};
 use mooncake_proto::message::ListRequest;
 use mooncake_proto::units::ByteSize;
-use mooncake_proto::{BlockHash, BlockKey, Namespace};
+use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
 use serde_json::json;
 
 use crate::exit::Failure;
@@ -219,15 +219,37 @@ pub async fn rm(args: RmArgs) -> Result<(), Failure> {
     let ns = namespace(&args.ns.namespace)?;
     let keys: Vec<BlockKey> = args.keys.iter().map(|k| parse_key(&ns, k)).collect();
     let hashes: Vec<BlockHash> = keys.iter().map(|k| k.hash).collect();
-    let removed = client(&args.target).await?.remove(&ns, &hashes).await?;
-    for (hash, removed) in hashes.iter().zip(&removed) {
+    let codes = client(&args.target).await?.remove(&ns, &hashes).await?;
+    let mut unconfirmed = None;
+    for (hash, code) in hashes.iter().zip(&codes) {
+        let removed = *code == ErrorCode::Ok;
+        if !matches!(code, ErrorCode::Ok | ErrorCode::NotFound) {
+            unconfirmed.get_or_insert(*code);
+        }
         if args.json {
-            println!("{}", json!({"key": hash.to_hex(), "removed": removed}));
+            println!(
+                "{}",
+                json!({"key": hash.to_hex(), "removed": removed, "status": code.name()})
+            );
         } else {
-            println!("{} {hash}", if *removed { "removed" } else { "not found" });
+            match code {
+                ErrorCode::Ok => println!("removed {hash}"),
+                ErrorCode::NotFound => println!("not found {hash}"),
+                code => println!("not confirmed {hash} ({code})"),
+            }
         }
     }
-    Ok(())
+    match unconfirmed {
+        // Out of the index, but its daemon did not answer: it is told again
+        // when it does. Unreachable is exit 3, any other refusal 4.
+        Some(code @ (ErrorCode::Timeout | ErrorCode::Unavailable)) => Err(Failure::connection(
+            format!("the daemon holding a key did not confirm its removal ({code}); it is told again when it answers"),
+        )),
+        Some(code) => Err(Failure::refused(format!(
+            "the daemon holding a key refused its removal ({code})"
+        ))),
+        None => Ok(()),
+    }
 }
 
 pub async fn stat(args: StatArgs) -> Result<(), Failure> {

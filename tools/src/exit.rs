@@ -24,6 +24,14 @@ impl Failure {
         }
     }
 
+    /// The store refused.
+    pub fn refused(message: impl Into<String>) -> Self {
+        Failure {
+            code: 4,
+            message: message.into(),
+        }
+    }
+
     pub fn other(err: anyhow::Error) -> Self {
         Failure {
             code: 1,

@@ -159,7 +159,7 @@ pub async fn drain(args: DrainArgs) -> Result<(), Failure> {
                 .remove(&chunk[0].0, &hashes)
                 .await?
                 .iter()
-                .filter(|r| **r)
+                .filter(|c| **c == ErrorCode::Ok)
                 .count();
         }
     }

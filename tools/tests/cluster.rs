@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use mooncake_client::{Client, GetOutcome, PutOutcome};
 use mooncake_coord::Coordinator;
-use mooncake_proto::{BlockHash, BlockKey, Namespace, PrefixHasher};
+use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace, PrefixHasher};
 
 fn ns() -> Namespace {
     Namespace::new("t/cluster").unwrap()
@@ -300,4 +300,164 @@ async fn a_restarted_daemon_registers_again_with_an_empty_pool() {
         "the other daemon's blocks are still served"
     );
     put_blocks(&client, 500..540, 4096).await;
+}
+
+/// Whether `key` reads back as `want` once the index has it again
+/// (`None`: it never came back within `within`).
+async fn reads_back(client: &Client, hash: BlockHash, within: Duration) -> Option<Vec<u8>> {
+    let key = BlockKey::new(ns(), hash);
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if let Ok(Some(bytes)) = client.get(&key).await {
+            return Some(bytes);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+async fn put_value(client: &Client, hash: BlockHash, value: &[u8]) -> PutOutcome {
+    client.put(&ns(), &[(hash, value)]).await.unwrap()[0]
+}
+
+/// Waits until a new leader serves an index rebuilt from the daemons (the
+/// probe block, stored before, is found again), and returns a new client,
+/// which knows no location from before: what it reads, the leader answered.
+async fn rebuilt(cluster: &Cluster, probe: BlockHash) -> Client {
+    let client = cluster.client(Duration::from_secs(3)).await;
+    assert!(
+        reads_back(&client, probe, Duration::from_secs(30))
+            .await
+            .is_some(),
+        "the new leader rebuilt its index from the daemon's inventory"
+    );
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_key_stays_removed_across_daemon_restart_failover_and_a_new_meta() {
+    let mut cluster = Cluster::start(2, 1).await;
+    let client = cluster.client(Duration::from_secs(3)).await;
+    let h = |name: &str| BlockHash::from_opaque(name.as_bytes());
+    // A pin and an unpin leave the meta service a pooled connection to the
+    // daemon, which the daemon's restart then breaks.
+    assert_eq!(
+        put_value(&client, h("warm"), b"x").await,
+        PutOutcome::Stored
+    );
+    client.pin(&ns(), &[h("warm")], true).await.unwrap();
+    client.pin(&ns(), &[h("warm")], false).await.unwrap();
+    let addr = cluster.daemons[0].0.clone();
+    cluster.daemons[0].1.kill9();
+    cluster.spawn_daemon(&addr);
+    let up = eventually(Duration::from_secs(20), || async {
+        client
+            .put(&ns(), &[(h("probe"), &b"probe"[..])])
+            .await
+            .is_ok_and(|o| o[0] == PutOutcome::Stored)
+    })
+    .await;
+    assert!(up.is_some(), "the restarted daemon takes puts");
+
+    assert_eq!(
+        put_value(&client, h("R2"), b"OLD value").await,
+        PutOutcome::Stored
+    );
+    assert_eq!(
+        client.remove(&ns(), &[h("R2")]).await.unwrap(),
+        vec![ErrorCode::Ok],
+        "the first call to the restarted daemon reaches it, and it confirms"
+    );
+    assert_eq!(
+        put_value(&client, h("R2"), b"NEW value!").await,
+        PutOutcome::Stored
+    );
+    let key = BlockKey::new(ns(), h("R2"));
+    assert_eq!(
+        client.get(&key).await.unwrap().as_deref(),
+        Some(&b"NEW value!"[..])
+    );
+    assert_eq!(
+        put_value(&client, h("R3"), b"removed").await,
+        PutOutcome::Stored
+    );
+    assert_eq!(
+        client.remove(&ns(), &[h("R3")]).await.unwrap(),
+        vec![ErrorCode::Ok]
+    );
+
+    // Failover: the standby rebuilds the index from the daemon.
+    let leader = cluster.leader_index().await;
+    cluster.metas[leader].1.kill9();
+    let client = rebuilt(&cluster, h("probe")).await;
+    assert_eq!(
+        client.get(&key).await.unwrap().as_deref(),
+        Some(&b"NEW value!"[..])
+    );
+    assert_eq!(
+        client.get(&BlockKey::new(ns(), h("R3"))).await.unwrap(),
+        None
+    );
+
+    // A new replica, then the current leader killed: the new one leads.
+    cluster.spawn_meta();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let leader = cluster.leader_index().await;
+    cluster.metas[leader].1.kill9();
+    let client = rebuilt(&cluster, h("probe")).await;
+    assert_eq!(
+        client.get(&key).await.unwrap().as_deref(),
+        Some(&b"NEW value!"[..])
+    );
+    assert_eq!(
+        client.get(&BlockKey::new(ns(), h("R3"))).await.unwrap(),
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_its_daemon_cannot_confirm_is_reported_and_still_happens() {
+    let mut cluster = Cluster::start(2, 1).await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    let h = |name: &str| BlockHash::from_opaque(name.as_bytes());
+    assert_eq!(
+        put_value(&client, h("probe"), b"probe").await,
+        PutOutcome::Stored
+    );
+    assert_eq!(
+        put_value(&client, h("R4"), b"doomed").await,
+        PutOutcome::Stored
+    );
+    cluster.daemons[0].1.signal("-STOP");
+    let codes = client.remove(&ns(), &[h("R4")]).await.unwrap();
+    cluster.daemons[0].1.signal("-CONT");
+    assert!(
+        matches!(codes[..], [ErrorCode::Timeout | ErrorCode::Unavailable]),
+        "a paused daemon cannot confirm: {codes:?}"
+    );
+    let key = BlockKey::new(ns(), h("R4"));
+    assert_eq!(
+        client.get(&key).await.unwrap(),
+        None,
+        "out of the index at once"
+    );
+    // The daemon answers again and is told; a failover rebuilds the index
+    // from what it holds, which must not include the removed key.
+    let told = eventually(Duration::from_secs(20), || async {
+        client
+            .cluster_stats()
+            .await
+            .is_ok_and(|st| st.daemons.iter().all(|d| d.alive))
+    })
+    .await;
+    assert!(told.is_some(), "the daemon is alive again");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let leader = cluster.leader_index().await;
+    cluster.metas[leader].1.kill9();
+    let client = rebuilt(&cluster, h("probe")).await;
+    assert_eq!(
+        client.get(&key).await.unwrap(),
+        None,
+        "removed stays removed"
+    );
 }

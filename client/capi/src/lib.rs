@@ -376,16 +376,7 @@ pub unsafe extern "C" fn mc_remove(
             return status::INVALID_PARAMS;
         }
         let out: Vec<i64> = match runtime().block_on(c.client.remove(&c.namespace, &hashes)) {
-            Ok(removed) => removed
-                .into_iter()
-                .map(|r| {
-                    if r {
-                        status::OK
-                    } else {
-                        status::OBJECT_NOT_FOUND
-                    }
-                })
-                .collect(),
+            Ok(codes) => codes.into_iter().map(status::of_code).collect(),
             Err(e) => {
                 set_error(e.to_string());
                 vec![status::of_error(&e); n]

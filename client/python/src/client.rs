@@ -468,47 +468,50 @@ impl Client {
         Ok(out.into_iter().map(codes::of_code).collect())
     }
 
-    /// Removes keys; `True` for each key that was stored.
+    /// Removes keys; `True` for each key that was stored. Raises
+    /// `StoreUnavailable` if a daemon holding one could not confirm its
+    /// removal (the key is gone from the index; the daemon is told again).
     fn remove(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
-        py.detach(|| runtime().block_on(client.remove(ns, &hashes)))
-            .map_err(codes::to_py)
+        let removed = py
+            .detach(|| runtime().block_on(client.remove(ns, &hashes)))
+            .map_err(codes::to_py)?;
+        codes::removed(&removed)
     }
 
     /// Removes every block of this client's namespace; returns how many.
+    /// Raises `StoreUnavailable` if a daemon could not confirm some.
     fn remove_all(&self, py: Python<'_>) -> PyResult<usize> {
         let (client, ns) = (&self.inner, &self.namespace);
-        py.detach(|| {
-            runtime().block_on(async {
-                let mut removed = 0;
-                loop {
-                    let page = client
-                        .list(&ListRequest {
-                            namespace: Some(ns.clone()),
-                            after: None,
-                            prefix: Vec::new(),
-                            daemon: 0,
-                            limit: 1024,
-                        })
-                        .await?;
-                    let hashes: Vec<BlockHash> = page.entries.iter().map(|e| e.key.hash).collect();
-                    if hashes.is_empty() {
-                        return Ok(removed);
+        let codes = py
+            .detach(|| {
+                runtime().block_on(async {
+                    let mut codes = Vec::new();
+                    loop {
+                        let page = client
+                            .list(&ListRequest {
+                                namespace: Some(ns.clone()),
+                                after: None,
+                                prefix: Vec::new(),
+                                daemon: 0,
+                                limit: 1024,
+                            })
+                            .await?;
+                        let hashes: Vec<BlockHash> =
+                            page.entries.iter().map(|e| e.key.hash).collect();
+                        if hashes.is_empty() {
+                            return Ok(codes);
+                        }
+                        codes.extend(client.remove(ns, &hashes).await?);
+                        if !page.more && hashes.len() < 1024 {
+                            return Ok(codes);
+                        }
                     }
-                    removed += client
-                        .remove(ns, &hashes)
-                        .await?
-                        .iter()
-                        .filter(|r| **r)
-                        .count();
-                    if !page.more && hashes.len() < 1024 {
-                        return Ok(removed);
-                    }
-                }
+                })
             })
-        })
-        .map_err(codes::to_py)
+            .map_err(codes::to_py)?;
+        Ok(codes::removed(&codes)?.into_iter().filter(|r| *r).count())
     }
 
     /// Blocks read through the same-host shared pool (`shm_socket`).

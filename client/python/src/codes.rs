@@ -15,6 +15,23 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
+/// The per-key answer of a removal as `True` (removed) or `False` (not
+/// stored), or `StoreUnavailable` if a daemon could not confirm one.
+pub fn removed(codes: &[mooncake_proto::ErrorCode]) -> PyResult<Vec<bool>> {
+    use mooncake_proto::ErrorCode;
+    let unconfirmed = codes
+        .iter()
+        .filter(|c| !matches!(c, ErrorCode::Ok | ErrorCode::NotFound))
+        .count();
+    if unconfirmed > 0 {
+        return Err(StoreUnavailable::new_err(format!(
+            "removal of {unconfirmed} of {} keys not confirmed by the daemon holding them; they are out of the index and their daemon is told again when it answers",
+            codes.len()
+        )));
+    }
+    Ok(codes.iter().map(|c| *c == ErrorCode::Ok).collect())
+}
+
 /// A failed call as a Python exception: `StoreUnavailable` when a retry
 /// may help, `ValueError` for bad arguments, `StoreError` otherwise.
 pub fn to_py(err: ClientError) -> PyErr {
