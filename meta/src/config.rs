@@ -29,6 +29,17 @@ pub struct MetaConfig {
     pub max_connections_per_client: usize,
     /// Longest time one request may take once its header arrived. Default 10s.
     pub request_timeout: HumanDuration,
+    /// With `auth`: how long a connection may take, from accept, to present
+    /// a valid token; then it is closed. Default 5s.
+    pub auth_timeout: HumanDuration,
+    /// A connection with no request for this long is closed (clients open
+    /// another when they need one). Default 300s.
+    pub idle_timeout: HumanDuration,
+    /// With `auth`: most connections at once that have not presented a
+    /// valid token yet. Past it the oldest of them is closed to make room,
+    /// so peers without a token never hold more, and cannot keep a client
+    /// with a token from connecting (`docs/operations.md`). Default 1024.
+    pub max_unauthenticated_connections: usize,
     /// Token file (`docs/security.md`): when set, every connection must
     /// present a token listed there; clients may use only their tenant's
     /// namespaces, daemons need a `cluster` token. Default none: no
@@ -67,6 +78,9 @@ impl Default for MetaConfig {
             max_connections: 4096,
             max_connections_per_client: 256,
             request_timeout: HumanDuration(Duration::from_secs(10)),
+            auth_timeout: HumanDuration(Duration::from_secs(5)),
+            idle_timeout: HumanDuration(Duration::from_secs(300)),
+            max_unauthenticated_connections: 1024,
             auth: None,
             token: None,
             quic: false,
@@ -115,6 +129,12 @@ impl MetaConfig {
         }
         if self.max_connections == 0 || self.max_connections_per_client == 0 {
             return Err("max_connections and max_connections_per_client must be at least 1".into());
+        }
+        if self.max_unauthenticated_connections == 0 {
+            return Err("max_unauthenticated_connections must be at least 1".into());
+        }
+        if self.auth_timeout.0.is_zero() || self.idle_timeout.0.is_zero() {
+            return Err("auth_timeout and idle_timeout must be more than 0".into());
         }
         self.tokens()?;
         Ok(())

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use mooncake_client::{ConnPool, Dialer, ErrorSource};
 use mooncake_proto::auth::{AuthRequest, Gate, Identity, TokenTable};
 use mooncake_proto::frame::MAX_BATCH;
-use mooncake_proto::limits::PerClient;
+use mooncake_proto::limits::{Deadlines, PerClient, Unproven, UnprovenSlot};
 use mooncake_proto::message::{
     Body, ClusterStats, Empty, EventsRequest, HeartbeatRequest, InventoryRequest, KeyRequest,
     KeysRequest, ListRequest, ListResponse, Locations, PinRequest, PutCommitRequest,
@@ -233,13 +233,20 @@ pub struct Server {
     metrics: Arc<MetaMetrics>,
     permits: Arc<Semaphore>,
     per_client: Arc<PerClient>,
+    unproven: Arc<Unproven>,
     request_timeout: Duration,
+    deadlines: Deadlines,
 }
 
 /// A connection admitted under the limits; dropping it frees its place.
 pub struct Admitted {
     _permit: tokio::sync::OwnedSemaphorePermit,
     _slot: mooncake_proto::limits::ClientSlot,
+    /// Held until the connection presents a valid token (auth on).
+    unproven: Option<UnprovenSlot>,
+    /// Cancelled if the connection is still without a token when a newer
+    /// one needs its place.
+    evicted: CancellationToken,
 }
 
 impl Server {
@@ -249,7 +256,12 @@ impl Server {
             metrics,
             permits: Arc::new(Semaphore::new(cfg.max_connections)),
             per_client: PerClient::new(cfg.max_connections_per_client),
+            unproven: Unproven::new(cfg.max_unauthenticated_connections),
             request_timeout: cfg.request_timeout.0,
+            deadlines: Deadlines {
+                auth: cfg.auth_timeout.0,
+                idle: cfg.idle_timeout.0,
+            },
         })
     }
 
@@ -263,9 +275,18 @@ impl Server {
             tracing::warn!(%peer, "connection refused: max_connections_per_client reached");
             return None;
         };
+        // With auth on, a place among peers without a token yet (the
+        // oldest of them is closed if none is free).
+        let evicted = CancellationToken::new();
+        let unproven = self.state.tokens.as_ref().map(|_| {
+            let evicted = evicted.clone();
+            self.unproven.admit(move || evicted.cancel())
+        });
         Some(Admitted {
             _permit: permit,
             _slot: slot,
+            unproven,
+            evicted,
         })
     }
 
@@ -276,7 +297,7 @@ impl Server {
         (rd, wr): (R, W),
         peer: std::net::SocketAddr,
         certified: Option<String>,
-        admitted: Admitted,
+        mut admitted: Admitted,
         stop: &CancellationToken,
     ) where
         R: AsyncRead + Unpin,
@@ -286,9 +307,10 @@ impl Server {
         let served = serve(
             (rd, wr),
             gate,
+            (&mut admitted.unproven, &admitted.evicted),
             &self.state,
             &self.metrics,
-            self.request_timeout,
+            (self.request_timeout, self.deadlines),
             stop,
         )
         .await;
@@ -339,14 +361,19 @@ enum ConnError {
     Io(#[from] io::Error),
     #[error("request not finished within {0:?}")]
     Timeout(Duration),
+    #[error("no valid token within {0:?}")]
+    NoToken(Duration),
+    #[error("idle for {0:?}")]
+    Idle(Duration),
 }
 
 async fn serve<R, W>(
     (rd, wr): (R, W),
     mut gate: Gate,
+    (unproven, evicted): (&mut Option<UnprovenSlot>, &CancellationToken),
     state: &Arc<State>,
     metrics: &MetaMetrics,
-    request_timeout: Duration,
+    (request_timeout, deadlines): (Duration, Deadlines),
     stop: &CancellationToken,
 ) -> Result<(), ConnError>
 where
@@ -355,17 +382,29 @@ where
 {
     let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
     let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
+    // A peer without a token is kept this long in all, its `Auth` included.
+    let auth_deadline = tokio::time::Instant::now() + deadlines.auth;
     loop {
         if rd.buffer().len() < HEADER_LEN {
             wr.flush().await?;
         }
+        let (until, expired) = if gate.is_proven() {
+            (
+                tokio::time::Instant::now() + deadlines.idle,
+                ConnError::Idle(deadlines.idle),
+            )
+        } else {
+            (auth_deadline, ConnError::NoToken(deadlines.auth))
+        };
         let mut raw = [0u8; HEADER_LEN];
         tokio::select! {
-            read = rd.read_exact(&mut raw) => match read {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                Err(e) => return Err(e.into()),
+            read = tokio::time::timeout_at(until, rd.read_exact(&mut raw)) => match read {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => return Err(expired),
             },
+            _ = evicted.cancelled(), if !gate.is_proven() => return Err(ConnError::NoToken(deadlines.auth)),
             _ = stop.cancelled() => return Ok(()),
         }
         let parsed = match Header::parse(&raw) {
@@ -399,6 +438,12 @@ where
                 return Ok(());
             }
         };
+        let proven = gate.is_proven();
+        let until = if proven {
+            tokio::time::Instant::now() + request_timeout
+        } else {
+            auth_deadline
+        };
         let answer = async {
             let mut body = vec![0u8; header.body_len as usize];
             rd.read_exact(&mut body).await?;
@@ -408,7 +453,11 @@ where
             })
         };
         let started = Instant::now();
-        let (code, reply) = match tokio::time::timeout(request_timeout, answer).await {
+        let answered = tokio::select! {
+            answered = tokio::time::timeout_at(until, answer) => answered,
+            _ = evicted.cancelled(), if !proven => return Err(ConnError::NoToken(deadlines.auth)),
+        };
+        let (code, reply) = match answered {
             Ok(Ok(Ok(reply))) => (ErrorCode::Ok, reply),
             Ok(Ok(Err(Failure::Code(code)))) => (code, Vec::new()),
             Ok(Ok(Err(Failure::Protocol(err)))) => {
@@ -418,8 +467,13 @@ where
                 return Err(err.into());
             }
             Ok(Err(err)) => return Err(err),
+            Err(_) if !proven => return Err(ConnError::NoToken(deadlines.auth)),
             Err(_) => return Err(ConnError::Timeout(request_timeout)),
         };
+        if header.opcode == Opcode::Auth && code == ErrorCode::Ok {
+            // Proven: its place among peers without a token is free again.
+            *unproven = None;
+        }
         metrics.record(header.opcode, code, started.elapsed().as_secs_f64());
         if let Some(who) = &who {
             metrics.record_tenant(who, header.opcode);

@@ -144,6 +144,12 @@ impl Gate {
         }
     }
 
+    /// Whether requests may come: authentication is off, or a valid token
+    /// was presented.
+    pub fn is_proven(&self) -> bool {
+        self.who.is_some()
+    }
+
     /// The identity a request of `op` runs as, or `Unauthorized`.
     pub fn admit(&self, op: Opcode) -> Result<&Identity, crate::ErrorCode> {
         match &self.who {

@@ -124,6 +124,8 @@ impl Opcode {
     pub fn body_limit(self, response: bool) -> u32 {
         match (self, response) {
             (Opcode::Put, false) | (Opcode::Get, true) => MAX_VALUE_LEN + 4096,
+            // Read before the peer is known: no larger than a token needs.
+            (Opcode::Auth, false) => crate::auth::MAX_TOKEN_LEN as u32 + 16,
             _ => MAX_CONTROL_BODY,
         }
     }

@@ -101,6 +101,10 @@ fn decode_parent(r: &mut Reader<'_>) -> Result<Option<BlockHash>, ProtoError> {
 impl PutHead {
     /// Bytes of the head after its leading u16, given that u16's value;
     /// refused if the namespace would be too long.
+    /// The longest head on the wire: the namespace's length, the longest
+    /// namespace, the hash, the checksum and the parent.
+    pub const MAX_LEN: usize = 2 + MAX_NAMESPACE_LEN + BlockHash::LEN + 8 + BlockHash::LEN;
+
     pub fn rest_len(ns_len: u16) -> Result<usize, ProtoError> {
         if ns_len as usize > MAX_NAMESPACE_LEN {
             return Err(ProtoError::Invalid {
@@ -1098,6 +1102,7 @@ mod tests {
     #[test]
     fn put_head_refuses_long_namespace_length() {
         assert!(PutHead::rest_len(129).is_err());
+        assert_eq!(2 + PutHead::rest_len(128).unwrap(), PutHead::MAX_LEN);
         assert_eq!(PutHead::rest_len(3).unwrap(), 3 + 32 + 8 + 32);
     }
 

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use mooncake_proto::limits::Deadlines;
 use mooncake_proto::units::{ByteSize, HumanDuration};
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +47,17 @@ pub struct DaemonConfig {
     /// Longest time one request may take once its header arrived, reading
     /// its body and writing its answer included. Default 30s.
     pub request_timeout: HumanDuration,
+    /// With `auth`: how long a connection may take, from accept, to present
+    /// a valid token; then it is closed. Default 5s.
+    pub auth_timeout: HumanDuration,
+    /// A connection with no request for this long is closed (clients open
+    /// another when they need one). Default 300s.
+    pub idle_timeout: HumanDuration,
+    /// With `auth`: most connections at once that have not presented a
+    /// valid token yet. Past it the oldest of them is closed to make room,
+    /// so peers without a token never hold more, and cannot keep a client
+    /// with a token from connecting (`docs/operations.md`). Default 256.
+    pub max_unauthenticated_connections: usize,
     /// NVMe tier: one `PATH:SIZE` per drive (a file or a block device, and
     /// how much of it to use), e.g. `/mnt/nvme0/mooncake.bin:200GiB`; a
     /// single string or a list. Blocks evicted from DRAM go there, spread
@@ -138,6 +150,9 @@ impl Default for DaemonConfig {
             max_connections: 1024,
             max_connections_per_client: 256,
             request_timeout: HumanDuration(Duration::from_secs(30)),
+            auth_timeout: HumanDuration(Duration::from_secs(5)),
+            idle_timeout: HumanDuration(Duration::from_secs(300)),
+            max_unauthenticated_connections: 256,
             nvme: Vec::new(),
             nvme_engine: crate::io::EngineKind::Uring,
             nvme_depth: 32,
@@ -203,6 +218,12 @@ impl DaemonConfig {
         }
         if self.max_connections == 0 || self.max_connections_per_client == 0 {
             return Err("max_connections and max_connections_per_client must be at least 1".into());
+        }
+        if self.max_unauthenticated_connections == 0 {
+            return Err("max_unauthenticated_connections must be at least 1".into());
+        }
+        if self.auth_timeout.0.is_zero() || self.idle_timeout.0.is_zero() {
+            return Err("auth_timeout and idle_timeout must be more than 0".into());
         }
         self.nvme_drives()?;
         if self.rdma_listen.is_some() && self.auth.is_some() {
@@ -297,6 +318,11 @@ impl DaemonConfig {
             verify_on_read: self.verify_on_read,
             tokens: None,
             max_connections_per_client: self.max_connections_per_client,
+            deadlines: Deadlines {
+                auth: self.auth_timeout.0,
+                idle: self.idle_timeout.0,
+            },
+            max_unauthenticated: self.max_unauthenticated_connections,
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooncake_proto::auth::{AuthRequest, Gate, Identity, TokenTable};
-use mooncake_proto::limits::PerClient;
+use mooncake_proto::limits::{Deadlines, PerClient, Unproven, UnprovenSlot};
 use mooncake_proto::message::{Body, KeyRequest, PutHead};
 use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
@@ -30,6 +30,10 @@ pub struct ServerConfig {
     pub tokens: Option<Arc<TokenTable>>,
     /// Most connections from one client address.
     pub max_connections_per_client: usize,
+    /// How long a connection may go without a token, or without a request.
+    pub deadlines: Deadlines,
+    /// With `tokens`: most connections at once without a valid token yet.
+    pub max_unauthenticated: usize,
 }
 
 /// Why a connection was closed by the server.
@@ -41,6 +45,10 @@ enum ConnError {
     Io(#[from] io::Error),
     #[error("request not finished within {0:?}")]
     Timeout(Duration),
+    #[error("no valid token within {0:?}")]
+    NoToken(Duration),
+    #[error("idle for {0:?}")]
+    Idle(Duration),
     #[error("refused: {0}")]
     Refused(ErrorCode),
 }
@@ -54,12 +62,18 @@ pub struct Server {
     metrics: Arc<DaemonMetrics>,
     permits: Arc<Semaphore>,
     per_client: Arc<PerClient>,
+    unproven: Arc<Unproven>,
 }
 
 /// A connection admitted under the limits; dropping it frees its place.
 pub(crate) struct Admitted {
     _permit: tokio::sync::OwnedSemaphorePermit,
     _slot: mooncake_proto::limits::ClientSlot,
+    /// Held until the connection presents a valid token (auth on).
+    unproven: Option<UnprovenSlot>,
+    /// Cancelled if the connection is still without a token when a newer
+    /// one needs its place.
+    evicted: CancellationToken,
 }
 
 impl Server {
@@ -68,6 +82,7 @@ impl Server {
             tiers,
             permits: Arc::new(Semaphore::new(cfg.max_connections)),
             per_client: PerClient::new(cfg.max_connections_per_client),
+            unproven: Unproven::new(cfg.max_unauthenticated),
             cfg,
             metrics,
         })
@@ -86,9 +101,18 @@ impl Server {
             self.metrics.refused_connections.inc();
             return None;
         };
+        // With auth on, a place among peers without a token yet (the
+        // oldest of them is closed if none is free).
+        let evicted = CancellationToken::new();
+        let unproven = self.cfg.tokens.as_ref().map(|_| {
+            let evicted = evicted.clone();
+            self.unproven.admit(move || evicted.cancel())
+        });
         Some(Admitted {
             _permit: permit,
             _slot: slot,
+            unproven,
+            evicted,
         })
     }
 
@@ -100,18 +124,20 @@ impl Server {
         (rd, wr): (R, W),
         peer: std::net::SocketAddr,
         certified: Option<String>,
-        admitted: Admitted,
+        mut admitted: Admitted,
         shutdown: &CancellationToken,
     ) where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        self.metrics.connections.inc();
+        // Counted down however the task ends, a panic included.
+        let _open = Counted::new(&self.metrics.connections);
         let gate = Gate::bound_to(self.cfg.tokens.clone(), certified);
         let served = serve(
             rd,
             wr,
             gate,
+            (&mut admitted.unproven, &admitted.evicted),
             &self.tiers,
             &self.cfg,
             &self.metrics,
@@ -121,8 +147,23 @@ impl Server {
         if let Err(err) = served {
             tracing::debug!(%peer, %err, "connection closed");
         }
-        self.metrics.connections.dec();
         drop(admitted);
+    }
+}
+
+/// A gauge held one higher while this lives.
+struct Counted<'a>(&'a prometheus::IntGauge);
+
+impl<'a> Counted<'a> {
+    fn new(gauge: &'a prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -168,10 +209,15 @@ pub(crate) async fn refuse<W: AsyncWrite + Unpin>(mut stream: W) {
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&reply)).await;
 }
 
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the connection's parts, passed once"
+)]
 async fn serve<R, W>(
     rd: R,
     wr: W,
     mut gate: Gate,
+    (unproven, evicted): (&mut Option<UnprovenSlot>, &CancellationToken),
     tiers: &Arc<Tiers>,
     cfg: &ServerConfig,
     metrics: &DaemonMetrics,
@@ -183,18 +229,31 @@ where
 {
     let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
     let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
+    let deadlines = cfg.deadlines;
+    // A peer without a token is kept this long in all, its `Auth` included.
+    let auth_deadline = tokio::time::Instant::now() + deadlines.auth;
     loop {
         // Answers are batched while more requests are already buffered.
         if rd.buffer().len() < HEADER_LEN {
             wr.flush().await?;
         }
+        let (until, expired) = if gate.is_proven() {
+            (
+                tokio::time::Instant::now() + deadlines.idle,
+                ConnError::Idle(deadlines.idle),
+            )
+        } else {
+            (auth_deadline, ConnError::NoToken(deadlines.auth))
+        };
         let mut raw = [0u8; HEADER_LEN];
         tokio::select! {
-            read = rd.read_exact(&mut raw) => match read {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                Err(e) => return Err(e.into()),
+            read = tokio::time::timeout_at(until, rd.read_exact(&mut raw)) => match read {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => return Err(expired),
             },
+            _ = evicted.cancelled(), if !gate.is_proven() => return Err(ConnError::NoToken(deadlines.auth)),
             _ = shutdown.cancelled() => return Ok(()),
         }
         let header = match Header::parse(&raw) {
@@ -209,10 +268,22 @@ where
             Err(err) => return Err(reject(&mut wr, &raw, err).await),
         };
         if header.opcode == Opcode::Auth {
-            let req: AuthRequest = match read_body(header, &mut rd).await {
-                Ok(r) => r,
-                Err(ConnError::Protocol(err)) => return Err(reject(&mut wr, &raw, err).await),
-                Err(err) => return Err(err),
+            let until = if gate.is_proven() {
+                tokio::time::Instant::now() + cfg.request_timeout
+            } else {
+                auth_deadline
+            };
+            let read = tokio::select! {
+                read = tokio::time::timeout_at(until, read_body(header, &mut rd)) => read,
+                _ = evicted.cancelled(), if !gate.is_proven() => {
+                    return Err(ConnError::NoToken(deadlines.auth))
+                }
+            };
+            let req: AuthRequest = match read {
+                Ok(Ok(r)) => r,
+                Ok(Err(ConnError::Protocol(err))) => return Err(reject(&mut wr, &raw, err).await),
+                Ok(Err(err)) => return Err(err),
+                Err(_) => return Err(ConnError::NoToken(deadlines.auth)),
             };
             let code = gate.present(&req.token);
             reply(&mut wr, header, code, &[]).await?;
@@ -221,6 +292,8 @@ where
                 wr.flush().await?;
                 return Err(ConnError::Refused(code));
             }
+            // Proven: its place among peers without a token is free again.
+            *unproven = None;
             continue;
         }
         let who = match gate.admit(header.opcode) {
@@ -235,13 +308,13 @@ where
             }
         };
         let started = Instant::now();
-        metrics.in_flight.inc();
+        let in_flight = Counted::new(&metrics.in_flight);
         let handled = tokio::time::timeout(
             cfg.request_timeout,
             handle(header, &mut rd, &mut wr, tiers, cfg, metrics, who),
         )
         .await;
-        metrics.in_flight.dec();
+        drop(in_flight);
         match handled {
             Ok(Ok(code)) => {
                 metrics.record(header.opcode, code, started.elapsed().as_secs_f64());
@@ -393,7 +466,7 @@ where
     if body_len < 2 {
         return Err(truncated(2 - body_len));
     }
-    let mut head = [0u8; 2 + 128 + 32 + 8];
+    let mut head = [0u8; PutHead::MAX_LEN];
     rd.read_exact(&mut head[..2]).await?;
     let rest = PutHead::rest_len(u16::from_le_bytes([head[0], head[1]]))?;
     if body_len < 2 + rest {

@@ -1,0 +1,205 @@
+//! What a peer gets that never authenticates, drips, or idles: a bounded
+//! time and a bounded number of bytes, and never the connections a client
+//! with a token needs. Each test holds raw sockets against a real meta
+//! service and daemon while a real client keeps working.
+//!
+//! No assertion here is on time: a closed connection is waited for with a
+//! bound far past its deadline, and then what must hold is checked.
+
+use std::time::Duration;
+
+use mooncake_client::{Client, ClientConfig, PutOutcome};
+use mooncake_proto::auth::token_digest;
+use mooncake_proto::units::HumanDuration;
+use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
+use mooncake_tests::{daemon_config, fast_meta, TestCluster};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const ACME: &str = "acme-token";
+const CLUSTER: &str = "cluster-token";
+/// Far past every deadline these tests set: a connection still open then
+/// was kept.
+const CLOSED_WITHIN: Duration = Duration::from_secs(30);
+
+fn token_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let entry = |name: &str, token: &str, role: &str, tenant: &str| {
+        format!(
+            "[[tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\nrole = \"{role}\"\n{tenant}",
+            token_digest(token)
+        )
+    };
+    let text = [
+        entry("acme-workers", ACME, "client", "tenant = \"acme\"\n"),
+        entry("storage", CLUSTER, "cluster", ""),
+    ]
+    .join("\n");
+    let path = dir.join("tokens.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A meta service and a daemon with short deadlines: `auth` for a token,
+/// `idle` between requests, and at most 4 peers without a token each.
+async fn cluster(with_auth: bool, auth: Duration, idle: Duration) -> TestCluster {
+    let mut meta = fast_meta();
+    let mut daemon = daemon_config(32 << 20);
+    meta.auth_timeout = HumanDuration(auth);
+    meta.idle_timeout = HumanDuration(idle);
+    meta.max_unauthenticated_connections = 4;
+    daemon.auth_timeout = HumanDuration(auth);
+    daemon.idle_timeout = HumanDuration(idle);
+    daemon.max_unauthenticated_connections = 4;
+    if !with_auth {
+        return TestCluster::start_with(meta, vec![daemon]).await;
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "mooncake-limits-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = token_file(&dir);
+    meta.auth = Some(tokens.clone());
+    meta.token = Some(CLUSTER.into());
+    daemon.auth = Some(tokens);
+    daemon.token = Some(CLUSTER.into());
+    TestCluster::start_as(meta, vec![daemon], Some(CLUSTER)).await
+}
+
+fn client(cluster: &TestCluster, token: Option<&str>) -> Client {
+    let mut cfg = ClientConfig::new(cluster.meta_addr.clone()).with_timeout(Duration::from_secs(5));
+    if let Some(t) = token {
+        cfg = cfg.with_token(t);
+    }
+    Client::new(cfg)
+}
+
+/// A put and a get of a fresh block round trip.
+async fn works(client: &Client, n: u32) {
+    let ns = Namespace::new("acme/limits").unwrap();
+    let hash = BlockHash::from_opaque(&n.to_le_bytes());
+    let value = vec![n as u8; 8192];
+    assert_eq!(
+        client.put(&ns, &[(hash, &value)]).await.unwrap(),
+        vec![PutOutcome::Stored]
+    );
+    let got = client.get(&BlockKey::new(ns, hash)).await.unwrap();
+    assert_eq!(got.as_deref(), Some(&value[..]));
+}
+
+/// Whether the server closed `conn` within `CLOSED_WITHIN`, reading (and
+/// dropping) whatever it answered first.
+async fn closed_by_server(conn: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 256];
+    let until = tokio::time::Instant::now() + CLOSED_WITHIN;
+    loop {
+        match tokio::time::timeout_at(until, conn.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+async fn open(addr: &str, n: usize) -> Vec<TcpStream> {
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        conns.push(TcpStream::connect(addr).await.unwrap());
+    }
+    conns
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_without_a_token_never_keep_a_client_with_one_out() {
+    let cluster = cluster(true, Duration::from_secs(2), Duration::from_secs(300)).await;
+    let servers = [cluster.meta_addr.clone(), cluster.daemon_addr(0)];
+    // Three times as many silent peers as each server keeps without a
+    // token, on both servers; then a client with a token connects anew.
+    let mut silent = Vec::new();
+    for addr in &servers {
+        silent.extend(open(addr, 12).await);
+    }
+    let acme = client(&cluster, Some(ACME));
+    works(&acme, 1).await;
+    // A peer dripping an `Auth` frame, a byte at a time, never finishes.
+    let mut drip = TcpStream::connect(&cluster.daemon_addr(0)).await.unwrap();
+    let frame = {
+        let body = mooncake_proto::message::Body::to_bytes(&mooncake_proto::auth::AuthRequest {
+            token: ACME.into(),
+        });
+        let mut f = Header::request(Opcode::Auth, 1, body.len() as u32)
+            .encode()
+            .to_vec();
+        f.extend_from_slice(&body);
+        f
+    };
+    let mut dripped = 0;
+    for byte in &frame[..frame.len() - 1] {
+        if drip.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        dripped += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for conn in &mut silent {
+        assert!(
+            closed_by_server(conn).await,
+            "a silent peer without a token is closed"
+        );
+    }
+    assert!(
+        closed_by_server(&mut drip).await,
+        "a dripping peer is closed"
+    );
+    assert!(dripped < frame.len(), "and never got its frame in");
+    // Held out all along? No: the client's connections are still served.
+    works(&acme, 2).await;
+    assert!(
+        client(&cluster, None)
+            .exists(&Namespace::new("acme").unwrap(), &[BlockHash([0; 32])])
+            .await
+            .is_err(),
+        "and still nothing for a client without a token"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auth_larger_than_a_token_is_refused_from_its_header() {
+    let cluster = cluster(true, Duration::from_secs(5), Duration::from_secs(300)).await;
+    for addr in [cluster.meta_addr.clone(), cluster.daemon_addr(0)] {
+        let mut conn = TcpStream::connect(&addr).await.unwrap();
+        // A header announcing 4 MiB of token, and no body: refused at once,
+        // nothing allocated for it.
+        conn.write_all(&Header::request(Opcode::Auth, 1, 4 << 20).encode())
+            .await
+            .unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        conn.read_exact(&mut raw).await.unwrap();
+        let reply = Header::parse(&raw).unwrap().unwrap();
+        assert_eq!(
+            reply.status,
+            ErrorCode::TooLarge as u16,
+            "{addr}: {reply:?}"
+        );
+        assert!(closed_by_server(&mut conn).await, "{addr} closes it");
+    }
+    works(&client(&cluster, Some(ACME)), 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_and_clients_carry_on() {
+    let cluster = cluster(false, Duration::from_secs(5), Duration::from_secs(1)).await;
+    let worker = client(&cluster, None);
+    works(&worker, 4).await;
+    for addr in [cluster.meta_addr.clone(), cluster.daemon_addr(0)] {
+        let mut idle = TcpStream::connect(&addr).await.unwrap();
+        assert!(
+            closed_by_server(&mut idle).await,
+            "{addr} closes an idle peer"
+        );
+    }
+    // By now the worker's pooled connections were closed as idle too: it
+    // finds out and opens new ones.
+    works(&worker, 5).await;
+}
