@@ -37,6 +37,7 @@ impl Daemons {
             capacity,
             id_hint,
             endpoints,
+            requires_auth: _,
         } = req;
         let mut members = self.members.write();
         let hint_free = id_hint != 0 && members.get(&id_hint).is_none_or(|m| m.addr == addr);
@@ -205,6 +206,7 @@ mod tests {
             capacity,
             id_hint,
             endpoints: vec![],
+            requires_auth: false,
         }
     }
 

@@ -664,6 +664,10 @@ async fn dispatch(
         }
         Opcode::Register => {
             let req = RegisterRequest::from_bytes(body)?;
+            if state.tokens.is_some() && !req.requires_auth {
+                tracing::warn!(addr = %req.addr, "daemon refused: it requires no token of its clients, and this meta service requires authentication");
+                return Err(Failure::Code(ErrorCode::Unauthorized));
+            }
             let (addr, capacity) = (req.addr.clone(), req.capacity);
             let daemon = state.daemons.register(req, now);
             // A (re)registering daemon's blocks are whatever its inventory

@@ -806,6 +806,10 @@ pub struct RegisterRequest {
     pub id_hint: u32,
     /// Transports served besides TCP at `addr`.
     pub endpoints: Vec<Endpoint>,
+    /// Whether the daemon requires a token of its clients: a meta service
+    /// that requires one refuses a daemon that does not, whose blocks any
+    /// peer could read.
+    pub requires_auth: bool,
 }
 
 impl Body for RegisterRequest {
@@ -815,6 +819,7 @@ impl Body for RegisterRequest {
         w.u64(self.capacity);
         w.u32(self.id_hint);
         encode_endpoints(w, &self.endpoints);
+        w.u8(u8::from(self.requires_auth));
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         Ok(RegisterRequest {
@@ -823,6 +828,16 @@ impl Body for RegisterRequest {
             capacity: r.u64()?,
             id_hint: r.u32()?,
             endpoints: decode_endpoints(r)?,
+            requires_auth: match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => {
+                    return Err(ProtoError::Invalid {
+                        field: "requires_auth",
+                        why: "neither 0 nor 1".into(),
+                    })
+                }
+            },
         })
     }
 }
@@ -1076,6 +1091,7 @@ mod tests {
             capacity: 1,
             id_hint: 3,
             endpoints: vec![],
+            requires_auth: true,
         });
         round_trip(RegisterResponse {
             daemon: 3,

@@ -242,6 +242,7 @@ pub async fn start(
                 endpoints: endpoints.clone(),
                 interval: config.heartbeat_interval.0,
                 token: config.token.clone(),
+                requires_auth: config.auth.is_some(),
                 quic: meta_quic,
             },
             tiers.clone(),

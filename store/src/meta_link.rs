@@ -39,6 +39,8 @@ pub struct LinkConfig {
     pub interval: Duration,
     /// Presented to a meta service that requires authentication.
     pub token: Option<String>,
+    /// Whether this daemon requires a token of its clients (`auth`).
+    pub requires_auth: bool,
     /// Reach the meta service over QUIC with these settings (`peer_ca`).
     pub quic: Option<Arc<mooncake_client::transport::quic::QuicConnector>>,
 }
@@ -72,6 +74,8 @@ enum LinkError {
     Client(#[from] mooncake_client::ClientError),
     #[error("no meta leader: {0}")]
     NoLeader(String),
+    #[error("the meta service at {0} requires authentication and refuses a daemon that does not: start this daemon with `auth` (a token file) too")]
+    OpenDaemon(String),
     #[error(
         "meta service at {addr} leads at revision {revision}, older than {seen}: stale, ignored"
     )]
@@ -118,12 +122,20 @@ async fn session(
         capacity: pool.stats().capacity,
         id_hint: memory.id,
         endpoints: cfg.endpoints.clone(),
+        requires_auth: cfg.requires_auth,
     };
     let answer = with_deadline(
         deadline,
         conn.call::<RegisterResponse>(Opcode::Register, &register, "register"),
     )
-    .await?;
+    .await
+    .map_err(|err| match err {
+        mooncake_client::ClientError::Server {
+            code: mooncake_proto::ErrorCode::Unauthorized,
+            ..
+        } if !cfg.requires_auth && cfg.token.is_some() => LinkError::OpenDaemon(addr.clone()),
+        err => LinkError::Client(err),
+    })?;
     if answer.revision < memory.revision {
         return Err(LinkError::Stale {
             addr,

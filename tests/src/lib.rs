@@ -151,6 +151,7 @@ impl TestCluster {
                     capacity: 1 << 40,
                     id_hint: 0,
                     endpoints,
+                    requires_auth: false,
                 },
                 "register",
             )

@@ -396,3 +396,45 @@ async fn over_mutual_tls_a_token_works_only_with_its_holder_s_certificate() {
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_requires_no_token_cannot_join_a_cluster_that_does() {
+    let (cluster, dir) = secured().await;
+    // Asked directly, with a valid cluster token: refused.
+    let mut conn = Connection::connect(
+        &cluster.meta_addr,
+        ErrorSource::Meta,
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    conn.authenticate(CLUSTER).await.unwrap();
+    let register = mooncake_proto::message::RegisterRequest {
+        node: "open".into(),
+        addr: "127.0.0.1:1".into(),
+        capacity: 1 << 30,
+        id_hint: 0,
+        endpoints: vec![],
+        requires_auth: false,
+    };
+    let refused = conn
+        .call::<mooncake_proto::message::RegisterResponse>(Opcode::Register, &register, "register")
+        .await;
+    assert!(
+        unauthorized(refused),
+        "a registration that requires no token"
+    );
+    // A real daemon with the cluster's token but no token file of its own
+    // keeps trying and never joins; the secured one stays the only one.
+    let mut open = daemon_config(16 << 20);
+    open.token = Some(CLUSTER.into());
+    let open = cluster.launch_daemon(open).await;
+    let admin = client(&cluster, Some(ADMIN));
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let st = admin.cluster_stats().await.unwrap();
+        assert_eq!(st.daemons.len(), 1, "only the daemon that requires tokens");
+    }
+    open.stop.cancel();
+    let _ = std::fs::remove_dir_all(dir);
+}
