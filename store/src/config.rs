@@ -53,6 +53,10 @@ pub struct DaemonConfig {
     /// A connection with no request for this long is closed (clients open
     /// another when they need one). Default 300s.
     pub idle_timeout: HumanDuration,
+    /// A put whose value stops arriving (no 128 KiB piece) for this long is
+    /// dropped and its room freed: a header alone holds room only briefly.
+    /// Default 5s.
+    pub put_stall_timeout: HumanDuration,
     /// With `auth`: most connections at once that have not presented a
     /// valid token yet. Past it the oldest of them is closed to make room,
     /// so peers without a token never hold more, and cannot keep a client
@@ -152,6 +156,7 @@ impl Default for DaemonConfig {
             request_timeout: HumanDuration(Duration::from_secs(30)),
             auth_timeout: HumanDuration(Duration::from_secs(5)),
             idle_timeout: HumanDuration(Duration::from_secs(300)),
+            put_stall_timeout: HumanDuration(Duration::from_secs(5)),
             max_unauthenticated_connections: 256,
             nvme: Vec::new(),
             nvme_engine: crate::io::EngineKind::Uring,
@@ -222,8 +227,13 @@ impl DaemonConfig {
         if self.max_unauthenticated_connections == 0 {
             return Err("max_unauthenticated_connections must be at least 1".into());
         }
-        if self.auth_timeout.0.is_zero() || self.idle_timeout.0.is_zero() {
-            return Err("auth_timeout and idle_timeout must be more than 0".into());
+        if self.auth_timeout.0.is_zero()
+            || self.idle_timeout.0.is_zero()
+            || self.put_stall_timeout.0.is_zero()
+        {
+            return Err(
+                "auth_timeout, idle_timeout and put_stall_timeout must be more than 0".into(),
+            );
         }
         self.nvme_drives()?;
         if self.rdma_listen.is_some() && self.auth.is_some() {
@@ -323,6 +333,7 @@ impl DaemonConfig {
                 idle: self.idle_timeout.0,
             },
             max_unauthenticated: self.max_unauthenticated_connections,
+            put_stall_timeout: self.put_stall_timeout.0,
         }
     }
 

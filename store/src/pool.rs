@@ -67,6 +67,9 @@ impl PoolConfig {
     }
 }
 
+/// The share of the pool that puts still receiving their bytes may hold.
+pub const PENDING_SHARE: f64 = 0.25;
+
 /// Why a block could not be stored, read or changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
@@ -185,6 +188,8 @@ struct Inner {
     doomed: HashMap<u32, Doomed>,
     clock: u64,
     used_units: u64,
+    /// Units reserved by puts not committed yet (part of `used_units`).
+    pending_units: u64,
     pinned: u64,
 }
 
@@ -326,6 +331,7 @@ impl DramPool {
                 doomed: HashMap::new(),
                 clock: 0,
                 used_units: 0,
+                pending_units: 0,
                 pinned: 0,
             }),
             removed: Mutex::new(Vec::new()),
@@ -401,6 +407,15 @@ impl DramPool {
         }
         let units = len.div_ceil(UNIT).max(1) as u32;
         let mut inner = self.inner.lock();
+        let capacity_units = self.region.len() as u64 / UNIT;
+        // Room held by puts whose bytes have not all arrived is capped, so
+        // that headers without values cannot push out the stored blocks:
+        // past the cap a put waits its turn (`Busy`) instead of evicting.
+        // The first put in progress always gets room.
+        let pending_cap = (capacity_units as f64 * PENDING_SHARE) as u64;
+        if inner.pending_units > 0 && inner.pending_units + u64::from(units) > pending_cap {
+            return Err(PoolError::Busy);
+        }
         if let Some(held) = inner.blocks.get(&key) {
             if !held.ready {
                 return Err(PoolError::Busy);
@@ -414,7 +429,6 @@ impl DramPool {
             self.discard(&mut inner, &key, stale);
             tracing::info!(%key, "put replaces other bytes held under its key");
         }
-        let capacity_units = self.region.len() as u64 / UNIT;
         let high = (capacity_units as f64 * self.cfg.high_watermark) as u64;
         let low = (capacity_units as f64 * self.cfg.low_watermark) as u64;
         // With a next tier, evict only what this block needs: every evicted
@@ -457,6 +471,7 @@ impl DramPool {
         };
         let size = inner.alloc.allocation_size(alloc) as u64;
         inner.used_units += size;
+        inner.pending_units += size;
         if let Some(t) = tenant {
             inner.tenant_used[t as usize] += size;
         }
@@ -978,6 +993,7 @@ impl WriteSlot {
         block.stamp = inner.clock;
         block.parent = self.parent;
         let tenant = block.tenant;
+        inner.pending_units -= inner.alloc.allocation_size(block.alloc) as u64;
         if let Some(parent) = self.parent {
             DramPool::add_child(inner, &self.key, parent);
         }
@@ -1002,6 +1018,7 @@ impl Drop for WriteSlot {
         }
         let mut inner = self.pool.inner.lock();
         let block = inner.blocks.remove(&self.key).expect("reserved block");
+        inner.pending_units -= inner.alloc.allocation_size(block.alloc) as u64;
         DramPool::free(&mut inner, block.alloc, block.tenant);
     }
 }
@@ -1440,6 +1457,13 @@ mod props {
             allocated, inner.used_units,
             "allocated units leak or double count"
         );
+        let pending: u64 = inner
+            .blocks
+            .values()
+            .filter(|b| !b.ready)
+            .map(|b| inner.alloc.allocation_size(b.alloc) as u64)
+            .sum();
+        assert_eq!(pending, inner.pending_units, "room of puts in progress");
         assert!(
             inner.used_units * UNIT <= pool.region.len() as u64,
             "over capacity"

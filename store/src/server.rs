@@ -32,6 +32,9 @@ pub struct ServerConfig {
     pub max_connections_per_client: usize,
     /// How long a connection may go without a token, or without a request.
     pub deadlines: Deadlines,
+    /// A put whose value stops arriving for this long is dropped, and the
+    /// room reserved for it freed.
+    pub put_stall_timeout: Duration,
     /// With `tokens`: most connections at once without a valid token yet.
     pub max_unauthenticated: usize,
 }
@@ -49,6 +52,8 @@ enum ConnError {
     NoToken(Duration),
     #[error("idle for {0:?}")]
     Idle(Duration),
+    #[error("a put's value stopped arriving for {0:?}")]
+    Stalled(Duration),
     #[error("refused: {0}")]
     Refused(ErrorCode),
 }
@@ -358,9 +363,7 @@ where
 {
     let pool = &tiers.dram;
     match header.opcode {
-        Opcode::Put => {
-            handle_put(header, rd, wr, tiers, metrics, cfg.request_timeout / 2, who).await
-        }
+        Opcode::Put => handle_put(header, rd, wr, tiers, metrics, cfg, who).await,
         Opcode::Get => {
             let req: KeyRequest = read_body(header, rd).await?;
             if !who.may_use(&req.key.namespace) {
@@ -454,7 +457,7 @@ async fn handle_put<R, W>(
     wr: &mut W,
     tiers: &Tiers,
     metrics: &DaemonMetrics,
-    backpressure: Duration,
+    cfg: &ServerConfig,
     who: &Identity,
 ) -> Result<ErrorCode, ConnError>
 where
@@ -476,21 +479,30 @@ where
     let put = PutHead::from_bytes(&head[..2 + rest])?;
     let value_len = body_len - 2 - rest;
     if !who.may_use(&put.key.namespace) {
-        discard(rd, value_len).await?;
+        discard(rd, value_len, cfg.put_stall_timeout).await?;
         return reply(wr, header, ErrorCode::Unauthorized, &[]).await;
     }
     let reserved = tiers
-        .reserve_put(put.key, value_len as u64, put.checksum, backpressure)
+        .reserve_put(
+            put.key,
+            value_len as u64,
+            put.checksum,
+            cfg.request_timeout / 2,
+        )
         .await;
     match reserved {
         Ok(mut slot) => {
             slot.set_parent(put.parent);
-            // A client that vanishes here drops the slot: nothing becomes
-            // visible and the space is freed at once.
-            // Each piece is hashed as it lands, while still in cache.
+            // A client that vanishes here, or whose bytes stop coming,
+            // drops the slot: nothing becomes visible and the space is
+            // freed at once. Each piece is hashed as it lands, in cache.
             let mut running = mooncake_proto::checksum::Running::default();
+            let stall = cfg.put_stall_timeout;
             for piece in slot.buf_mut().chunks_mut(mooncake_proto::checksum::CHUNK) {
-                rd.read_exact(piece).await?;
+                match tokio::time::timeout(stall, rd.read_exact(piece)).await {
+                    Ok(read) => read?,
+                    Err(_) => return Err(ConnError::Stalled(stall)),
+                };
                 running.update(piece);
             }
             let code = slot
@@ -508,7 +520,7 @@ where
             Err(ConnError::Refused(ErrorCode::TooLarge))
         }
         Err(err) => {
-            discard(rd, value_len).await?;
+            discard(rd, value_len, cfg.put_stall_timeout).await?;
             reply(wr, header, err.code(), &[]).await
         }
     }
@@ -575,11 +587,20 @@ async fn write_found<W: AsyncWrite + Unpin>(
     wr.write_all(&value[sent - head.len()..]).await
 }
 
-async fn discard<R: AsyncRead + Unpin>(rd: &mut R, mut len: usize) -> io::Result<()> {
+/// Reads and drops a refused put's value; a value that stops arriving for
+/// `stall` ends the connection.
+async fn discard<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    mut len: usize,
+    stall: Duration,
+) -> Result<(), ConnError> {
     let mut scratch = vec![0u8; len.min(IO_BUFFER)];
     while len > 0 {
         let n = len.min(scratch.len());
-        rd.read_exact(&mut scratch[..n]).await?;
+        match tokio::time::timeout(stall, rd.read_exact(&mut scratch[..n])).await {
+            Ok(read) => read?,
+            Err(_) => return Err(ConnError::Stalled(stall)),
+        };
         len -= n;
     }
     Ok(())

@@ -203,3 +203,62 @@ async fn idle_connections_are_closed_and_clients_carry_on() {
     // finds out and opens new ones.
     works(&worker, 5).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_headers_without_values_push_out_no_stored_block() {
+    let mut daemon = daemon_config(32 << 20);
+    daemon.put_stall_timeout = HumanDuration(Duration::from_secs(1));
+    let cluster = TestCluster::start_with(fast_meta(), vec![daemon]).await;
+    let victim = client(&cluster, None);
+    let ns = Namespace::new("globex/kept").unwrap();
+    let stored: Vec<(BlockHash, Vec<u8>)> = (0..40u32)
+        .map(|i| {
+            (
+                BlockHash::from_opaque(&i.to_le_bytes()),
+                vec![i as u8; 256 << 10],
+            )
+        })
+        .collect();
+    let blocks: Vec<(BlockHash, &[u8])> = stored.iter().map(|(h, v)| (*h, &v[..])).collect();
+    assert!(victim
+        .put(&ns, &blocks)
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| *o == PutOutcome::Stored));
+    // 40 connections each announce a 4 MiB value (160 MiB against a 32 MiB
+    // pool) and send only the head.
+    let mut heads = Vec::new();
+    for i in 0..40u32 {
+        let head = mooncake_proto::message::PutHead {
+            key: BlockKey::new(
+                Namespace::new("acme/flood").unwrap(),
+                BlockHash::from_opaque(&(1000 + i).to_le_bytes()),
+            ),
+            checksum: 1,
+            parent: None,
+        };
+        let head = mooncake_proto::message::Body::to_bytes(&head);
+        let mut conn = TcpStream::connect(cluster.daemon_addr(0)).await.unwrap();
+        let len = (head.len() + (4 << 20)) as u32;
+        conn.write_all(&Header::request(Opcode::Put, 1, len).encode())
+            .await
+            .unwrap();
+        conn.write_all(&head).await.unwrap();
+        heads.push(conn);
+    }
+    let fresh = client(&cluster, None);
+    for (hash, value) in &stored {
+        let got = fresh.get(&BlockKey::new(ns.clone(), *hash)).await.unwrap();
+        assert_eq!(
+            got.as_deref(),
+            Some(&value[..]),
+            "a stored block was pushed out"
+        );
+    }
+    // The heads' room is freed once their values stop coming; puts go on.
+    for conn in &mut heads {
+        assert!(closed_by_server(conn).await, "a stalled put is dropped");
+    }
+    works(&victim, 6).await;
+}
