@@ -29,6 +29,10 @@ pub struct MetaConfig {
     pub max_connections_per_client: usize,
     /// Longest time one request may take once its header arrived. Default 10s.
     pub request_timeout: HumanDuration,
+    /// Most puts reserved and not yet committed, cluster-wide; past it a
+    /// put is answered busy (back-pressure) instead of growing the index
+    /// (about 100 bytes each). Default 1000000.
+    pub max_pending_puts: u64,
     /// With `auth`: how long a connection may take, from accept, to present
     /// a valid token; then it is closed. Default 5s.
     pub auth_timeout: HumanDuration,
@@ -78,6 +82,7 @@ impl Default for MetaConfig {
             max_connections: 4096,
             max_connections_per_client: 256,
             request_timeout: HumanDuration(Duration::from_secs(10)),
+            max_pending_puts: 1_000_000,
             auth_timeout: HumanDuration(Duration::from_secs(5)),
             idle_timeout: HumanDuration(Duration::from_secs(300)),
             max_unauthenticated_connections: 1024,

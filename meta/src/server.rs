@@ -44,6 +44,7 @@ pub struct State {
     owed: Arc<OwedRemovals>,
     daemon_ttl: Duration,
     put_timeout: Duration,
+    max_pending_puts: u64,
     links: Mutex<HashMap<u32, Arc<ConnPool>>>,
     addr: String,
     revision: u64,
@@ -72,6 +73,7 @@ impl State {
             owed: Arc::default(),
             daemon_ttl: cfg.daemon_ttl.0,
             put_timeout: cfg.put_timeout.0,
+            max_pending_puts: cfg.max_pending_puts,
             links: Mutex::new(HashMap::new()),
             addr,
             revision,
@@ -735,6 +737,10 @@ async fn dispatch(
 
 fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartResponse {
     let largest = state.daemons.largest_capacity();
+    // Reservations are bounded: past the cap, back-pressure, not growth.
+    let mut room = state
+        .max_pending_puts
+        .saturating_sub(state.index.stats().pending);
     let mut placed = Vec::new();
     let slots = req
         .items
@@ -750,6 +756,9 @@ fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartRespo
             if state.index.lookup(&req.namespace, &[*hash])[0].is_some() {
                 return Slot::Skip(ErrorCode::AlreadyExists);
             }
+            if room == 0 {
+                return Slot::Skip(ErrorCode::Busy);
+            }
             let Some(daemon) = state.daemons.place(size, &req.node) else {
                 return Slot::Skip(ErrorCode::Unavailable);
             };
@@ -758,6 +767,7 @@ fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartRespo
                 .reserve(&req.namespace, *hash, size as u32, daemon, now)
             {
                 Reservation::Reserved => {
+                    room -= 1;
                     // The put replaces any stale bytes the daemon holds.
                     if state.owed.any() {
                         state

@@ -262,3 +262,51 @@ async fn put_headers_without_values_push_out_no_stored_block() {
     }
     works(&victim, 6).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_past_the_cap_are_busy_and_a_client_goes_on_after_they_expire() {
+    use mooncake_proto::message::{PutStartRequest, PutStartResponse, Slot};
+    let mut meta = fast_meta();
+    meta.max_pending_puts = 10;
+    let cluster = TestCluster::start_with(meta, vec![daemon_config(16 << 20)]).await;
+    let mut conn = mooncake_client::Connection::connect(
+        &cluster.meta_addr,
+        mooncake_client::ErrorSource::Meta,
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    // A writer that reserves 25 keys and never commits.
+    let req = PutStartRequest {
+        namespace: Namespace::new("acme/hoard").unwrap(),
+        node: String::new(),
+        items: (0..25u32)
+            .map(|i| (BlockHash::from_opaque(&i.to_le_bytes()), 4096))
+            .collect(),
+    };
+    let answer: PutStartResponse = conn.call(Opcode::PutStart, &req, "put_start").await.unwrap();
+    let placed = answer.slots.iter().filter(|s| matches!(s, Slot::Place(_))).count();
+    let busy = answer
+        .slots
+        .iter()
+        .filter(|s| matches!(s, Slot::Skip(ErrorCode::Busy)))
+        .count();
+    assert_eq!((placed, busy), (10, 15), "{:?}", answer.slots);
+    // Its reservations expire (put_timeout); puts go on.
+    let worker = client(&cluster, None);
+    let mut n = 10u32;
+    let stored = mooncake_tests::eventually(CLOSED_WITHIN, || {
+        n += 1;
+        let worker = &worker;
+        async move {
+            let ns = Namespace::new("acme/limits").unwrap();
+            let hash = BlockHash::from_opaque(&n.to_le_bytes());
+            worker
+                .put(&ns, &[(hash, &[1u8; 100][..])])
+                .await
+                .is_ok_and(|o| o[0] == PutOutcome::Stored)
+        }
+    })
+    .await;
+    assert!(stored, "a put after the hoard expired");
+}

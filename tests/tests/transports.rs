@@ -531,8 +531,9 @@ async fn servers_reach_each_other_over_quic_only_with_peer_ca() {
     stranger.stop.cancel();
 
     // A meta service trusting another CA cannot call its daemon (which
-    // registered over TCP): the key leaves the index, but the bytes stay
-    // on the daemon, not removed over TCP instead.
+    // registered over TCP): the key leaves the index, the caller hears
+    // that the daemon did not confirm, and the bytes stay on the daemon,
+    // not removed over TCP instead.
     let mut meta = meta_for(Kind::QuicMutual, dir.path());
     meta.peer_ca = Some(other.path().join("ca.pem"));
     let mut wary = TestCluster::start_with(meta, Vec::new()).await;
@@ -542,10 +543,15 @@ async fn servers_reach_each_other_over_quic_only_with_peer_ca() {
         client.put(&ns(), &[(hash(8), &value)]).await.unwrap(),
         vec![PutOutcome::Stored]
     );
-    assert_eq!(
-        client.remove(&ns(), &[hash(8)]).await.unwrap(),
-        vec![mooncake_proto::ErrorCode::Ok]
+    let codes = client.remove(&ns(), &[hash(8)]).await.unwrap();
+    assert!(
+        !matches!(
+            codes[..],
+            [mooncake_proto::ErrorCode::Ok | mooncake_proto::ErrorCode::NotFound]
+        ),
+        "not confirmed: {codes:?}"
     );
     let key = mooncake_proto::BlockKey::new(ns(), hash(8));
+    assert_eq!(client.get(&key).await.unwrap(), None, "out of the index");
     assert!(wary.daemons[0].handle.pool.contains(&key));
 }
