@@ -332,6 +332,9 @@ impl Index {
                 }
                 ErrorCode::Ok
             }
+            // Another writer's reservation: neither released nor "done".
+            Some(e) if matches!(e.state, State::Pending { .. }) => ErrorCode::NoReservation,
+            // Nothing of this writer's is left to release.
             _ if !item.stored => ErrorCode::Ok,
             _ => ErrorCode::NoReservation,
         }
@@ -573,6 +576,27 @@ mod tests {
         idx.reserve(&ns(), h(2), 10, 1, Instant::now());
         assert_eq!(commit(&idx, 1, 1), ErrorCode::NoReservation);
         assert_eq!(commit(&idx, 2, 9), ErrorCode::NoReservation);
+        let abort = |daemon| {
+            idx.commit(
+                &ns(),
+                &CommitItem {
+                    hash: h(2),
+                    daemon,
+                    size: 10,
+                    checksum: 0,
+                    stored: false,
+                },
+            )
+        };
+        assert_eq!(
+            abort(9),
+            ErrorCode::NoReservation,
+            "another writer's reservation"
+        );
+        assert_eq!(idx.stats().pending, 1, "and it is kept");
+        assert_eq!(abort(1), ErrorCode::Ok);
+        assert_eq!(idx.stats().pending, 0);
+        assert_eq!(abort(1), ErrorCode::Ok, "nothing left to release");
     }
 
     #[test]
@@ -795,6 +819,8 @@ mod props {
                                     model.remove(&(ns, h));
                                 }
                             }
+                            // Another writer's reservation stays, and says so.
+                            Some(m) if !m.visible => prop_assert_eq!(code, ErrorCode::NoReservation),
                             _ if !stored => prop_assert_eq!(code, ErrorCode::Ok),
                             _ => prop_assert_eq!(code, ErrorCode::NoReservation),
                         }

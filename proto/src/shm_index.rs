@@ -346,35 +346,45 @@ mod tests {
         let t = Arc::new(table(&mut mem, 512));
         let stop = Arc::new(AtomicBool::new(false));
         let keys = 64u64;
+        // Full passes over the keys each reader made; the writer goes on
+        // until every reader made a few while it wrote, however the
+        // threads were scheduled.
+        let passes: Arc<Vec<AtomicU64>> = Arc::new((0..2).map(|_| AtomicU64::new(0)).collect());
         let readers: Vec<_> = (0..2)
-            .map(|_| {
-                let (t, stop) = (t.clone(), stop.clone());
+            .map(|r| {
+                let (t, stop, passes) = (t.clone(), stop.clone(), passes.clone());
                 std::thread::spawn(move || {
-                    let mut seen = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         for i in 0..keys {
                             if let Some(e) = t.lookup(Digest::of(&key(i))) {
                                 let version = e.offset.wrapping_sub(i * 1000);
                                 assert_eq!(e, entry(i, version), "key {i}");
-                                seen += 1;
                             }
                         }
+                        passes[r].fetch_add(1, Ordering::Relaxed);
                     }
-                    seen
                 })
             })
             .collect();
-        for round in 0..20_000u64 {
+        let started: Vec<u64> = passes.iter().map(|p| p.load(Ordering::Relaxed)).collect();
+        let mut round = 0u64;
+        while round < 20_000
+            || passes
+                .iter()
+                .zip(&started)
+                .any(|(p, s)| p.load(Ordering::Relaxed) < s + 3)
+        {
             let i = round % keys;
             if round % 3 == 0 {
                 t.withdraw(Digest::of(&key(i)));
             } else {
                 t.publish(Digest::of(&key(i)), entry(i, round));
             }
+            round += 1;
         }
         stop.store(true, Ordering::Relaxed);
         for r in readers {
-            assert!(r.join().expect("reader") > 0);
+            r.join().expect("a reader saw a torn entry");
         }
         drop(t);
         drop(mem);

@@ -87,6 +87,8 @@ pub enum PoolError {
     ChecksumMismatch,
     #[error("no such block")]
     NotFound,
+    #[error("the block is pinned as many times as a pin count holds")]
+    TooManyPins,
 }
 
 impl PoolError {
@@ -98,6 +100,7 @@ impl PoolError {
             PoolError::NoSpace => ErrorCode::NoSpace,
             PoolError::ChecksumMismatch => ErrorCode::ChecksumMismatch,
             PoolError::NotFound => ErrorCode::NotFound,
+            PoolError::TooManyPins => ErrorCode::TooLarge,
         }
     }
 }
@@ -803,13 +806,16 @@ impl DramPool {
             .get_mut(key)
             .filter(|b| b.ready)
             .ok_or(PoolError::NotFound)?;
+        // Pins nest; past u32::MAX of them a pin is refused, not wrapped
+        // (which would make a pinned block evictable).
+        let pins = block.pins.checked_add(1).ok_or(PoolError::TooManyPins)?;
         if block.evictable() {
             inner.lru.remove(block.stamp);
         }
         if block.pins == 0 {
             inner.pinned += 1;
         }
-        block.pins += 1;
+        block.pins = pins;
         Ok(())
     }
 
@@ -1143,6 +1149,22 @@ mod tests {
         assert_eq!(lease.bytes(), &vec![7u8; 5000][..]);
         assert!(lease.verify());
         assert_eq!(put(&p, key(1), 7, 5000), Err(PoolError::AlreadyExists));
+    }
+
+    #[test]
+    fn a_pin_count_never_wraps() {
+        let p = pool(1 << 20);
+        put(&p, key(1), 7, 100).unwrap();
+        p.pin(&key(1)).unwrap();
+        p.inner.lock().blocks.get_mut(&key(1)).unwrap().pins = u32::MAX;
+        assert_eq!(p.pin(&key(1)), Err(PoolError::TooManyPins));
+        assert_eq!(
+            p.inner.lock().blocks[&key(1)].pins,
+            u32::MAX,
+            "not wrapped to 0"
+        );
+        assert_eq!(p.evict_bytes(1 << 20).1, 0, "still pinned: nothing evicted");
+        assert!(p.contains(&key(1)));
     }
 
     #[test]

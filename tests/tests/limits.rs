@@ -284,8 +284,15 @@ async fn reservations_past_the_cap_are_busy_and_a_client_goes_on_after_they_expi
             .map(|i| (BlockHash::from_opaque(&i.to_le_bytes()), 4096))
             .collect(),
     };
-    let answer: PutStartResponse = conn.call(Opcode::PutStart, &req, "put_start").await.unwrap();
-    let placed = answer.slots.iter().filter(|s| matches!(s, Slot::Place(_))).count();
+    let answer: PutStartResponse = conn
+        .call(Opcode::PutStart, &req, "put_start")
+        .await
+        .unwrap();
+    let placed = answer
+        .slots
+        .iter()
+        .filter(|s| matches!(s, Slot::Place(_)))
+        .count();
     let busy = answer
         .slots
         .iter()

@@ -168,12 +168,8 @@ pub async fn put(args: PutArgs) -> Result<(), Failure> {
         PutOutcome::Stored => "stored",
         PutOutcome::AlreadyExists => "already stored",
         PutOutcome::Failed(code) => {
-            return Err(Failure::from(mooncake_client::ClientError::Server {
-                side: mooncake_client::ErrorSource::Daemon,
-                addr: args.target.meta.clone(),
-                op: "put",
-                code,
-            }))
+            let message = format!("put of {} not stored: its daemon answered {code}", key.hash);
+            return Err(Failure::refusal(code, message));
         }
     };
     if args.json {
@@ -242,12 +238,10 @@ pub async fn rm(args: RmArgs) -> Result<(), Failure> {
     match unconfirmed {
         // Out of the index, but its daemon did not answer: it is told again
         // when it does. Unreachable is exit 3, any other refusal 4.
-        Some(code @ (ErrorCode::Timeout | ErrorCode::Unavailable)) => Err(Failure::connection(
+        Some(code) => Err(Failure::refusal(
+            code,
             format!("the daemon holding a key did not confirm its removal ({code}); it is told again when it answers"),
         )),
-        Some(code) => Err(Failure::refused(format!(
-            "the daemon holding a key refused its removal ({code})"
-        ))),
         None => Ok(()),
     }
 }

@@ -2,6 +2,13 @@
 //! act on (2 usage, 3 cannot reach the store, 4 the store refused, 1 other).
 
 use mooncake_client::ClientError;
+use mooncake_proto::ErrorCode;
+
+/// Codes by which a server says that a peer (a daemon, the leader) did not
+/// answer: for a user, the store was not reachable.
+fn unreachable(code: ErrorCode) -> bool {
+    matches!(code, ErrorCode::Unavailable | ErrorCode::Timeout)
+}
 
 pub struct Failure {
     code: i32,
@@ -24,10 +31,11 @@ impl Failure {
         }
     }
 
-    /// The store refused.
-    pub fn refused(message: impl Into<String>) -> Self {
+    /// A store's answer `code`: unreachable (3) when it says that no one
+    /// could answer in time (a dead or unreachable daemon), else refused (4).
+    pub fn refusal(code: ErrorCode, message: impl Into<String>) -> Self {
         Failure {
-            code: 4,
+            code: if unreachable(code) { 3 } else { 4 },
             message: message.into(),
         }
     }
@@ -50,6 +58,7 @@ impl From<ClientError> for Failure {
                 3,
                 " (is the store running? start one with `mooncake-store up`, or pass --meta ADDR)",
             ),
+            ClientError::Server { code, .. } if unreachable(*code) => (3, ""),
             ClientError::Server { .. }
             | ClientError::Protocol { .. }
             | ClientError::Refused { .. } => (4, ""),

@@ -197,10 +197,11 @@ fn main() {
     }
 }
 
-/// Servers log at info by default; client commands only warn, so that their
-/// output stays clean for scripts. `RUST_LOG` overrides both.
+/// Servers log at info by default; client commands only errors, so that a
+/// failure is the one line `exit::fail` prints (`RUST_LOG=warn` shows the
+/// library's warnings: retries, fallbacks). `RUST_LOG` overrides both.
 fn init_logging(serving: bool) {
-    let default = if serving { "info" } else { "warn" };
+    let default = if serving { "info" } else { "error" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()

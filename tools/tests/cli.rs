@@ -182,6 +182,56 @@ fn errors_say_what_to_do_and_exit_with_distinct_codes() {
 }
 
 #[test]
+fn a_dead_daemon_is_exit_3_and_one_line_for_get_and_put() {
+    let meta = format!("127.0.0.1:{}", free_port());
+    let daemon = format!("127.0.0.1:{}", free_port());
+    let spawn = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _meta = Killed(spawn(&["meta", "--listen", &meta, "--admin", ""]));
+    let mut daemon_proc = Killed(spawn(&[
+        "daemon", "--meta", &meta, "--listen", &daemon, "--dram", "16MiB", "--admin", "",
+    ]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !run(&meta, &["put", "probe"], Some(b"x")).status.success() {
+        assert!(Instant::now() < deadline, "the store did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(run(&meta, &["put", "kept"], Some(b"value"))
+        .status
+        .success());
+    let _ = daemon_proc.0.kill();
+    let _ = daemon_proc.0.wait();
+    // Within the daemon's TTL the meta service still places blocks on it
+    // and knows the key there: the daemon is what cannot be reached.
+    for (args, stdin) in [
+        (&["get", "kept"][..], None),
+        (&["put", "new"][..], Some(&b"v"[..])),
+    ] {
+        let out = run(&meta, args, stdin);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() == Some(1) && args[0] == "get" {
+            // Already dropped from the index: a plain miss.
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+    }
+}
+
+#[test]
 fn hash_prints_the_documented_test_vectors() {
     let out = Command::new(BIN)
         .args([
