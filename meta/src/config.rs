@@ -16,6 +16,11 @@ pub struct MetaConfig {
     /// Admin port: `/metrics` and `/health` over HTTP (with `up`, for the
     /// whole process). Default `127.0.0.1:9070`; empty to serve none.
     pub admin: String,
+    /// Token a scrape must present (`Authorization: Bearer TOKEN`, as
+    /// Prometheus's `authorization` setting sends it) to read `/metrics`,
+    /// which names tenants; `/health` stays open. Default none: anyone who
+    /// reaches the admin port reads it (it binds to loopback by default).
+    pub metrics_token: Option<String>,
     /// A daemon silent this long is dead and its blocks leave the index.
     /// Default 5s.
     pub daemon_ttl: HumanDuration,
@@ -77,6 +82,7 @@ impl Default for MetaConfig {
             listen: "127.0.0.1:7070".into(),
             advertise: None,
             admin: "127.0.0.1:9070".into(),
+            metrics_token: None,
             daemon_ttl: HumanDuration(Duration::from_secs(5)),
             put_timeout: HumanDuration(Duration::from_secs(30)),
             max_connections: 4096,

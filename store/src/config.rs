@@ -17,6 +17,11 @@ pub struct DaemonConfig {
     /// Admin port: `/metrics` and `/health` over HTTP. Default
     /// `127.0.0.1:9071`; empty to serve none.
     pub admin: String,
+    /// Token a scrape must present (`Authorization: Bearer TOKEN`, as
+    /// Prometheus's `authorization` setting sends it) to read `/metrics`,
+    /// which names tenants; `/health` stays open. Default none: anyone who
+    /// reaches the admin port reads it (it binds to loopback by default).
+    pub metrics_token: Option<String>,
     /// Address clients are told to use. Default: the bound address.
     pub advertise: Option<String>,
     /// This host's name in the cluster. Default: the hostname.
@@ -142,6 +147,7 @@ impl Default for DaemonConfig {
         DaemonConfig {
             listen: "127.0.0.1:7071".into(),
             admin: "127.0.0.1:9071".into(),
+            metrics_token: None,
             advertise: None,
             node: hostname(),
             dram: ByteSize(default_dram()),

@@ -219,8 +219,16 @@ pub async fn start(
         shm::usable(&path).map_err(DaemonError::Config)?;
         let (tiers, advertise, stop) = (tiers.clone(), advertise.clone(), shutdown.child_token());
         let sessions = metrics.shm_sessions.clone();
+        let max_sessions = config.max_connections;
         tasks.push(tokio::spawn(async move {
-            if let Err(err) = shm::run(path.clone(), tiers, advertise, sessions, stop).await {
+            let served = shm::run(
+                path.clone(),
+                tiers,
+                advertise,
+                (sessions, max_sessions),
+                stop,
+            );
+            if let Err(err) = served.await {
                 tracing::error!(%err, path = %path.display(), "shared-memory socket failed");
             }
         }));

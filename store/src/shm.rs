@@ -15,7 +15,7 @@
 //! such reads afterwards, in batches (`ShmTouch`), for LRU and hit counts.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -25,18 +25,25 @@ use tokio_util::sync::CancellationToken;
 
 use crate::tiers::Tiers;
 
-/// Serves same-host clients on `path` until `shutdown`.
+/// Serves same-host clients on `path` until `shutdown`, at most
+/// `max_sessions` at once (more are closed at once, and logged).
 pub async fn run(
     path: PathBuf,
     tiers: Arc<Tiers>,
     advertise: String,
-    sessions: prometheus::IntGauge,
+    (sessions, max_sessions): (prometheus::IntGauge, usize),
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
     tracing::info!(path = %path.display(), "same-host clients served over shared memory");
     let _cleanup = RemoveOnDrop(path);
+    // Clients read the index and never write it: they get it read-only.
+    let index = match tiers.dram.shared_index() {
+        Some((fd, len)) => Some((Arc::new(read_only(fd)?), len)),
+        None => None,
+    };
+    let permits = Arc::new(tokio::sync::Semaphore::new(max_sessions));
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -49,12 +56,18 @@ pub async fn run(
             },
             _ = shutdown.cancelled() => return Ok(()),
         };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!("shm client refused: max_connections sessions open");
+            continue;
+        };
         let (tiers, advertise, shutdown) = (tiers.clone(), advertise.clone(), shutdown.clone());
-        let sessions = sessions.clone();
+        let (sessions, index) = (sessions.clone(), index.clone());
         tokio::spawn(async move {
-            if let Err(err) = serve(stream, &tiers, &advertise, &sessions, &shutdown).await {
+            let index = index.as_ref().map(|(fd, len)| (fd.as_fd(), *len));
+            if let Err(err) = serve(stream, &tiers, index, &advertise, &sessions, &shutdown).await {
                 tracing::debug!(%err, "shm client gone");
             }
+            drop(permit);
         });
     }
 }
@@ -70,6 +83,7 @@ impl Drop for RemoveOnDrop {
 async fn serve(
     mut stream: UnixStream,
     tiers: &Arc<Tiers>,
+    index: Option<(BorrowedFd<'_>, u64)>,
     advertise: &str,
     sessions: &prometheus::IntGauge,
     shutdown: &CancellationToken,
@@ -78,7 +92,6 @@ async fn serve(
     let (fd, len) = pool
         .shared_region()
         .ok_or_else(|| io::Error::other("the pool is not shared"))?;
-    let index = pool.shared_index();
     let hello = ShmHello {
         len,
         addr: advertise.to_string(),
@@ -90,6 +103,15 @@ async fn serve(
     stream.writable().await?;
     send_with_fds(&stream, &hello, &fds)?;
     crate::leases::serve(&mut stream, tiers, sessions, shutdown).await
+}
+
+/// A new descriptor of `fd`'s file that only reads: a mapping of it can
+/// never be written, whatever its holder asks.
+fn read_only(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    Ok(file.into())
 }
 
 /// Sends `bytes` with file descriptors attached (SCM_RIGHTS).
@@ -142,5 +164,43 @@ pub fn usable(path: &Path) -> Result<(), String> {
             dir.display()
         )),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_goes_out_read_only_and_cannot_be_mapped_for_writing() {
+        let pool = crate::DramPool::new(crate::pool::PoolConfig {
+            shared: true,
+            ..crate::pool::PoolConfig::with_capacity(1 << 20)
+        })
+        .unwrap();
+        let (fd, len) = pool.shared_index().expect("a shared pool has an index");
+        let ro = read_only(fd).unwrap();
+        let map = |prot| {
+            // SAFETY: a fresh shared mapping, unmapped below if made.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len as usize,
+                    prot,
+                    libc::MAP_SHARED,
+                    ro.as_raw_fd(),
+                    0,
+                )
+            };
+            if ptr == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: what was just mapped.
+            unsafe { libc::munmap(ptr, len as usize) };
+            Ok(())
+        };
+        assert!(map(libc::PROT_READ).is_ok(), "readers map it");
+        let err = map(libc::PROT_READ | libc::PROT_WRITE).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
     }
 }

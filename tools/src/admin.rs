@@ -1,6 +1,8 @@
 //! The admin endpoint of every serving process: `GET /metrics` (Prometheus
-//! text format) and `GET /health`. A deliberately small HTTP/1.1 responder:
-//! one request per connection, bounded in size and time.
+//! text format; with a metrics token, only for a request that presents it)
+//! and `GET /health`. A deliberately small HTTP/1.1 responder: one request
+//! per connection, bounded in size and time, at most `MAX_CONNECTIONS` at
+//! once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 const MAX_REQUEST: usize = 8 << 10;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const MAX_CONNECTIONS: usize = 64;
 
 /// What `/health` says: healthy or not, and one line of detail.
 pub type Health = Arc<dyn Fn() -> (bool, String) + Send + Sync>;
@@ -20,8 +23,10 @@ pub async fn serve(
     listener: TcpListener,
     registry: Registry,
     health: Health,
+    metrics_token: Option<Arc<str>>,
     shutdown: CancellationToken,
 ) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -34,9 +39,14 @@ pub async fn serve(
             },
             _ = shutdown.cancelled() => return,
         };
-        let (registry, health) = (registry.clone(), health.clone());
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            continue;
+        };
+        let (registry, health, token) = (registry.clone(), health.clone(), metrics_token.clone());
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &registry, &health)).await;
+            let answered = answer(stream, &registry, &health, token.as_deref());
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answered).await;
+            drop(permit);
         });
     }
 }
@@ -45,6 +55,7 @@ async fn answer(
     mut stream: TcpStream,
     registry: &Registry,
     health: &Health,
+    metrics_token: Option<&str>,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
@@ -64,6 +75,17 @@ async fn answer(
     }
     match path.split('?').next().unwrap_or("") {
         "/metrics" => {
+            if let Some(token) = metrics_token {
+                if !presents(&buf, token) {
+                    return respond(
+                        &mut stream,
+                        401,
+                        "text/plain",
+                        b"a metrics token is required\n",
+                    )
+                    .await;
+                }
+            }
             let mut out = Vec::new();
             let encoder = TextEncoder::new();
             if encoder.encode(&registry.gather(), &mut out).is_err() {
@@ -94,6 +116,23 @@ async fn answer(
     }
 }
 
+/// Whether the request's head carries `Authorization: Bearer TOKEN`.
+fn presents(head: &[u8], token: &str) -> bool {
+    use mooncake_proto::auth::token_digest;
+    let want = token_digest(token);
+    String::from_utf8_lossy(head).lines().any(|line| {
+        let Some((name, value)) = line.split_once(':') else {
+            return false;
+        };
+        let value = value.trim();
+        name.trim().eq_ignore_ascii_case("authorization")
+            && value.len() > 7
+            && value[..7].eq_ignore_ascii_case("bearer ")
+            // Compared as digests: the time taken says nothing of the token.
+            && token_digest(value[7..].trim()) == want
+    })
+}
+
 async fn respond(
     stream: &mut TcpStream,
     status: u16,
@@ -104,6 +143,7 @@ async fn respond(
         200 => "OK",
         400 => "Bad Request",
         404 => "Not Found",
+        401 => "Unauthorized",
         405 => "Method Not Allowed",
         503 => "Service Unavailable",
         _ => "Internal Server Error",
@@ -115,4 +155,50 @@ async fn respond(
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body).await?;
     stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn get(addr: std::net::SocketAddr, path: &str, auth: Option<&str>) -> String {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        stream.read_to_string(&mut out).await.unwrap();
+        out.lines().next().unwrap_or("").to_string()
+    }
+
+    #[tokio::test]
+    async fn with_a_token_metrics_need_it_and_health_does_not() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let health: Health = Arc::new(|| (true, "ok".into()));
+        let token = Some(Arc::from("s3cret"));
+        tokio::spawn(serve(
+            listener,
+            Registry::new(),
+            health,
+            token,
+            stop.clone(),
+        ));
+        assert!(get(addr, "/metrics", None).await.contains("401"));
+        assert!(get(addr, "/metrics", Some("Bearer wrong"))
+            .await
+            .contains("401"));
+        assert!(get(addr, "/metrics", Some("Basic s3cret"))
+            .await
+            .contains("401"));
+        assert!(get(addr, "/metrics", Some("Bearer s3cret"))
+            .await
+            .contains("200"));
+        assert!(get(addr, "/metrics", Some("bearer  s3cret "))
+            .await
+            .contains("200"));
+        assert!(get(addr, "/health", None).await.contains("200"));
+        stop.cancel();
+    }
 }

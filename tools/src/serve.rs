@@ -252,7 +252,7 @@ async fn bind(addr: &str, role: &str) -> Result<TcpListener, Failure> {
 /// Serves `/metrics` and `/health` on `addr` (none when empty); returns
 /// the bound address.
 async fn start_admin(
-    addr: &str,
+    (addr, metrics_token): (&str, Option<String>),
     registry: Registry,
     health: Health,
     stop: &CancellationToken,
@@ -262,7 +262,14 @@ async fn start_admin(
     }
     let listener = bind(addr, "admin endpoint").await?;
     let bound = listener.local_addr()?;
-    tokio::spawn(admin::serve(listener, registry, health, stop.clone()));
+    let token = metrics_token.map(Arc::from);
+    tokio::spawn(admin::serve(
+        listener,
+        registry,
+        health,
+        token,
+        stop.clone(),
+    ));
     Ok(Some(bound))
 }
 
@@ -316,7 +323,7 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     let registry = Registry::new();
     let meta_listener = bind(&cfg.meta.listen, "meta service").await?;
     let daemon_listener = bind(&cfg.daemon.listen, "daemon").await?;
-    let admin_addr = cfg.meta.admin.clone();
+    let admin_addr = (cfg.meta.admin.clone(), cfg.meta.metrics_token.clone());
     let coordinator = Arc::new(EmbeddedCoordinator::new());
     let meta = mooncake_meta::start(
         cfg.meta,
@@ -339,7 +346,7 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     .await
     .map_err(|e| Failure::other(e.into()))?;
     let health: Health = Arc::new(|| (true, "ok: meta service and daemon serving".into()));
-    let admin = start_admin(&admin_addr, registry, health, &shutdown).await?;
+    let admin = start_admin((&admin_addr.0, admin_addr.1), registry, health, &shutdown).await?;
     println!(
         "mooncake-store up: meta service on {}, daemon on {} with {} of DRAM{}. Ctrl-C stops it.",
         meta.addr,
@@ -388,12 +395,12 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
     let Some(etcd) = args.etcd.connect().await? else {
         let listener = bind(&cfg.listen, "meta service").await?;
         let coordinator = Arc::new(EmbeddedCoordinator::new());
-        let admin_addr = cfg.admin.clone();
+        let admin_addr = (cfg.admin.clone(), cfg.metrics_token.clone());
         let meta = mooncake_meta::start(cfg, listener, coordinator, &registry, stop.clone())
             .await
             .map_err(|e| Failure::other(e.into()))?;
         let health: Health = Arc::new(|| (true, "ok: leader".into()));
-        let admin = start_admin(&admin_addr, registry, health, &stop).await?;
+        let admin = start_admin((&admin_addr.0, admin_addr.1), registry, health, &stop).await?;
         println!("meta service on {}{}", meta.addr, admin_note(admin));
         stop.cancelled().await;
         let _ = tokio::time::timeout(STOP_GRACE, meta.join()).await;
@@ -423,7 +430,13 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
             (true, format!("ok: {role}"))
         })
     };
-    let admin = start_admin(&cfg.admin, registry, health, &stop).await?;
+    let admin = start_admin(
+        (&cfg.admin, cfg.metrics_token.clone()),
+        registry,
+        health,
+        &stop,
+    )
+    .await?;
     if let Some(a) = admin {
         println!("meta replica {advertise}: metrics on http://{a}/metrics");
     }
@@ -512,12 +525,12 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     let dram = cfg.dram;
     let coordinator = etcd.clone().map(|c| c as Arc<dyn Coordinator>);
     let registry = Registry::new();
-    let admin_addr = cfg.admin.clone();
+    let admin_addr = (cfg.admin.clone(), cfg.metrics_token.clone());
     let daemon = mooncake_daemon::start(cfg, listener, coordinator, &registry, stop.clone())
         .await
         .map_err(|e| Failure::other(e.into()))?;
     let health: Health = Arc::new(|| (true, "ok: daemon serving".into()));
-    let admin = start_admin(&admin_addr, registry, health, &stop).await?;
+    let admin = start_admin((&admin_addr.0, admin_addr.1), registry, health, &stop).await?;
     println!(
         "daemon on {} with {} of DRAM{}",
         daemon.addr,
