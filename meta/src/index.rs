@@ -83,10 +83,11 @@ impl Shard {
         self.table.read()
     }
 
-    fn write(&self) -> ShardWrite<'_> {
+    fn write<'a>(&'a self, names: &'a Names) -> ShardWrite<'a> {
         ShardWrite {
             table: self.table.write(),
             shard: self,
+            names,
         }
     }
 
@@ -106,6 +107,8 @@ impl Shard {
 struct ShardWrite<'a> {
     table: RwLockWriteGuard<'a, Table<IdxKey, Entry>>,
     shard: &'a Shard,
+    /// Each entry removed gives back its namespace's reference.
+    names: &'a Names,
 }
 
 impl std::ops::Deref for ShardWrite<'_> {
@@ -116,7 +119,8 @@ impl std::ops::Deref for ShardWrite<'_> {
 }
 
 /// Every change to a shard's entries goes through these, which keep the
-/// shard's counts.
+/// shard's counts. An entry added must bring its namespace's reference
+/// (`Names::acquire`); replacing an entry keeps the one it had.
 impl ShardWrite<'_> {
     fn insert(&mut self, key: IdxKey, entry: Entry) -> Option<Entry> {
         self.count(&entry, true);
@@ -131,16 +135,18 @@ impl ShardWrite<'_> {
         let old = self.table.remove(key);
         if let Some(old) = &old {
             self.count(old, false);
+            self.names.release(key.ns);
         }
         old
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&IdxKey, &Entry) -> bool) {
-        let shard = self.shard;
+        let (shard, names) = (self.shard, self.names);
         self.table.retain(|k, e| {
             let kept = keep(k, e);
             if !kept {
                 count(shard, e, false);
+                names.release(k.ns);
             }
             kept
         });
@@ -195,13 +201,98 @@ pub struct PrefixStats {
 
 pub struct Index {
     shards: Vec<Shard>,
-    namespaces: RwLock<Namespaces>,
+    namespaces: Names,
+}
+
+/// The namespaces in use, interned to small ids. Each entry of the tables
+/// holds one reference to its namespace's id; an id whose last entry went
+/// is freed by `sweep_namespaces` (and may then be reused), so that names
+/// a client made up leave with their entries. Whoever reads an id from
+/// `ids` holds the read lock until done with it: a sweep (write lock) can
+/// then never free it under them.
+#[derive(Default)]
+struct Names {
+    table: RwLock<NameTable>,
+    /// Ids whose references reached zero since the last sweep.
+    zeroed: Mutex<Vec<NsId>>,
 }
 
 #[derive(Default)]
-struct Namespaces {
+struct NameTable {
     ids: HashMap<Namespace, NsId>,
-    names: Vec<Namespace>,
+    /// By id; `None`: free.
+    names: Vec<Option<Namespace>>,
+    refs: Vec<AtomicU64>,
+    free: Vec<NsId>,
+}
+
+impl NameTable {
+    fn name(&self, id: NsId) -> &Namespace {
+        self.names[id as usize]
+            .as_ref()
+            .expect("an id in use has its name")
+    }
+}
+
+impl Names {
+    /// The id of `ns` with one more reference, which the caller hands to
+    /// the entry it adds, or gives back with `release`.
+    fn acquire(&self, ns: &Namespace) -> NsId {
+        {
+            let table = self.table.read();
+            if let Some(&id) = table.ids.get(ns) {
+                table.refs[id as usize].fetch_add(1, Ordering::Relaxed);
+                return id;
+            }
+        }
+        let mut table = self.table.write();
+        if let Some(&id) = table.ids.get(ns) {
+            table.refs[id as usize].fetch_add(1, Ordering::Relaxed);
+            return id;
+        }
+        let id = match table.free.pop() {
+            Some(id) => id,
+            None => {
+                table.names.push(None);
+                table.refs.push(AtomicU64::new(0));
+                (table.names.len() - 1) as NsId
+            }
+        };
+        table.names[id as usize] = Some(ns.clone());
+        table.refs[id as usize].store(1, Ordering::Relaxed);
+        table.ids.insert(ns.clone(), id);
+        id
+    }
+
+    /// Gives back one reference (an entry of the namespace went).
+    fn release(&self, id: NsId) {
+        let before = self.table.read_recursive().refs[id as usize].fetch_sub(1, Ordering::Relaxed);
+        if before == 1 {
+            self.zeroed.lock().push(id);
+        }
+    }
+
+    /// Frees the ids no entry refers to any more; returns how many.
+    fn sweep(&self) -> usize {
+        let zeroed = std::mem::take(&mut *self.zeroed.lock());
+        if zeroed.is_empty() {
+            return 0;
+        }
+        let mut table = self.table.write();
+        let mut freed = 0;
+        for id in zeroed {
+            let unused = table.refs[id as usize].load(Ordering::Relaxed) == 0;
+            if let Some(name) = table.names[id as usize].take_if(|_| unused) {
+                table.ids.remove(&name);
+                table.free.push(id);
+                freed += 1;
+            }
+        }
+        if table.ids.capacity() > 64 && table.ids.len() * 4 < table.ids.capacity() {
+            table.ids.shrink_to_fit();
+        }
+        freed
+    }
 }
 
 /// What phase one decided for one key.
@@ -215,7 +306,7 @@ impl Default for Index {
     fn default() -> Self {
         Index {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            namespaces: RwLock::new(Namespaces::default()),
+            namespaces: Names::default(),
         }
     }
 }
@@ -230,22 +321,21 @@ impl Index {
         &self.shards[(key.hash.prefix_u64() >> 58) as usize % SHARDS]
     }
 
-    fn ns_id(&self, ns: &Namespace) -> Option<NsId> {
-        self.namespaces.read().ids.get(ns).copied()
+    /// The name table, read-locked: ids read from it stay valid while the
+    /// guard lives.
+    fn names(&self) -> RwLockReadGuard<'_, NameTable> {
+        self.namespaces.table.read()
     }
 
-    fn intern(&self, ns: &Namespace) -> NsId {
-        if let Some(id) = self.ns_id(ns) {
-            return id;
-        }
-        let mut names = self.namespaces.write();
-        if let Some(id) = names.ids.get(ns) {
-            return *id;
-        }
-        let id = names.names.len() as NsId;
-        names.names.push(ns.clone());
-        names.ids.insert(ns.clone(), id);
-        id
+    /// Frees namespaces that no entry uses any more (the reaper calls it);
+    /// returns how many.
+    pub fn sweep_namespaces(&self) -> usize {
+        self.namespaces.sweep()
+    }
+
+    /// Namespaces interned now.
+    pub fn namespaces(&self) -> usize {
+        self.names().ids.len()
     }
 
     /// Phase one: reserves a key on a daemon unless it is already stored or
@@ -259,12 +349,14 @@ impl Index {
         now: Instant,
     ) -> Reservation {
         let key = IdxKey {
-            ns: self.intern(ns),
+            ns: self.namespaces.acquire(ns),
             hash,
         };
         let shard = self.shard(&key);
-        let mut table = shard.write();
+        let mut table = shard.write(&self.namespaces);
         if table.contains_key(&key) {
+            drop(table);
+            self.namespaces.release(key.ns);
             return Reservation::Exists;
         }
         table.insert(
@@ -286,10 +378,10 @@ impl Index {
     /// gone (a restart at a new address) and about to be dropped.
     pub fn insert_visible(&self, key: &BlockKey, daemon: u32, size: u32, checksum: u64) {
         let key = IdxKey {
-            ns: self.intern(&key.namespace),
+            ns: self.namespaces.acquire(&key.namespace),
             hash: key.hash,
         };
-        self.shard(&key).write().insert(
+        let replaced = self.shard(&key).write(&self.namespaces).insert(
             key,
             Entry {
                 daemon,
@@ -298,12 +390,17 @@ impl Index {
                 state: State::Visible,
             },
         );
+        if replaced.is_some() {
+            // The entry it replaced already held the namespace's reference.
+            self.namespaces.release(key.ns);
+        }
     }
 
     /// Phase two: makes a stored block visible, or drops the reservation
     /// of one that was not stored.
     pub fn commit(&self, ns: &Namespace, item: &CommitItem) -> ErrorCode {
-        let Some(ns) = self.ns_id(ns) else {
+        let names = self.names();
+        let Some(&ns) = names.ids.get(ns) else {
             // Nothing was ever reserved in this namespace: dropping a
             // reservation is done, making one visible is not possible.
             return if item.stored {
@@ -316,7 +413,7 @@ impl Index {
             ns,
             hash: item.hash,
         };
-        let mut shard = self.shard(&key).write();
+        let mut shard = self.shard(&key).write(&self.namespaces);
         match shard.get(&key).copied() {
             Some(e) if matches!(e.state, State::Pending { .. }) && e.daemon == item.daemon => {
                 if item.stored {
@@ -355,7 +452,8 @@ impl Index {
 
     /// Locations of visible keys, `None` for the rest.
     pub fn lookup(&self, ns: &Namespace, hashes: &[BlockHash]) -> Vec<Option<Location>> {
-        let Some(ns) = self.ns_id(ns) else {
+        let names = self.names();
+        let Some(&ns) = names.ids.get(ns) else {
             return vec![None; hashes.len()];
         };
         hashes.iter().map(|h| self.visible(ns, *h)).collect()
@@ -363,7 +461,8 @@ impl Index {
 
     /// Locations of the longest visible prefix of a chain.
     pub fn match_prefix(&self, ns: &Namespace, hashes: &[BlockHash]) -> Vec<Location> {
-        let Some(ns) = self.ns_id(ns) else {
+        let names = self.names();
+        let Some(&ns) = names.ids.get(ns) else {
             return Vec::new();
         };
         let ahead = |i: usize| {
@@ -389,14 +488,15 @@ impl Index {
 
     /// Removes visible keys; returns where each was (`None`: not stored).
     pub fn remove(&self, ns: &Namespace, hashes: &[BlockHash]) -> Vec<Option<u32>> {
-        let Some(ns) = self.ns_id(ns) else {
+        let names = self.names();
+        let Some(&ns) = names.ids.get(ns) else {
             return vec![None; hashes.len()];
         };
         hashes
             .iter()
             .map(|hash| {
                 let key = IdxKey { ns, hash: *hash };
-                let mut shard = self.shard(&key).write();
+                let mut shard = self.shard(&key).write(&self.namespaces);
                 match shard.get(&key) {
                     Some(e) if matches!(e.state, State::Visible) => {
                         let daemon = e.daemon;
@@ -412,11 +512,12 @@ impl Index {
     /// Drops a key if (and only if) it lives on `daemon`: a daemon's report
     /// that it evicted a block must not remove a newer copy elsewhere.
     pub fn remove_at(&self, key: &BlockKey, daemon: u32) -> bool {
-        let Some(ns) = self.ns_id(&key.namespace) else {
+        let names = self.names();
+        let Some(&ns) = names.ids.get(&key.namespace) else {
             return false;
         };
         let key = IdxKey { ns, hash: key.hash };
-        let mut shard = self.shard(&key).write();
+        let mut shard = self.shard(&key).write(&self.namespaces);
         if shard.get(&key).is_some_and(|e| e.daemon == daemon) {
             shard.remove(&key);
             true
@@ -430,7 +531,7 @@ impl Index {
         self.shards
             .iter()
             .map(|s| {
-                let mut shard = s.write();
+                let mut shard = s.write(&self.namespaces);
                 let before = shard.len();
                 shard.retain(|_, e| e.daemon != daemon);
                 before - shard.len()
@@ -451,7 +552,7 @@ impl Index {
         };
         let mut expired = Vec::new();
         for s in self.shards.iter().filter(|s| due(s)) {
-            let mut table = s.write();
+            let mut table = s.write(&self.namespaces);
             let mut queue = s.reservations.lock();
             while let Some(&(key, made)) = queue.front() {
                 if made >= deadline {
@@ -467,10 +568,12 @@ impl Index {
                 }
             }
         }
-        let names = self.namespaces.read();
+        // Not swept yet (only `sweep_namespaces` frees, after this): the
+        // names of the entries just removed are still there.
+        let names = self.names();
         expired
             .into_iter()
-            .map(|(k, d)| (BlockKey::new(names.names[k.ns as usize].clone(), k.hash), d))
+            .map(|(k, d)| (BlockKey::new(names.name(k.ns).clone(), k.hash), d))
             .collect()
     }
 
@@ -482,7 +585,7 @@ impl Index {
         filter: ListFilter<'_>,
         limit: usize,
     ) -> (Vec<ListEntry>, bool) {
-        let names = self.namespaces.read();
+        let names = self.names();
         let wanted = match ns {
             Some(ns) => match names.ids.get(ns) {
                 Some(id) => Some(*id),
@@ -501,7 +604,7 @@ impl Index {
                 {
                     continue;
                 }
-                let key = BlockKey::new(names.names[k.ns as usize].clone(), k.hash);
+                let key = BlockKey::new(names.name(k.ns).clone(), k.hash);
                 if after.is_some_and(|a| &key <= a) {
                     continue;
                 }
@@ -597,6 +700,53 @@ mod tests {
         assert_eq!(abort(1), ErrorCode::Ok);
         assert_eq!(idx.stats().pending, 0);
         assert_eq!(abort(1), ErrorCode::Ok, "nothing left to release");
+    }
+
+    #[test]
+    fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
+        let idx = Index::new();
+        let t = Instant::now();
+        for i in 0..1000 {
+            let ns = Namespace::new(format!("made-up/{i}")).unwrap();
+            idx.reserve(&ns, h(1), 10, 1, t);
+        }
+        idx.reserve(&ns(), h(1), 10, 1, t);
+        idx.commit(
+            &ns(),
+            &CommitItem {
+                hash: h(1),
+                daemon: 1,
+                size: 10,
+                checksum: 9,
+                stored: true,
+            },
+        );
+        assert_eq!(idx.namespaces(), 1001);
+        assert_eq!(idx.expire_pending(t + Duration::from_secs(1)).len(), 1000);
+        assert_eq!(idx.sweep_namespaces(), 1000);
+        assert_eq!(
+            idx.namespaces(),
+            1,
+            "only the one with a stored block stays"
+        );
+        // Ids are reused by new names; what the old names held never shows.
+        let gone = Namespace::new("made-up/7").unwrap();
+        let other = Namespace::new("other").unwrap();
+        idx.reserve(&other, h(1), 10, 2, t);
+        idx.commit(
+            &other,
+            &CommitItem {
+                hash: h(1),
+                daemon: 2,
+                size: 10,
+                checksum: 9,
+                stored: true,
+            },
+        );
+        assert_eq!(idx.lookup(&gone, &[h(1)]), vec![None]);
+        assert_eq!(idx.lookup(&other, &[h(1)])[0].unwrap().daemon, 2);
+        assert_eq!(idx.lookup(&ns(), &[h(1)])[0].unwrap().daemon, 1);
+        assert_eq!(idx.sweep_namespaces(), 0, "names in use are kept");
     }
 
     #[test]
@@ -730,6 +880,8 @@ mod props {
         Expire {
             age: u64,
         },
+        /// Frees namespaces no entry uses.
+        Sweep,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -767,6 +919,7 @@ mod props {
             (ns, h, d.clone()).prop_map(|(ns, h, daemon)| Op::RemoveAt { ns, h, daemon }),
             d.prop_map(|daemon| Op::DaemonDied { daemon }),
             (0u64..40).prop_map(|age| Op::Expire { age }),
+            Just(Op::Sweep),
         ]
     }
 
@@ -863,6 +1016,11 @@ mod props {
                         want.sort_by_key(|(k, d)| (k.to_string(), *d));
                         prop_assert_eq!(got, want);
                         model.retain(|_, m| m.visible || m.since >= deadline);
+                    }
+                    Op::Sweep => {
+                        index.sweep_namespaces();
+                        let used: std::collections::HashSet<u8> = model.keys().map(|(ns, _)| *ns).collect();
+                        prop_assert_eq!(index.namespaces(), used.len(), "exactly the namespaces in use stay");
                     }
                 }
                 // Every key, and a chain per namespace, read as the model says.

@@ -215,6 +215,11 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
             continue;
         };
         let expired = state.index.expire_pending(deadline);
+        // Names whose last entry went (removed, expired, evicted) go too.
+        let freed = state.index.sweep_namespaces();
+        if freed > 0 {
+            tracing::debug!(freed, "namespaces no longer used were freed");
+        }
         if !expired.is_empty() {
             tracing::info!(count = expired.len(), "abandoned puts reclaimed");
             let state = state.clone();
