@@ -765,7 +765,9 @@ fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartRespo
                 return Slot::Skip(ErrorCode::Busy);
             }
             let Some(daemon) = state.daemons.place(size, &req.node) else {
-                return Slot::Skip(ErrorCode::Unavailable);
+                // Live daemons, all draining: none offers room (a refusal;
+                // no live daemon at all is `Unavailable`, above).
+                return Slot::Skip(ErrorCode::NoSpace);
             };
             match state
                 .index

@@ -168,7 +168,7 @@ pub async fn put(args: PutArgs) -> Result<(), Failure> {
         PutOutcome::Stored => "stored",
         PutOutcome::AlreadyExists => "already stored",
         PutOutcome::Failed(code) => {
-            let message = format!("put of {} not stored: its daemon answered {code}", key.hash);
+            let message = format!("put of {} not stored ({code})", key.hash);
             return Err(Failure::refusal(code, message));
         }
     };
