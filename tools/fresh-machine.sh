@@ -49,7 +49,8 @@ tools/up.sh >/tmp/up.log 2>&1 &
 up=$!
 bin=/src/target/release/mooncake-store
 for _ in $(seq 1 1800); do
-    [[ -x $bin ]] && "$bin" stat >/dev/null 2>&1 && break
+    # Up once its daemon has registered (the meta service answers first).
+    [[ -x $bin ]] && "$bin" stat --json 2>/dev/null | grep -q '"alive":true' && break
     kill -0 $up 2>/dev/null || { echo "tools/up.sh exited early:"; tail -20 /tmp/up.log; exit 1; }
     sleep 1
 done

@@ -164,6 +164,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_block_evicted_before_its_commit_is_a_write_failure_not_a_corrupt_transfer() {
+        use status::*;
+        assert_eq!(of_code(ErrorCode::NoReservation), WRITE_FAIL);
+        assert_eq!(of_code(ErrorCode::ChecksumMismatch), TRANSFER_FAIL);
+        assert_eq!(of_code(ErrorCode::Busy), NO_AVAILABLE_HANDLE, "back-pressure");
+        assert_eq!(of_code(ErrorCode::Unavailable), RPC_FAIL);
+    }
+
+    #[test]
     fn overlaps_are_marked_on_both_sides_and_neighbours_are_not() {
         let spans = [
             (100, 10),

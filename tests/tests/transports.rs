@@ -138,6 +138,24 @@ async fn round_trips(kind: Kind) {
     assert_eq!(t.reads(kind.transport()), 40, "{kind:?} carried every get");
 }
 
+/// Every namespace length the protocol allows, 1 to 128 bytes, stores and
+/// reads back (a put's head is longest with the longest namespace).
+async fn every_namespace_length(kind: Kind) {
+    let (_cluster, client, _dir) = setup(kind, 16 << 20).await;
+    let max = mooncake_proto::key::MAX_NAMESPACE_LEN;
+    for len in 1..=max {
+        let ns = Namespace::new("n".repeat(len)).unwrap();
+        let value = block_bytes(len as u64, 100);
+        let out = client.put(&ns, &[(hash(len as u64), &value)]).await.unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored], "namespace of {len} bytes");
+        let key = mooncake_proto::BlockKey::new(ns, hash(len as u64));
+        assert_eq!(client.get(&key).await.unwrap(), Some(value), "namespace of {len} bytes");
+    }
+    let t = client.transports();
+    assert_eq!(t.writes(kind.transport()), max as u64, "{kind:?} carried every put");
+    assert_eq!(t.reads(kind.transport()), max as u64, "{kind:?} carried every get");
+}
+
 async fn batches(kind: Kind) {
     let (_cluster, client, _dir) = setup(kind, 64 << 20).await;
     let values: Vec<Vec<u8>> = (0..64).map(|i| block_bytes(100 + i, 64 << 10)).collect();
@@ -341,6 +359,11 @@ macro_rules! conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn round_trips_byte_for_byte() {
                 round_trips($kind).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn every_namespace_length_round_trips() {
+                every_namespace_length($kind).await
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
