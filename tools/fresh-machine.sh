@@ -48,7 +48,8 @@ cd /src
 tools/up.sh >/tmp/up.log 2>&1 &
 up=$!
 # However this ends, nothing it started outlives it.
-trap 'pkill -P $up 2>/dev/null; kill $up 2>/dev/null; pkill -f "target/release/mooncake-store up" 2>/dev/null' EXIT
+stop_all() { pkill -P $up 2>/dev/null; kill $up 2>/dev/null; pkill -f target/release/mooncake-store 2>/dev/null; true; }
+trap stop_all EXIT
 bin=/src/target/release/mooncake-store
 for _ in $(seq 1 1800); do
     # Up once its daemon has registered (the meta service answers first).
