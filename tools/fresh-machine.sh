@@ -53,7 +53,7 @@ trap stop_all EXIT
 bin=/src/target/release/mooncake-store
 for _ in $(seq 1 1800); do
     # Up once its daemon has registered (the meta service answers first).
-    [[ -x $bin ]] && "$bin" stat --json 2>/dev/null | grep -q '"alive":true' && break
+    [[ -x $bin ]] && "$bin" stat --json 2>/dev/null | grep -q "\"alive\":true" && break
     kill -0 $up 2>/dev/null || { echo "tools/up.sh exited early:"; tail -20 /tmp/up.log; exit 1; }
     sleep 1
 done
