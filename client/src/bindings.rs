@@ -168,7 +168,11 @@ mod tests {
         use status::*;
         assert_eq!(of_code(ErrorCode::NoReservation), WRITE_FAIL);
         assert_eq!(of_code(ErrorCode::ChecksumMismatch), TRANSFER_FAIL);
-        assert_eq!(of_code(ErrorCode::Busy), NO_AVAILABLE_HANDLE, "back-pressure");
+        assert_eq!(
+            of_code(ErrorCode::Busy),
+            NO_AVAILABLE_HANDLE,
+            "back-pressure"
+        );
         assert_eq!(of_code(ErrorCode::Unavailable), RPC_FAIL);
     }
 

@@ -146,14 +146,29 @@ async fn every_namespace_length(kind: Kind) {
     for len in 1..=max {
         let ns = Namespace::new("n".repeat(len)).unwrap();
         let value = block_bytes(len as u64, 100);
-        let out = client.put(&ns, &[(hash(len as u64), &value)]).await.unwrap();
+        let out = client
+            .put(&ns, &[(hash(len as u64), &value)])
+            .await
+            .unwrap();
         assert_eq!(out, vec![PutOutcome::Stored], "namespace of {len} bytes");
         let key = mooncake_proto::BlockKey::new(ns, hash(len as u64));
-        assert_eq!(client.get(&key).await.unwrap(), Some(value), "namespace of {len} bytes");
+        assert_eq!(
+            client.get(&key).await.unwrap(),
+            Some(value),
+            "namespace of {len} bytes"
+        );
     }
     let t = client.transports();
-    assert_eq!(t.writes(kind.transport()), max as u64, "{kind:?} carried every put");
-    assert_eq!(t.reads(kind.transport()), max as u64, "{kind:?} carried every get");
+    assert_eq!(
+        t.writes(kind.transport()),
+        max as u64,
+        "{kind:?} carried every put"
+    );
+    assert_eq!(
+        t.reads(kind.transport()),
+        max as u64,
+        "{kind:?} carried every get"
+    );
 }
 
 async fn batches(kind: Kind) {
