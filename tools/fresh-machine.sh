@@ -48,7 +48,7 @@ cd /src
 tools/up.sh >/tmp/up.log 2>&1 &
 up=$!
 # However this ends, nothing it started outlives it.
-stop_all() { set +e; pkill -P $up; kill $up; pkill -f target/release/mooncake-store; } 2>/dev/null
+stop_all() { set +e; pkill -P $up; kill $up; } 2>/dev/null
 trap stop_all EXIT
 bin=/src/target/release/mooncake-store
 for _ in $(seq 1 1800); do
