@@ -200,13 +200,26 @@ impl Cluster {
         .to_vec()
     }
 
+    /// A connection to the cluster's etcd. etcd listens a moment before
+    /// its gRPC service answers (longer on a loaded machine), so a refused
+    /// connection is tried again, for at most 15 s.
     pub async fn coordinator(&self) -> Arc<EtcdCoordinator> {
-        EtcdCoordinator::connect(EtcdConfig {
-            ttl: TTL,
-            ..EtcdConfig::new(vec![self.etcd_url.clone()])
-        })
-        .await
-        .unwrap()
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let connected = EtcdCoordinator::connect(EtcdConfig {
+                ttl: TTL,
+                ..EtcdConfig::new(vec![self.etcd_url.clone()])
+            })
+            .await;
+            match connected {
+                Ok(c) => return c,
+                Err(err) if Instant::now() < deadline => {
+                    eprintln!("etcd not answering yet ({err}); trying again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(err) => panic!("etcd at {} never answered: {err}", self.etcd_url),
+            }
+        }
     }
 
     pub async fn client(&self, timeout: Duration) -> Client {
