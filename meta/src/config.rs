@@ -38,6 +38,10 @@ pub struct MetaConfig {
     /// put is answered busy (back-pressure) instead of growing the index
     /// (about 100 bytes each). Default 1000000.
     pub max_pending_puts: u64,
+    /// Most of those one client may hold (clients are told apart by
+    /// address, `docs/operations.md`), so that no client can turn every
+    /// other's puts away as busy. Default 262144.
+    pub max_pending_puts_per_client: u32,
     /// With `auth`: how long a connection may take, from accept, to present
     /// a valid token; then it is closed. Default 5s.
     pub auth_timeout: HumanDuration,
@@ -89,6 +93,7 @@ impl Default for MetaConfig {
             max_connections_per_client: 256,
             request_timeout: HumanDuration(Duration::from_secs(10)),
             max_pending_puts: 1_000_000,
+            max_pending_puts_per_client: 262_144,
             auth_timeout: HumanDuration(Duration::from_secs(5)),
             idle_timeout: HumanDuration(Duration::from_secs(300)),
             max_unauthenticated_connections: 1024,

@@ -13,6 +13,7 @@ use mooncake_proto::message::{CommitItem, ListEntry, Location};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::clients::{Client, PendingByClient};
 use crate::table::{prefetch, Table, TableKey};
 
 const SHARDS: usize = 64;
@@ -34,18 +35,33 @@ impl TableKey for IdxKey {
     }
 }
 
+/// An entry's phase; the checksum is known once the block is stored, and
+/// the reserving client only while it is being stored (an entry stays 32
+/// bytes).
 #[derive(Clone, Copy)]
 enum State {
-    Pending { since: Instant },
-    Visible,
+    Pending { since: Instant, client: Client },
+    Visible { checksum: u64 },
 }
 
 #[derive(Clone, Copy)]
 struct Entry {
     daemon: u32,
     size: u32,
-    checksum: u64,
     state: State,
+}
+
+impl Entry {
+    fn visible(&self) -> Option<Location> {
+        match self.state {
+            State::Visible { checksum } => Some(Location {
+                daemon: self.daemon,
+                size: self.size,
+                checksum,
+            }),
+            State::Pending { .. } => None,
+        }
+    }
 }
 
 /// Keys of a prefix match whose slots are prefetched ahead of the probe.
@@ -83,11 +99,12 @@ impl Shard {
         self.table.read()
     }
 
-    fn write<'a>(&'a self, names: &'a Names) -> ShardWrite<'a> {
+    fn write<'a>(&'a self, index: &'a Index) -> ShardWrite<'a> {
         ShardWrite {
             table: self.table.write(),
             shard: self,
-            names,
+            names: &index.namespaces,
+            clients: &index.pending_by_client,
         }
     }
 
@@ -109,6 +126,8 @@ struct ShardWrite<'a> {
     shard: &'a Shard,
     /// Each entry removed gives back its namespace's reference.
     names: &'a Names,
+    /// Reservations are counted against their clients.
+    clients: &'a PendingByClient,
 }
 
 impl std::ops::Deref for ShardWrite<'_> {
@@ -141,11 +160,11 @@ impl ShardWrite<'_> {
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&IdxKey, &Entry) -> bool) {
-        let (shard, names) = (self.shard, self.names);
+        let (shard, names, clients) = (self.shard, self.names, self.clients);
         self.table.retain(|k, e| {
             let kept = keep(k, e);
             if !kept {
-                count(shard, e, false);
+                count((shard, clients), e, false);
                 names.release(k.ns);
             }
             kept
@@ -153,11 +172,11 @@ impl ShardWrite<'_> {
     }
 
     fn count(&self, e: &Entry, added: bool) {
-        count(self.shard, e, added);
+        count((self.shard, self.clients), e, added);
     }
 }
 
-fn count(shard: &Shard, e: &Entry, added: bool) {
+fn count((shard, clients): (&Shard, &PendingByClient), e: &Entry, added: bool) {
     let change = |n: &AtomicU64, by: u64| {
         if added {
             n.fetch_add(by, Ordering::Relaxed);
@@ -166,11 +185,18 @@ fn count(shard: &Shard, e: &Entry, added: bool) {
         }
     };
     match e.state {
-        State::Visible => {
+        State::Visible { .. } => {
             change(&shard.visible, 1);
             change(&shard.bytes, u64::from(e.size));
         }
-        State::Pending { .. } => change(&shard.pending, 1),
+        State::Pending { client, .. } => {
+            change(&shard.pending, 1);
+            if added {
+                clients.add(client);
+            } else {
+                clients.sub(client);
+            }
+        }
     }
 }
 
@@ -202,6 +228,7 @@ pub struct PrefixStats {
 pub struct Index {
     shards: Vec<Shard>,
     namespaces: Names,
+    pending_by_client: PendingByClient,
 }
 
 /// The namespaces in use, interned to small ids. Each entry of the tables
@@ -307,6 +334,7 @@ impl Default for Index {
         Index {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             namespaces: Names::default(),
+            pending_by_client: PendingByClient::default(),
         }
     }
 }
@@ -338,14 +366,19 @@ impl Index {
         self.names().ids.len()
     }
 
-    /// Phase one: reserves a key on a daemon unless it is already stored or
-    /// being stored.
+    /// Reservations of `client` not committed yet.
+    pub fn pending_of(&self, client: Client) -> u32 {
+        self.pending_by_client.of(client)
+    }
+
+    /// Phase one: reserves a key on a daemon for `client` unless it is
+    /// already stored or being stored.
     pub fn reserve(
         &self,
         ns: &Namespace,
         hash: BlockHash,
-        size: u32,
-        daemon: u32,
+        (size, daemon): (u32, u32),
+        client: Client,
         now: Instant,
     ) -> Reservation {
         let key = IdxKey {
@@ -353,7 +386,7 @@ impl Index {
             hash,
         };
         let shard = self.shard(&key);
-        let mut table = shard.write(&self.namespaces);
+        let mut table = shard.write(self);
         if table.contains_key(&key) {
             drop(table);
             self.namespaces.release(key.ns);
@@ -364,8 +397,7 @@ impl Index {
             Entry {
                 daemon,
                 size,
-                checksum: 0,
-                state: State::Pending { since: now },
+                state: State::Pending { since: now, client },
             },
         );
         shard.reservations.lock().push_back((key, now));
@@ -381,13 +413,12 @@ impl Index {
             ns: self.namespaces.acquire(&key.namespace),
             hash: key.hash,
         };
-        let replaced = self.shard(&key).write(&self.namespaces).insert(
+        let replaced = self.shard(&key).write(self).insert(
             key,
             Entry {
                 daemon,
                 size,
-                checksum,
-                state: State::Visible,
+                state: State::Visible { checksum },
             },
         );
         if replaced.is_some() {
@@ -413,14 +444,15 @@ impl Index {
             ns,
             hash: item.hash,
         };
-        let mut shard = self.shard(&key).write(&self.namespaces);
+        let mut shard = self.shard(&key).write(self);
         match shard.get(&key).copied() {
             Some(e) if matches!(e.state, State::Pending { .. }) && e.daemon == item.daemon => {
                 if item.stored {
                     let visible = Entry {
-                        state: State::Visible,
+                        state: State::Visible {
+                            checksum: item.checksum,
+                        },
                         size: item.size,
-                        checksum: item.checksum,
                         ..e
                     };
                     shard.insert(key, visible);
@@ -440,14 +472,7 @@ impl Index {
     fn visible(&self, ns: NsId, hash: BlockHash) -> Option<Location> {
         let key = IdxKey { ns, hash };
         let shard = self.shard(&key).read();
-        match shard.get(&key) {
-            Some(e) if matches!(e.state, State::Visible) => Some(Location {
-                daemon: e.daemon,
-                size: e.size,
-                checksum: e.checksum,
-            }),
-            _ => None,
-        }
+        shard.get(&key).and_then(Entry::visible)
     }
 
     /// Locations of visible keys, `None` for the rest.
@@ -496,9 +521,9 @@ impl Index {
             .iter()
             .map(|hash| {
                 let key = IdxKey { ns, hash: *hash };
-                let mut shard = self.shard(&key).write(&self.namespaces);
+                let mut shard = self.shard(&key).write(self);
                 match shard.get(&key) {
-                    Some(e) if matches!(e.state, State::Visible) => {
+                    Some(e) if matches!(e.state, State::Visible { .. }) => {
                         let daemon = e.daemon;
                         shard.remove(&key);
                         Some(daemon)
@@ -517,7 +542,7 @@ impl Index {
             return false;
         };
         let key = IdxKey { ns, hash: key.hash };
-        let mut shard = self.shard(&key).write(&self.namespaces);
+        let mut shard = self.shard(&key).write(self);
         if shard.get(&key).is_some_and(|e| e.daemon == daemon) {
             shard.remove(&key);
             true
@@ -531,7 +556,7 @@ impl Index {
         self.shards
             .iter()
             .map(|s| {
-                let mut shard = s.write(&self.namespaces);
+                let mut shard = s.write(self);
                 let before = shard.len();
                 shard.retain(|_, e| e.daemon != daemon);
                 before - shard.len()
@@ -552,16 +577,16 @@ impl Index {
         };
         let mut expired = Vec::new();
         for s in self.shards.iter().filter(|s| due(s)) {
-            let mut table = s.write(&self.namespaces);
+            let mut table = s.write(self);
             let mut queue = s.reservations.lock();
             while let Some(&(key, made)) = queue.front() {
                 if made >= deadline {
                     break;
                 }
                 queue.pop_front();
-                let still_pending = table
-                    .get(&key)
-                    .is_some_and(|e| matches!(e.state, State::Pending { since } if since == made));
+                let still_pending = table.get(&key).is_some_and(
+                    |e| matches!(e.state, State::Pending { since, .. } if since == made),
+                );
                 if still_pending {
                     let entry = table.remove(&key).expect("just found");
                     expired.push((key, entry.daemon));
@@ -597,8 +622,10 @@ impl Index {
         for s in &self.shards {
             let shard = s.read();
             for (k, e) in shard.iter() {
-                if !matches!(e.state, State::Visible)
-                    || wanted.is_some_and(|w| w != k.ns)
+                let Some(location) = e.visible() else {
+                    continue;
+                };
+                if wanted.is_some_and(|w| w != k.ns)
                     || !k.hash.0.starts_with(filter.prefix)
                     || filter.daemon.is_some_and(|d| d != e.daemon)
                 {
@@ -608,14 +635,7 @@ impl Index {
                 if after.is_some_and(|a| &key <= a) {
                     continue;
                 }
-                all.push(ListEntry {
-                    key,
-                    location: Location {
-                        daemon: e.daemon,
-                        size: e.size,
-                        checksum: e.checksum,
-                    },
-                });
+                all.push(ListEntry { key, location });
             }
         }
         all.sort_by(|a, b| a.key.cmp(&b.key));
@@ -644,6 +664,10 @@ mod tests {
         Namespace::new("t").unwrap()
     }
 
+    fn me() -> Client {
+        Client::of([10, 0, 0, 1].into())
+    }
+
     fn h(i: u8) -> BlockHash {
         BlockHash([i; 32])
     }
@@ -665,9 +689,15 @@ mod tests {
     fn pending_is_invisible_until_committed() {
         let idx = Index::new();
         let now = Instant::now();
-        assert_eq!(idx.reserve(&ns(), h(1), 10, 7, now), Reservation::Reserved);
+        assert_eq!(
+            idx.reserve(&ns(), h(1), (10, 7), me(), now),
+            Reservation::Reserved
+        );
         assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
-        assert_eq!(idx.reserve(&ns(), h(1), 10, 7, now), Reservation::Exists);
+        assert_eq!(
+            idx.reserve(&ns(), h(1), (10, 7), me(), now),
+            Reservation::Exists
+        );
         assert_eq!(commit(&idx, 1, 7), ErrorCode::Ok);
         let loc = idx.lookup(&ns(), &[h(1)])[0].unwrap();
         assert_eq!((loc.daemon, loc.size, loc.checksum), (7, 10, 99));
@@ -676,7 +706,7 @@ mod tests {
     #[test]
     fn commit_without_reservation_or_from_another_daemon_is_refused() {
         let idx = Index::new();
-        idx.reserve(&ns(), h(2), 10, 1, Instant::now());
+        idx.reserve(&ns(), h(2), (10, 1), me(), Instant::now());
         assert_eq!(commit(&idx, 1, 1), ErrorCode::NoReservation);
         assert_eq!(commit(&idx, 2, 9), ErrorCode::NoReservation);
         let abort = |daemon| {
@@ -708,9 +738,9 @@ mod tests {
         let t = Instant::now();
         for i in 0..1000 {
             let ns = Namespace::new(format!("made-up/{i}")).unwrap();
-            idx.reserve(&ns, h(1), 10, 1, t);
+            idx.reserve(&ns, h(1), (10, 1), me(), t);
         }
-        idx.reserve(&ns(), h(1), 10, 1, t);
+        idx.reserve(&ns(), h(1), (10, 1), me(), t);
         idx.commit(
             &ns(),
             &CommitItem {
@@ -732,7 +762,7 @@ mod tests {
         // Ids are reused by new names; what the old names held never shows.
         let gone = Namespace::new("made-up/7").unwrap();
         let other = Namespace::new("other").unwrap();
-        idx.reserve(&other, h(1), 10, 2, t);
+        idx.reserve(&other, h(1), (10, 2), me(), t);
         idx.commit(
             &other,
             &CommitItem {
@@ -753,7 +783,7 @@ mod tests {
     fn match_prefix_stops_at_the_first_gap() {
         let idx = Index::new();
         for i in [1, 2, 4] {
-            idx.reserve(&ns(), h(i), 10, 1, Instant::now());
+            idx.reserve(&ns(), h(i), (10, 1), me(), Instant::now());
             commit(&idx, i, 1);
         }
         assert_eq!(idx.match_prefix(&ns(), &[h(1), h(2), h(3), h(4)]).len(), 2);
@@ -770,10 +800,13 @@ mod tests {
     fn expired_reservations_free_the_key() {
         let idx = Index::new();
         let t0 = Instant::now();
-        idx.reserve(&ns(), h(1), 10, 3, t0);
+        idx.reserve(&ns(), h(1), (10, 3), me(), t0);
         let expired = idx.expire_pending(t0 + Duration::from_secs(1));
         assert_eq!(expired, vec![(BlockKey::new(ns(), h(1)), 3)]);
-        assert_eq!(idx.reserve(&ns(), h(1), 10, 3, t0), Reservation::Reserved);
+        assert_eq!(
+            idx.reserve(&ns(), h(1), (10, 3), me(), t0),
+            Reservation::Reserved
+        );
         assert_eq!(idx.stats().pending, 1);
     }
 
@@ -781,7 +814,7 @@ mod tests {
     fn dead_daemon_and_evictions_remove_only_their_blocks() {
         let idx = Index::new();
         for (i, d) in [(1, 1), (2, 1), (3, 2)] {
-            idx.reserve(&ns(), h(i), 10, d, Instant::now());
+            idx.reserve(&ns(), h(i), (10, d), me(), Instant::now());
             commit(&idx, i, d);
         }
         assert!(
@@ -810,7 +843,7 @@ mod tests {
     fn list_pages_in_key_order() {
         let idx = Index::new();
         for i in 0..10 {
-            idx.reserve(&ns(), h(i), 10, 1, Instant::now());
+            idx.reserve(&ns(), h(i), (10, 1), me(), Instant::now());
             commit(&idx, i, 1);
         }
         let (page, more) = idx.list(None, None, ListFilter::default(), 4);
@@ -930,6 +963,12 @@ mod props {
         visible: bool,
         /// The step of the reservation, while pending.
         since: u64,
+        /// Who reserved it, while pending.
+        client: u8,
+    }
+
+    fn client_of(i: u8) -> Client {
+        Client::of([10, 0, 0, i].into())
     }
 
     fn name(i: u8) -> Namespace {
@@ -953,11 +992,13 @@ mod props {
                 let step = step as u64;
                 match op {
                     Op::Reserve { ns, h, daemon, size } => {
-                        let r = index.reserve(&name(ns), hash(h), size, daemon, at(step));
+                        // Clients take turns, apart from daemons.
+                        let client = (step % 3) as u8;
+                        let r = index.reserve(&name(ns), hash(h), (size, daemon), client_of(client), at(step));
                         let exists = model.contains_key(&(ns, h));
                         prop_assert_eq!(r == Reservation::Exists, exists);
                         if !exists {
-                            model.insert((ns, h), Model { daemon, size, visible: false, since: step });
+                            model.insert((ns, h), Model { daemon, size, visible: false, since: step, client });
                         }
                     }
                     Op::Commit { ns, h, daemon, stored, size } => {
@@ -967,7 +1008,7 @@ mod props {
                             Some(m) if !m.visible && m.daemon == daemon => {
                                 prop_assert_eq!(code, ErrorCode::Ok);
                                 if stored {
-                                    model.insert((ns, h), Model { daemon, size, visible: true, since: 0 });
+                                    model.insert((ns, h), Model { daemon, size, visible: true, since: 0, client: 0 });
                                 } else {
                                     model.remove(&(ns, h));
                                 }
@@ -980,7 +1021,7 @@ mod props {
                     }
                     Op::Report { ns, h, daemon, size } => {
                         index.insert_visible(&BlockKey::new(name(ns), hash(h)), daemon, size, 7);
-                        model.insert((ns, h), Model { daemon, size, visible: true, since: 0 });
+                        model.insert((ns, h), Model { daemon, size, visible: true, since: 0, client: 0 });
                     }
                     Op::Remove { ns, h } => {
                         let got = index.remove(&name(ns), &[hash(h)]);
@@ -1041,6 +1082,10 @@ mod props {
                 let st = index.stats();
                 prop_assert_eq!(st.visible as usize, model.values().filter(|m| m.visible).count());
                 prop_assert_eq!(st.pending as usize, model.values().filter(|m| !m.visible).count());
+                for c in 0..3u8 {
+                    let want = model.values().filter(|m| !m.visible && m.client == c).count();
+                    prop_assert_eq!(index.pending_of(client_of(c)) as usize, want, "client {}'s reservations", c);
+                }
                 prop_assert_eq!(
                     st.bytes,
                     model.values().filter(|m| m.visible).map(|m| m.size as u64).sum::<u64>()

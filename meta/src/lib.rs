@@ -7,6 +7,7 @@
 //! on `mooncake-proto` and the client SDK's connection (to reach daemons);
 //! never on the daemon's crate.
 
+mod clients;
 pub mod config;
 mod daemons;
 mod index;
@@ -22,6 +23,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use clients::Client;
 pub use config::MetaConfig;
 pub use index::{Index, PrefixStats};
 pub use metrics::MetaMetrics;

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use mooncake_coord::{Coordinator, MemberKind};
 
+use crate::clients::Client;
 use crate::config::MetaConfig;
 use crate::daemons::Daemons;
 use crate::index::{Index, ListFilter, Reservation};
@@ -45,6 +46,7 @@ pub struct State {
     daemon_ttl: Duration,
     put_timeout: Duration,
     max_pending_puts: u64,
+    max_pending_puts_per_client: u32,
     links: Mutex<HashMap<u32, Arc<ConnPool>>>,
     addr: String,
     revision: u64,
@@ -74,6 +76,7 @@ impl State {
             daemon_ttl: cfg.daemon_ttl.0,
             put_timeout: cfg.put_timeout.0,
             max_pending_puts: cfg.max_pending_puts,
+            max_pending_puts_per_client: cfg.max_pending_puts_per_client,
             links: Mutex::new(HashMap::new()),
             addr,
             revision,
@@ -313,7 +316,7 @@ impl Server {
         let gate = Gate::bound_to(self.state.tokens.clone(), certified);
         let served = serve(
             (rd, wr),
-            gate,
+            (gate, Client::of(peer.ip())),
             (&mut admitted.unproven, &admitted.evicted),
             &self.state,
             &self.metrics,
@@ -376,7 +379,7 @@ enum ConnError {
 
 async fn serve<R, W>(
     (rd, wr): (R, W),
-    mut gate: Gate,
+    (mut gate, client): (Gate, Client),
     (unproven, evicted): (&mut Option<UnprovenSlot>, &CancellationToken),
     state: &Arc<State>,
     metrics: &MetaMetrics,
@@ -455,7 +458,7 @@ where
             let mut body = vec![0u8; header.body_len as usize];
             rd.read_exact(&mut body).await?;
             Ok::<_, ConnError>(match &who {
-                Some(who) => dispatch(state, metrics, header.opcode, &body, who).await,
+                Some(who) => dispatch(state, metrics, header.opcode, &body, (who, client)).await,
                 None => authenticate(&mut gate, &body),
             })
         };
@@ -540,7 +543,7 @@ async fn dispatch(
     metrics: &MetaMetrics,
     op: Opcode,
     body: &[u8],
-    who: &Identity,
+    (who, client): (&Identity, Client),
 ) -> Result<Vec<u8>, Failure> {
     let now = Instant::now();
     Ok(match op {
@@ -554,7 +557,7 @@ async fn dispatch(
         Opcode::PutStart => {
             let req = PutStartRequest::from_bytes(body)?;
             owns(who, &req.namespace)?;
-            put_start(state, req, now).to_bytes()
+            put_start(state, req, client, now).to_bytes()
         }
         Opcode::PutCommit => {
             let req = PutCommitRequest::from_bytes(body)?;
@@ -740,12 +743,23 @@ async fn dispatch(
     })
 }
 
-fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartResponse {
+fn put_start(
+    state: &State,
+    req: PutStartRequest,
+    client: Client,
+    now: Instant,
+) -> PutStartResponse {
     let largest = state.daemons.largest_capacity();
-    // Reservations are bounded: past the cap, back-pressure, not growth.
+    // Reservations are bounded, cluster-wide and per client: past either
+    // cap, back-pressure, not growth.
     let mut room = state
         .max_pending_puts
-        .saturating_sub(state.index.stats().pending);
+        .saturating_sub(state.index.stats().pending)
+        .min(u64::from(
+            state
+                .max_pending_puts_per_client
+                .saturating_sub(state.index.pending_of(client)),
+        ));
     let mut placed = Vec::new();
     let slots = req
         .items
@@ -771,7 +785,7 @@ fn put_start(state: &State, req: PutStartRequest, now: Instant) -> PutStartRespo
             };
             match state
                 .index
-                .reserve(&req.namespace, *hash, size as u32, daemon, now)
+                .reserve(&req.namespace, *hash, (size as u32, daemon), client, now)
             {
                 Reservation::Reserved => {
                     room -= 1;

@@ -69,6 +69,9 @@ impl PoolConfig {
 
 /// The share of the pool that puts still receiving their bytes may hold.
 pub const PENDING_SHARE: f64 = 0.25;
+/// The share of that room one tenant's puts in progress may hold, so that
+/// another tenant's puts always find some.
+pub const TENANT_PENDING_SHARE: f64 = 0.5;
 
 /// Why a block could not be stored, read or changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -193,6 +196,8 @@ struct Inner {
     used_units: u64,
     /// Units reserved by puts not committed yet (part of `used_units`).
     pending_units: u64,
+    /// The same per tenant (part of `tenant_used`).
+    tenant_pending: Vec<u64>,
     pinned: u64,
 }
 
@@ -335,6 +340,7 @@ impl DramPool {
                 clock: 0,
                 used_units: 0,
                 pending_units: 0,
+                tenant_pending: vec![0; tenants],
                 pinned: 0,
             }),
             removed: Mutex::new(Vec::new()),
@@ -419,6 +425,16 @@ impl DramPool {
         if inner.pending_units > 0 && inner.pending_units + u64::from(units) > pending_cap {
             return Err(PoolError::Busy);
         }
+        // And one tenant's at most a share of that room: its first put in
+        // progress always gets room too.
+        let tenant = self.cfg.quotas.tenant_of(&key.namespace);
+        if let Some(t) = tenant {
+            let held = inner.tenant_pending[t as usize];
+            let cap = (pending_cap as f64 * TENANT_PENDING_SHARE) as u64;
+            if held > 0 && held + u64::from(units) > cap {
+                return Err(PoolError::Busy);
+            }
+        }
         if let Some(held) = inner.blocks.get(&key) {
             if !held.ready {
                 return Err(PoolError::Busy);
@@ -449,7 +465,6 @@ impl DramPool {
                 }
             }
         }
-        let tenant = self.cfg.quotas.tenant_of(&key.namespace);
         if let Some(t) = tenant {
             // Over its share, a tenant makes room from its own blocks.
             let limit = self.cfg.quotas.limit(t, capacity_units);
@@ -477,6 +492,7 @@ impl DramPool {
         inner.pending_units += size;
         if let Some(t) = tenant {
             inner.tenant_used[t as usize] += size;
+            inner.tenant_pending[t as usize] += size;
         }
         inner.blocks.insert(
             key.clone(),
@@ -520,6 +536,15 @@ impl DramPool {
         self.quota_evictions.fetch_add(1, Ordering::Relaxed);
         self.evict(inner, key);
         true
+    }
+
+    /// A put is no longer in progress: committed, or dropped.
+    fn written(inner: &mut Inner, alloc: Allocation, tenant: Option<u16>) {
+        let size = inner.alloc.allocation_size(alloc) as u64;
+        inner.pending_units -= size;
+        if let Some(t) = tenant {
+            inner.tenant_pending[t as usize] -= size;
+        }
     }
 
     /// Frees a block's space (and its tenant's share).
@@ -998,8 +1023,8 @@ impl WriteSlot {
         block.ready = true;
         block.stamp = inner.clock;
         block.parent = self.parent;
-        let tenant = block.tenant;
-        inner.pending_units -= inner.alloc.allocation_size(block.alloc) as u64;
+        let (tenant, alloc) = (block.tenant, block.alloc);
+        DramPool::written(inner, alloc, tenant);
         if let Some(parent) = self.parent {
             DramPool::add_child(inner, &self.key, parent);
         }
@@ -1024,7 +1049,7 @@ impl Drop for WriteSlot {
         }
         let mut inner = self.pool.inner.lock();
         let block = inner.blocks.remove(&self.key).expect("reserved block");
-        inner.pending_units -= inner.alloc.allocation_size(block.alloc) as u64;
+        DramPool::written(&mut inner, block.alloc, block.tenant);
         DramPool::free(&mut inner, block.alloc, block.tenant);
     }
 }
@@ -1084,9 +1109,13 @@ mod tests {
     use mooncake_proto::{BlockHash, Namespace};
 
     fn key(i: u32) -> BlockKey {
+        in_ns("test", i)
+    }
+
+    fn in_ns(ns: &str, i: u32) -> BlockKey {
         let mut h = [0u8; 32];
         h[..4].copy_from_slice(&i.to_le_bytes());
-        BlockKey::new(Namespace::new("test").unwrap(), BlockHash(h))
+        BlockKey::new(Namespace::new(ns).unwrap(), BlockHash(h))
     }
 
     fn pool(capacity: u64) -> Arc<DramPool> {
@@ -1107,11 +1136,6 @@ mod tests {
             ..PoolConfig::with_capacity(1 << 20)
         };
         let p = Arc::new(DramPool::new(cfg).unwrap());
-        let in_ns = |ns: &str, i: u32| {
-            let mut h = [0u8; 32];
-            h[..4].copy_from_slice(&i.to_le_bytes());
-            BlockKey::new(Namespace::new(ns).unwrap(), BlockHash(h))
-        };
         // Another tenant's blocks, colder than all of acme's.
         for i in 0..4 {
             put(&p, in_ns("globex", i), 1, 64 << 10).unwrap();
@@ -1139,6 +1163,40 @@ mod tests {
             put(&p, in_ns("acme", 99), 3, 300 << 10),
             Err(PoolError::NoSpace)
         );
+    }
+
+    #[test]
+    fn one_tenants_puts_in_progress_leave_room_for_anothers() {
+        let cfg = PoolConfig {
+            quotas: Quotas::new([("acme".into(), 1.0), ("globex".into(), 1.0)]),
+            ..PoolConfig::with_capacity(1 << 20)
+        };
+        let p = Arc::new(DramPool::new(cfg).unwrap());
+        // Headers without values, 16 KiB each: acme may hold half of the
+        // quarter of the pool that puts in progress may hold (128 KiB).
+        let mut held = Vec::new();
+        let refused = loop {
+            match p.reserve(in_ns("acme", held.len() as u32), 16 << 10, 0) {
+                Ok(slot) => held.push(slot),
+                Err(err) => break err,
+            }
+        };
+        assert_eq!(refused, PoolError::Busy);
+        assert_eq!(held.len(), 8, "acme's puts in progress: 128 KiB");
+        // Globex's puts still find room, up to the rest of the quarter.
+        let globex: Vec<_> = (0..8)
+            .map(|i| p.reserve(in_ns("globex", i), 16 << 10, 0))
+            .collect::<Result<_, _>>()
+            .expect("the rest of the room is globex's to take");
+        assert_eq!(
+            p.reserve(in_ns("globex", 99), 16 << 10, 0).err(),
+            Some(PoolError::Busy),
+            "and no more than the whole quarter"
+        );
+        drop(held);
+        put(&p, in_ns("acme", 100), 1, 16 << 10).expect("room again once acme's heads go");
+        drop(globex);
+        assert_eq!(p.inner.lock().tenant_pending, vec![0, 0]);
     }
 
     #[test]
@@ -1486,6 +1544,15 @@ mod props {
             .map(|b| inner.alloc.allocation_size(b.alloc) as u64)
             .sum();
         assert_eq!(pending, inner.pending_units, "room of puts in progress");
+        for (t, held) in inner.tenant_pending.iter().enumerate() {
+            let want: u64 = inner
+                .blocks
+                .values()
+                .filter(|b| !b.ready && b.tenant == Some(t as u16))
+                .map(|b| inner.alloc.allocation_size(b.alloc) as u64)
+                .sum();
+            assert_eq!(*held, want, "tenant {t}'s room of puts in progress");
+        }
         assert!(
             inner.used_units * UNIT <= pool.region.len() as u64,
             "over capacity"

@@ -265,7 +265,6 @@ async fn put_headers_without_values_push_out_no_stored_block() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservations_past_the_cap_are_busy_and_a_client_goes_on_after_they_expire() {
-    use mooncake_proto::message::{PutStartRequest, PutStartResponse, Slot};
     let mut meta = fast_meta();
     meta.max_pending_puts = 10;
     let cluster = TestCluster::start_with(meta, vec![daemon_config(16 << 20)]).await;
@@ -277,28 +276,7 @@ async fn reservations_past_the_cap_are_busy_and_a_client_goes_on_after_they_expi
     .await
     .unwrap();
     // A writer that reserves 25 keys and never commits.
-    let req = PutStartRequest {
-        namespace: Namespace::new("acme/hoard").unwrap(),
-        node: String::new(),
-        items: (0..25u32)
-            .map(|i| (BlockHash::from_opaque(&i.to_le_bytes()), 4096))
-            .collect(),
-    };
-    let answer: PutStartResponse = conn
-        .call(Opcode::PutStart, &req, "put_start")
-        .await
-        .unwrap();
-    let placed = answer
-        .slots
-        .iter()
-        .filter(|s| matches!(s, Slot::Place(_)))
-        .count();
-    let busy = answer
-        .slots
-        .iter()
-        .filter(|s| matches!(s, Slot::Skip(ErrorCode::Busy)))
-        .count();
-    assert_eq!((placed, busy), (10, 15), "{:?}", answer.slots);
+    assert_eq!(hoard(&mut conn, "acme/hoard", 25).await, (10, 15));
     // Its reservations expire (put_timeout); puts go on.
     let worker = client(&cluster, None);
     let mut n = 10u32;
@@ -316,4 +294,72 @@ async fn reservations_past_the_cap_are_busy_and_a_client_goes_on_after_they_expi
     })
     .await;
     assert!(stored, "a put after the hoard expired");
+}
+
+/// A connection to the meta service from `from`, a loopback address of
+/// its own (another client, as the meta service tells clients apart).
+async fn meta_conn_from(cluster: &TestCluster, from: [u8; 4]) -> mooncake_client::Connection {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::from((from, 0))).unwrap();
+    let stream = socket
+        .connect(cluster.meta_addr.parse().unwrap())
+        .await
+        .unwrap();
+    let (rd, wr) = stream.into_split();
+    mooncake_client::Connection::from_halves(
+        &cluster.meta_addr,
+        mooncake_client::ErrorSource::Meta,
+        Box::new(rd),
+        Box::new(wr),
+    )
+}
+
+/// Reserves `n` keys of `ns` on `conn` and never commits them: how many
+/// were placed, and how many answered busy.
+async fn hoard(conn: &mut mooncake_client::Connection, ns: &str, n: u32) -> (usize, usize) {
+    use mooncake_proto::message::{PutStartRequest, PutStartResponse, Slot};
+    let req = PutStartRequest {
+        namespace: Namespace::new(ns).unwrap(),
+        node: String::new(),
+        items: (0..n)
+            .map(|i| (BlockHash::from_opaque(&i.to_le_bytes()), 4096))
+            .collect(),
+    };
+    let answer: PutStartResponse = conn
+        .call(Opcode::PutStart, &req, "put_start")
+        .await
+        .unwrap();
+    let count = |want: fn(&Slot) -> bool| answer.slots.iter().filter(|s| want(s)).count();
+    (
+        count(|s| matches!(s, Slot::Place(_))),
+        count(|s| matches!(s, Slot::Skip(ErrorCode::Busy))),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_holds_at_most_its_share_of_reservations_and_others_go_on() {
+    let mut meta = fast_meta();
+    meta.max_pending_puts = 100;
+    meta.max_pending_puts_per_client = 10;
+    let cluster = TestCluster::start_with(meta, vec![daemon_config(16 << 20)]).await;
+    // A client (127.0.0.2) hoards over two connections: it gets its 10.
+    let mut first = meta_conn_from(&cluster, [127, 0, 0, 2]).await;
+    let mut second = meta_conn_from(&cluster, [127, 0, 0, 2]).await;
+    assert_eq!(hoard(&mut first, "acme/hoard", 25).await, (10, 15));
+    assert_eq!(
+        hoard(&mut second, "acme/hoard2", 5).await,
+        (0, 5),
+        "the cap is the client's, not the connection's"
+    );
+    // Another client (127.0.0.3) gets its own 10 at once.
+    let mut other = meta_conn_from(&cluster, [127, 0, 0, 3]).await;
+    assert_eq!(hoard(&mut other, "acme/other", 10).await, (10, 0));
+    // And a worker (127.0.0.1) stores without waiting for those to expire.
+    let worker = client(&cluster, None);
+    let ns = Namespace::new("acme/limits").unwrap();
+    let stored = worker
+        .put(&ns, &[(BlockHash::from_opaque(b"w"), &[1u8; 100][..])])
+        .await
+        .unwrap();
+    assert_eq!(stored, vec![PutOutcome::Stored]);
 }
