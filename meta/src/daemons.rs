@@ -85,6 +85,17 @@ impl Daemons {
         }
     }
 
+    /// Forgets a daemon that says it stops; `false` if no daemon with this
+    /// id registered from `addr`.
+    pub fn leave(&self, id: u32, addr: &str) -> bool {
+        let mut members = self.members.write();
+        if members.get(&id).is_none_or(|m| m.addr != addr) {
+            return false;
+        }
+        members.remove(&id);
+        true
+    }
+
     /// Marks daemons silent for longer than `ttl` dead; returns them.
     pub fn expire(&self, ttl: Duration, now: Instant) -> Vec<u32> {
         let mut members = self.members.write();

@@ -17,7 +17,7 @@ use prometheus::{
 
 use crate::server::State;
 
-const OPS: [Opcode; 14] = [
+const OPS: [Opcode; 15] = [
     Opcode::Ping,
     Opcode::PutStart,
     Opcode::PutCommit,
@@ -31,6 +31,7 @@ const OPS: [Opcode; 14] = [
     Opcode::Heartbeat,
     Opcode::Events,
     Opcode::Inventory,
+    Opcode::Leave,
     Opcode::Drain,
 ];
 const CODES: usize = ErrorCode::COUNT;

@@ -716,6 +716,15 @@ async fn dispatch(
             state.resend_owed(req.daemon);
             Vec::new()
         }
+        Opcode::Leave => {
+            let req = mooncake_proto::message::LeaveRequest::from_bytes(body)?;
+            if !state.daemons.leave(req.daemon, &req.addr) {
+                return Err(Failure::Code(ErrorCode::NotFound));
+            }
+            let dropped = state.index.remove_daemon(req.daemon);
+            tracing::info!(daemon = req.daemon, addr = %req.addr, dropped, "daemon left");
+            Vec::new()
+        }
         Opcode::Events => {
             let req = EventsRequest::from_bytes(body)?;
             for key in &req.removed {

@@ -48,9 +48,11 @@ impl Role {
     pub fn needed_for(op: Opcode) -> Role {
         match op {
             Opcode::Evict | Opcode::Drain => Role::Admin,
-            Opcode::Register | Opcode::Heartbeat | Opcode::Events | Opcode::Inventory => {
-                Role::Cluster
-            }
+            Opcode::Register
+            | Opcode::Heartbeat
+            | Opcode::Events
+            | Opcode::Inventory
+            | Opcode::Leave => Role::Cluster,
             _ => Role::Client,
         }
     }

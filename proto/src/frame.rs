@@ -117,6 +117,9 @@ opcodes! {
     Events = 0x32,
     /// A batch of the blocks a daemon holds (after it registers).
     Inventory = 0x33,
+    /// A daemon stops: it and its blocks leave the index now, rather than
+    /// after its lease or heartbeats run out.
+    Leave = 0x34,
 }
 
 impl Opcode {

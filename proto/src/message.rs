@@ -250,6 +250,27 @@ impl Body for DrainRequest {
     }
 }
 
+/// A daemon that stops, by the id it was given and the address it
+/// registered (so that a stale id never takes another daemon out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaveRequest {
+    pub daemon: u32,
+    pub addr: String,
+}
+
+impl Body for LeaveRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+        w.str(&self.addr);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(LeaveRequest {
+            daemon: r.u32()?,
+            addr: r.str()?.to_string(),
+        })
+    }
+}
+
 /// A daemon's id and data address, as listed in meta responses so that a
 /// client can reach the daemons its keys live on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1066,6 +1087,10 @@ mod tests {
         round_trip(DrainRequest {
             daemon: 2,
             drain: true,
+        });
+        round_trip(LeaveRequest {
+            daemon: 3,
+            addr: "10.0.0.3:7071".into(),
         });
         round_trip(ListRequest {
             namespace: Some(ns()),

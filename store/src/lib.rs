@@ -67,6 +67,8 @@ pub struct DaemonHandle {
     /// The NVMe drives: a drive's index is closed (and its lock released
     /// for a next daemon) only when the last holder lets go.
     drives: Vec<std::sync::Weak<nvme::NvmeTier>>,
+    /// The id the meta service gave this daemon; 0 while not registered.
+    registered: tokio::sync::watch::Receiver<u32>,
 }
 
 impl DaemonHandle {
@@ -81,6 +83,15 @@ impl DaemonHandle {
         self.tiers
             .upgrade()
             .map_or_else(Vec::new, |t| t.nvme.iter().map(|d| d.blocks()).collect())
+    }
+
+    /// Waits, at most `within`, until the daemon is registered with the
+    /// meta service and has sent its inventory: from then on puts can be
+    /// placed on it. `false` past `within`, or without a meta service.
+    pub async fn registered(&self, within: std::time::Duration) -> bool {
+        let mut rx = self.registered.clone();
+        let waited = tokio::time::timeout(within, rx.wait_for(|id| *id != 0)).await;
+        matches!(waited, Ok(Ok(_)))
     }
 
     /// Waits until every task of the daemon has stopped (after `shutdown`
@@ -241,6 +252,7 @@ pub async fn start(
         (None, Some(meta)) => MetaTarget::Addr(meta),
         (None, None) => MetaTarget::None,
     };
+    let (registered_tx, registered) = tokio::sync::watch::channel(0);
     if !matches!(target, MetaTarget::None) {
         tasks.push(tokio::spawn(meta_link::run(
             meta_link::LinkConfig {
@@ -252,6 +264,7 @@ pub async fn start(
                 token: config.token.clone(),
                 requires_auth: config.auth.is_some(),
                 quic: meta_quic,
+                registered: registered_tx,
             },
             tiers.clone(),
             shutdown.child_token(),
@@ -264,6 +277,7 @@ pub async fn start(
         drives: tiers.nvme.iter().map(Arc::downgrade).collect(),
         tasks,
         tiers: Arc::downgrade(&tiers),
+        registered,
     })
 }
 

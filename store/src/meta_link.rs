@@ -10,8 +10,8 @@ use mooncake_client::{Connection, ErrorSource};
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::Body;
 use mooncake_proto::message::{
-    Empty, EventsRequest, HeartbeatRequest, InventoryItem, InventoryRequest, RegisterRequest,
-    RegisterResponse,
+    Empty, EventsRequest, HeartbeatRequest, InventoryItem, InventoryRequest, LeaveRequest,
+    RegisterRequest, RegisterResponse,
 };
 use mooncake_proto::Opcode;
 use tokio_util::sync::CancellationToken;
@@ -43,8 +43,15 @@ pub struct LinkConfig {
     pub requires_auth: bool,
     /// Reach the meta service over QUIC with these settings (`peer_ca`).
     pub quic: Option<Arc<mooncake_client::transport::quic::QuicConnector>>,
+    /// Set to the daemon's id while it is registered, 0 while not.
+    pub registered: tokio::sync::watch::Sender<u32>,
 }
 
+/// How long a stopping daemon spends telling the meta service it leaves.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Keeps the daemon registered until `shutdown`, then tells the meta
+/// service that it leaves.
 pub async fn run(cfg: LinkConfig, tiers: Arc<Tiers>, shutdown: CancellationToken) {
     let mut backoff = Duration::from_millis(100);
     let mut memory = Memory::default();
@@ -53,18 +60,68 @@ pub async fn run(cfg: LinkConfig, tiers: Arc<Tiers>, shutdown: CancellationToken
         tokio::select! {
             result = session => {
                 match result {
-                    Ok(()) => return,
-                    Err(err) => tracing::warn!(%err, "meta link lost; reconnecting"),
+                    Ok(()) => break,
+                    Err(err) => {
+                        cfg.registered.send_replace(0);
+                        tracing::warn!(%err, "meta link lost; reconnecting");
+                    }
                 }
             }
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => break,
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => break,
         }
         backoff = (backoff * 2).min(Duration::from_millis(250));
     }
+    if memory.id != 0 {
+        leave(&cfg, memory.id).await;
+    }
+}
+
+/// Tells the meta service that this daemon stops, so that its blocks leave
+/// the index and no put is placed on it from now on, instead of after its
+/// heartbeats run out. Bounded: a meta service that does not answer learns
+/// it from the missing heartbeats.
+async fn leave(cfg: &LinkConfig, daemon: u32) {
+    let told = async {
+        let addr = meta_addr(&cfg.target).await?;
+        let mut conn = connect(cfg, &addr, LEAVE_TIMEOUT).await?;
+        let req = LeaveRequest {
+            daemon,
+            addr: cfg.advertise.clone(),
+        };
+        conn.call::<Empty>(Opcode::Leave, &req, "leave").await?;
+        Ok::<_, LinkError>(addr)
+    };
+    match tokio::time::timeout(LEAVE_TIMEOUT, told).await {
+        Ok(Ok(meta)) => tracing::info!(daemon, %meta, "left the meta service"),
+        Ok(Err(err)) => {
+            tracing::warn!(daemon, %err, "could not tell the meta service that this daemon leaves")
+        }
+        Err(_) => tracing::warn!(
+            daemon,
+            "the meta service did not answer this daemon's leave within {LEAVE_TIMEOUT:?}"
+        ),
+    }
+}
+
+/// A connection to the meta service at `addr`, authenticated if the
+/// daemon has a token.
+async fn connect(
+    cfg: &LinkConfig,
+    addr: &str,
+    deadline: Duration,
+) -> Result<Connection, LinkError> {
+    let mut conn = match &cfg.quic {
+        Some(quic) => quic.open(addr, ErrorSource::Meta, deadline).await?,
+        None => Connection::connect(addr, ErrorSource::Meta, deadline).await?,
+    };
+    if let Some(token) = &cfg.token {
+        with_deadline(deadline, conn.authenticate(token)).await?;
+    }
+    Ok(conn)
 }
 
 /// Why a session with the meta service ended.
@@ -109,13 +166,7 @@ async fn session(
     let pool: &DramPool = &tiers.dram;
     let deadline = cfg.interval.max(Duration::from_secs(1)) * 3;
     let addr = meta_addr(&cfg.target).await?;
-    let mut conn = match &cfg.quic {
-        Some(quic) => quic.open(&addr, ErrorSource::Meta, deadline).await?,
-        None => Connection::connect(&addr, ErrorSource::Meta, deadline).await?,
-    };
-    if let Some(token) = &cfg.token {
-        with_deadline(deadline, conn.authenticate(token)).await?;
-    }
+    let mut conn = connect(cfg, &addr, deadline).await?;
     let register = RegisterRequest {
         node: cfg.node.clone(),
         addr: cfg.advertise.clone(),
@@ -162,6 +213,7 @@ async fn session(
         blocks = inventory.len(),
         "registered with the meta service"
     );
+    cfg.registered.send_replace(id);
     let mut tick = tokio::time::interval(cfg.interval);
     loop {
         tokio::select! {

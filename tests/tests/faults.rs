@@ -360,3 +360,46 @@ async fn a_client_refuses_a_leader_older_than_one_it_has_seen() {
     assert_eq!(fresh.ping().await.unwrap(), 3);
     old_stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_daemon_leaves_at_once_and_puts_go_to_the_others() {
+    // A daemon ttl far past this test: only the daemon's leave can take it
+    // out of the index in time.
+    let mut meta = fast_meta();
+    meta.daemon_ttl = mooncake_proto::units::HumanDuration(Duration::from_secs(600));
+    let cluster = TestCluster::start_with(
+        meta,
+        vec![
+            mooncake_tests::daemon_config(16 << 20),
+            mooncake_tests::daemon_config(16 << 20),
+        ],
+    )
+    .await;
+    let client = cluster.client();
+    let v = block_bytes(7, 4096);
+    let first: Vec<BlockHash> = (100..140).map(hash).collect();
+    let blocks: Vec<(BlockHash, &[u8])> = first.iter().map(|h| (*h, &v[..])).collect();
+    client.put(&ns(), &blocks).await.unwrap();
+    let mut cluster = cluster;
+    let leaving = cluster.daemons.pop().unwrap();
+    let staying = cluster.daemon_addr(0);
+    let held_by_leaving: Vec<BlockHash> = first
+        .iter()
+        .copied()
+        .filter(|h| leaving.handle.pool.contains(&BlockKey::new(ns(), *h)))
+        .collect();
+    assert!(!held_by_leaving.is_empty(), "puts spread over both daemons");
+    leaving.stop.cancel();
+    leaving.handle.join().await;
+
+    let st = client.cluster_stats().await.unwrap();
+    assert_eq!(st.daemons.len(), 1, "{:?}", st.daemons);
+    assert_eq!(st.daemons[0].addr, staying);
+    let exists = client.exists(&ns(), &held_by_leaving).await.unwrap();
+    assert!(exists.iter().all(|e| !e), "its blocks left with it");
+    // Every new put lands on the daemon that stays.
+    let next: Vec<BlockHash> = (200..240).map(hash).collect();
+    let blocks: Vec<(BlockHash, &[u8])> = next.iter().map(|h| (*h, &v[..])).collect();
+    let out = client.put(&ns(), &blocks).await.unwrap();
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+}

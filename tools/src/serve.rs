@@ -22,6 +22,8 @@ use crate::exit::Failure;
 
 /// How long a graceful stop may take before the process exits anyway.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long `up` waits for its daemon to register before it says it is up.
+const REGISTER_WITHIN: Duration = Duration::from_secs(10);
 
 /// How to reach etcd, for the roles that can use it.
 #[derive(clap::Args, Debug, Clone)]
@@ -336,15 +338,26 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     .map_err(|e| Failure::other(e.into()))?;
     cfg.daemon.meta = Some(meta.addr.to_string());
     let dram = cfg.daemon.dram;
+    // The daemon stops first, and leaves the meta service while it still
+    // answers.
+    let daemon_stop = CancellationToken::new();
     let daemon = mooncake_daemon::start(
         cfg.daemon,
         daemon_listener,
         None,
         &registry,
-        shutdown.clone(),
+        daemon_stop.clone(),
     )
     .await
     .map_err(|e| Failure::other(e.into()))?;
+    // Ready means a put succeeds: the daemon is registered.
+    if !daemon.registered(REGISTER_WITHIN).await {
+        daemon_stop.cancel();
+        shutdown.cancel();
+        return Err(Failure::other(anyhow::anyhow!(
+            "the daemon did not register with the meta service within {REGISTER_WITHIN:?}"
+        )));
+    }
     let health: Health = Arc::new(|| (true, "ok: meta service and daemon serving".into()));
     let admin = start_admin((&admin_addr.0, admin_addr.1), registry, health, &shutdown).await?;
     println!(
@@ -356,9 +369,10 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     );
     wait_for_signal().await;
     println!("stopping: finishing in-flight requests");
-    shutdown.cancel();
+    daemon_stop.cancel();
     let stopped = async {
         daemon.join().await;
+        shutdown.cancel();
         meta.join().await;
     };
     if tokio::time::timeout(STOP_GRACE, stopped).await.is_err() {

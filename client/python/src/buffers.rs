@@ -73,6 +73,45 @@ pub fn overlapping(regions: &[Region]) -> Vec<bool> {
     mooncake_client::bindings::overlapping(&spans)
 }
 
+/// Whether `[ptr, ptr + len)` is mapped readable and writable in this
+/// process, from `/proc/self/maps`: a GPU's device pointer is not (its
+/// address range is reserved, not accessible), nor is a freed or made-up
+/// one, so such a range is refused rather than read as host memory.
+fn host_memory(ptr: usize, len: usize) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let mut covered = ptr;
+    let end = ptr + len;
+    // Mappings are listed in address order.
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((start, stop)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(stop)) = (
+            usize::from_str_radix(start, 16),
+            usize::from_str_radix(stop, 16),
+        ) else {
+            continue;
+        };
+        if stop <= covered {
+            continue;
+        }
+        if start > covered || !perms.starts_with("rw") {
+            return false;
+        }
+        covered = stop;
+        if covered >= end {
+            return true;
+        }
+    }
+    false
+}
+
 /// Buffers registered by address: (start -> length).
 #[derive(Default)]
 pub struct Registered {
@@ -84,6 +123,11 @@ impl Registered {
         if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
             return Err(PyValueError::new_err(format!(
                 "cannot register {len} bytes at {ptr:#x}"
+            )));
+        }
+        if !host_memory(ptr, len) {
+            return Err(PyValueError::new_err(format!(
+                "{len} bytes at {ptr:#x} are not readable and writable host memory of this process (a GPU pointer? GPU memory cannot be registered yet)"
             )));
         }
         let mut ranges = self.ranges.lock();

@@ -428,6 +428,116 @@ impl Client {
         })
     }
 
+    /// Stores blocks each made of several pieces of registered buffers
+    /// (`ptr_lists[i]`, `size_lists[i]`: block `i`'s pieces, in order),
+    /// gathered into one block; a status per key (`INVALID_PARAMS` for a
+    /// block with a piece outside every registered buffer).
+    fn put_from_ptr_lists(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        ptr_lists: Vec<Vec<usize>>,
+        size_lists: Vec<Vec<usize>>,
+    ) -> PyResult<Vec<i64>> {
+        let (hashes, pieces) = Pieces::of(keys, ptr_lists, size_lists)?;
+        let outside: Vec<bool> = (0..hashes.len())
+            .map(|i| !pieces.registered(i, &self.registered))
+            .collect();
+        let items: Vec<(BlockHash, usize)> = hashes.into_iter().zip(0..).collect();
+        Ok(except(items, &outside, codes::INVALID_PARAMS, |items| {
+            // SAFETY: every piece lies in a registered buffer, which stays
+            // allocated while registered.
+            let blocks: Vec<Vec<u8>> = py.detach(|| {
+                items
+                    .iter()
+                    .map(|(_, i)| unsafe { pieces.gather(*i) })
+                    .collect()
+            });
+            let (hashes, regions) = items
+                .iter()
+                .zip(&blocks)
+                .map(|((h, _), b)| (*h, Region::registered(b.as_ptr() as usize, b.len())))
+                .unzip();
+            self.put_regions(py, hashes, regions, None)
+        }))
+    }
+
+    /// Reads blocks each into several pieces of registered buffers, the
+    /// block's bytes spread over them in order; per key the bytes read or
+    /// a negative code (`INVALID_PARAMS` for a piece outside every
+    /// registered buffer, or pieces that overlap: nothing is written).
+    fn get_into_ptr_lists(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        ptr_lists: Vec<Vec<usize>>,
+        size_lists: Vec<Vec<usize>>,
+    ) -> PyResult<Vec<i64>> {
+        let (hashes, pieces) = Pieces::of(keys, ptr_lists, size_lists)?;
+        let spans: Vec<(usize, usize)> = pieces
+            .ptrs
+            .iter()
+            .zip(&pieces.sizes)
+            .flat_map(|(p, s)| p.iter().copied().zip(s.iter().copied()))
+            .collect();
+        let mut clash = mooncake_client::bindings::overlapping(&spans).into_iter();
+        let refused: Vec<bool> = (0..hashes.len())
+            .map(|i| {
+                let overlaps = pieces.ptrs[i]
+                    .iter()
+                    .fold(false, |any, _| clash.next().unwrap_or(true) | any);
+                overlaps || !pieces.registered(i, &self.registered)
+            })
+            .collect();
+        let items: Vec<(BlockHash, usize)> = hashes.into_iter().zip(0..).collect();
+        Ok(except(items, &refused, codes::INVALID_PARAMS, |items| {
+            let mut staging: Vec<Vec<u8>> = items
+                .iter()
+                .map(|(_, i)| vec![0u8; pieces.len(*i)])
+                .collect();
+            let regions: Vec<Region> = staging
+                .iter_mut()
+                .map(|b| Region::registered(b.as_mut_ptr() as usize, b.len()))
+                .collect();
+            let hashes = items.iter().map(|(h, _)| *h).collect();
+            let read = self.get_regions(py, hashes, regions);
+            py.detach(|| {
+                for (((_, i), n), bytes) in items.iter().zip(&read).zip(&staging) {
+                    if let Ok(n) = usize::try_from(*n) {
+                        // SAFETY: every piece lies in a registered buffer,
+                        // and none overlaps another (checked above).
+                        unsafe { pieces.scatter(*i, &bytes[..n]) };
+                    }
+                }
+            });
+            read
+        }))
+    }
+
+    /// Where each key is stored: `(size, daemon address)`, or `None`.
+    fn locations(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<Option<(u32, String)>>> {
+        let hashes = hashes_of(keys)?;
+        let (client, ns) = (&self.inner, &self.namespace);
+        let locs = py
+            .detach(|| runtime().block_on(client.lookup(ns, &hashes)))
+            .map_err(codes::to_py)?;
+        let addr = |id: u32| {
+            locs.daemons
+                .iter()
+                .find(|d| d.id == id)
+                .map_or_else(String::new, |d| d.addr.clone())
+        };
+        Ok(locs
+            .items
+            .iter()
+            .map(|l| l.map(|l| (l.size, addr(l.daemon))))
+            .collect())
+    }
+
     /// How many leading keys of a chain are stored, in one round trip.
     fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
         let hashes = hashes_of(keys)?;
@@ -551,6 +661,79 @@ impl Client {
             self.inner.config().meta_addr,
             self.namespace.as_str()
         )
+    }
+}
+
+/// Blocks made of pieces: for each key, address ranges of registered
+/// buffers that make its bytes in order (K and V, or one per layer).
+struct Pieces {
+    ptrs: Vec<Vec<usize>>,
+    sizes: Vec<Vec<usize>>,
+}
+
+impl Pieces {
+    /// The keys' hashes and their blocks' pieces.
+    fn of(
+        keys: &Bound<'_, PyAny>,
+        ptrs: Vec<Vec<usize>>,
+        sizes: Vec<Vec<usize>>,
+    ) -> PyResult<(Vec<BlockHash>, Pieces)> {
+        let hashes = hashes_of(keys)?;
+        let pieces = Pieces::new(hashes.len(), ptrs, sizes)?;
+        Ok((hashes, pieces))
+    }
+
+    fn new(keys: usize, ptrs: Vec<Vec<usize>>, sizes: Vec<Vec<usize>>) -> PyResult<Pieces> {
+        let shapes_match = ptrs.len() == keys
+            && sizes.len() == keys
+            && ptrs.iter().zip(&sizes).all(|(p, s)| p.len() == s.len());
+        if !shapes_match {
+            return Err(PyValueError::new_err(format!(
+                "{keys} keys, but address and size lists of other shapes"
+            )));
+        }
+        Ok(Pieces { ptrs, sizes })
+    }
+
+    /// Whether every piece of block `i` lies inside a registered buffer
+    /// (and it has at least one).
+    fn registered(&self, i: usize, registered: &Registered) -> bool {
+        !self.ptrs[i].is_empty()
+            && self.ptrs[i]
+                .iter()
+                .zip(&self.sizes[i])
+                .all(|(&p, &n)| registered.covers(p, n))
+    }
+
+    fn len(&self, i: usize) -> usize {
+        self.sizes[i].iter().sum()
+    }
+
+    /// Block `i`'s pieces, gathered into one buffer.
+    ///
+    /// # Safety
+    /// Every piece must be readable for the call.
+    unsafe fn gather(&self, i: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len(i));
+        for (&p, &n) in self.ptrs[i].iter().zip(&self.sizes[i]) {
+            // SAFETY: the caller's promise.
+            out.extend_from_slice(unsafe { Region::registered(p, n).as_slice() });
+        }
+        out
+    }
+
+    /// Spreads `bytes` over block `i`'s pieces, in order.
+    ///
+    /// # Safety
+    /// Every piece must be writable for the call, and no piece of any
+    /// block may overlap another.
+    unsafe fn scatter(&self, i: usize, mut bytes: &[u8]) {
+        for (&p, &n) in self.ptrs[i].iter().zip(&self.sizes[i]) {
+            let take = n.min(bytes.len());
+            // SAFETY: the caller's promise.
+            unsafe { Region::registered(p, take).as_mut_slice() }.copy_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+        }
     }
 }
 

@@ -15,6 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runtime;
 
+/// How long starting an embedded daemon waits for it to register.
+const REGISTER_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[pyclass(frozen, module = "mooncake_store._native")]
 pub struct EmbeddedDaemon {
     addr: String,
@@ -25,14 +28,15 @@ pub struct EmbeddedDaemon {
 #[pymethods]
 impl EmbeddedDaemon {
     /// Starts a daemon with `dram` bytes of pool, serving on `host` (a free
-    /// port) and registered with the meta service at `meta`.
+    /// port), and returns once it is registered with the meta service at
+    /// `meta`.
     #[new]
     #[pyo3(signature = (meta, dram, host = "127.0.0.1"))]
     fn new(py: Python<'_>, meta: String, dram: u64, host: &str) -> PyResult<Self> {
         let stop = CancellationToken::new();
         let cfg = DaemonConfig {
             dram: ByteSize(dram),
-            meta: Some(meta),
+            meta: Some(meta.clone()),
             admin: String::new(),
             ..DaemonConfig::default()
         };
@@ -42,7 +46,7 @@ impl EmbeddedDaemon {
                     let listener = tokio::net::TcpListener::bind((host, 0))
                         .await
                         .map_err(|e| format!("cannot listen on {host}: {e}"))?;
-                    mooncake_daemon::start(
+                    let handle = mooncake_daemon::start(
                         cfg,
                         listener,
                         None,
@@ -50,7 +54,15 @@ impl EmbeddedDaemon {
                         stop.clone(),
                     )
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string())?;
+                    // Set up means puts can be placed on it.
+                    if !handle.registered(REGISTER_WITHIN).await {
+                        stop.cancel();
+                        return Err(format!(
+                            "the daemon did not register with the meta service at {meta} within {REGISTER_WITHIN:?}"
+                        ));
+                    }
+                    Ok(handle)
                 })
             })
             .map_err(PyRuntimeError::new_err)?;
@@ -67,8 +79,8 @@ impl EmbeddedDaemon {
         &self.addr
     }
 
-    /// Stops the daemon and waits until it has (its blocks leave the index
-    /// once the meta service notices).
+    /// Stops the daemon and waits until it has: it leaves the meta service
+    /// first, so its blocks leave the index and no put goes to it.
     fn stop(&self, py: Python<'_>) {
         self.stop.cancel();
         if let Some(handle) = self.handle.lock().take() {

@@ -25,31 +25,164 @@ How the two models map (see ``client/python/README.md``):
   built with the ``rdma`` feature; otherwise, and on hosts without an RDMA
   NIC, over TCP.
 - ``ReplicateConfig``: one copy per block; ``with_hard_pin`` pins the block
-  against eviction; the other fields are accepted and ignored.
+  against eviction; the other fields Mooncake has are accepted and have no
+  effect here (``client/python/README.md`` says which and why). Setting a
+  field Mooncake does not have raises ``AttributeError``, as there.
 - ``register_buffer`` is enforced: ``get_into`` / ``put_from`` on memory
   outside a registered buffer answer ``-600`` and touch nothing (Mooncake's
-  behaviour there is undefined).
+  behaviour there is undefined). Only host memory can be registered: a GPU
+  pointer is refused with ``-600`` and a log line.
 """
 
 from __future__ import annotations
 
+import ctypes
+import enum
+import logging
+import mmap
 import os
-from dataclasses import dataclass
-from typing import Any, List, Optional
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
 import mooncake_store
 from mooncake_store import OBJECT_NOT_FOUND, INVALID_PARAMS, OK, RPC_FAIL
 
-__all__ = ["MooncakeDistributedStore", "ReplicateConfig"]
+__all__ = [
+    "BufferHandle",
+    "MooncakeDistributedStore",
+    "MooncakeHostMemAllocator",
+    "ReplicaDescriptor",
+    "ReplicateConfig",
+    "SoftPinAction",
+]
+
+log = logging.getLogger("mooncake.store")
 
 
-@dataclass
+class SoftPinAction(enum.IntEnum):
+    """What a put does to a key's soft pin (Mooncake's names)."""
+
+    PRESERVE = 0
+    ENABLE = 1
+    DISABLE = 2
+
+
+@dataclass(slots=True)
 class ReplicateConfig:
+    """Mooncake's per-put options. Only ``with_hard_pin`` has an effect
+    here (the block is pinned against eviction); see the module docs."""
+
     replica_num: int = 1
     with_soft_pin: bool = False
     with_hard_pin: bool = False
+    soft_pin_action: SoftPinAction = SoftPinAction.PRESERVE
+    soft_pin_ttl_ms: int = 0
     preferred_segment: str = ""
+    preferred_segments: List[str] = field(default_factory=list)
     prefer_alloc_in_same_node: bool = False
+    group_ids: List[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BufferDescriptor:
+    """Where a replica's bytes are: its size and the daemon holding it."""
+
+    size: int
+    transport_endpoint: str
+
+
+@dataclass(frozen=True)
+class MemoryDescriptor:
+    buffer_descriptor: BufferDescriptor
+
+
+@dataclass(frozen=True)
+class ReplicaDescriptor:
+    """One copy of a stored object, as ``batch_get_replica_desc`` lists it.
+    Every copy here is a memory replica: a daemon's NVMe tier holds blocks
+    it demoted from its DRAM pool and serves them the same way."""
+
+    memory: MemoryDescriptor
+    status: str = "COMPLETE"
+
+    def is_memory_replica(self) -> bool:
+        return True
+
+    def is_disk_replica(self) -> bool:
+        return False
+
+    def is_local_disk_replica(self) -> bool:
+        return False
+
+    def get_memory_descriptor(self) -> MemoryDescriptor:
+        return self.memory
+
+
+class BufferHandle(bytearray):
+    """An object's bytes, as ``get_buffer`` returns them: a writable buffer
+    (``memoryview``, ``numpy.frombuffer``, ``torch.frombuffer`` work on it)
+    with Mooncake's ``size()`` and ``ptr()``."""
+
+    def size(self) -> int:
+        return len(self)
+
+    def ptr(self) -> int:
+        return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self)) if self else 0
+
+
+class MooncakeHostMemAllocator:
+    """Host memory for a serving engine's KV pool (SGLang's standalone
+    mode): page-aligned, zeroed, and kept until ``free`` or this allocator
+    is collected. Register it with ``register_buffer`` before use."""
+
+    def __init__(self) -> None:
+        self._maps: Dict[int, mmap.mmap] = {}
+
+    def alloc(self, size: int) -> int:
+        if size <= 0:
+            raise ValueError(f"cannot allocate {size} bytes")
+        region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(region))
+        self._maps[ptr] = region
+        return ptr
+
+    def free(self, ptr: int) -> int:
+        region = self._maps.pop(ptr, None)
+        if region is None:
+            return INVALID_PARAMS
+        # Views made with from_buffer keep the map open until they go.
+        try:
+            region.close()
+        except BufferError:
+            self._maps[ptr] = region
+            return INVALID_PARAMS
+        return OK
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _byte_size(value: Any) -> int:
+    """A size as Mooncake's configs write it: an int, or a string such as
+    ``"4GB"``, ``"512 MiB"`` or ``"1073741824"`` (binary units). Raises
+    ``ValueError`` for anything else (``"50%"``, a negative size)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, float) and value.is_integer():
+        size = int(value)
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", value.lower())
+        if m is None or (m.group(3) is not None and m.group(2) == "" and m.group(3) == "ib"):
+            raise ValueError(f"not a size: {value!r}")
+        size = int(float(m.group(1)) * _UNITS[m.group(2)])
+    else:
+        raise ValueError(f"not a size: {value!r}")
+    if size < 0:
+        raise ValueError(f"not a size: {value!r}")
+    return size
 
 
 def _worst(codes: List[int]) -> int:
@@ -70,28 +203,85 @@ class MooncakeDistributedStore:
         self,
         local_hostname: Any,
         metadata_server: str = "",
-        global_segment_size: int = 16 * 1024 * 1024,
-        local_buffer_size: int = 1024 * 1024 * 1024,
+        global_segment_size: Any = 16 * 1024 * 1024,
+        local_buffer_size: Any = 1024 * 1024 * 1024,
         protocol: str = "tcp",
         rdma_devices: str = "",
         master_server_addr: str = "127.0.0.1:7070",
+        transfer_engine: Any = None,
+        *,
+        enable_client_http_server: bool = False,
+        client_http_port: int = 0,
+        enable_ssd_offload: bool = False,
+        ssd_offload_path: Optional[str] = None,
+        tenant_id: Optional[str] = None,
     ) -> int:
         """Connects to the store; 0 on success, a negative code otherwise.
 
-        Takes the seven positional arguments of Mooncake's ``setup``, or a
-        single dict with the same names (``master_server_address`` and
-        ``device_name`` are accepted as aliases).
+        Takes Mooncake's positional arguments (the eighth, a transfer
+        engine, is not needed here and is ignored) and the keywords SGLang
+        passes, or a single dict with the same names (``master_server_address``
+        and ``device_name`` are accepted as aliases). Sizes may be strings
+        such as ``"4GB"``. ``tenant_id`` is the namespace keys live in.
+        Returns once an embedded daemon (``global_segment_size`` > 0) is
+        registered, so that the first put can be placed on it.
         """
         if isinstance(local_hostname, dict):
             cfg = dict(local_hostname)
             local_hostname = cfg.get("local_hostname", "localhost")
             metadata_server = cfg.get("metadata_server", "")
-            global_segment_size = int(cfg.get("global_segment_size", global_segment_size))
+            global_segment_size = cfg.get("global_segment_size", global_segment_size)
+            local_buffer_size = cfg.get("local_buffer_size", local_buffer_size)
             protocol = cfg.get("protocol", protocol)
             rdma_devices = cfg.get("rdma_devices", cfg.get("device_name", rdma_devices))
             master_server_addr = cfg.get(
                 "master_server_addr", cfg.get("master_server_address", master_server_addr)
             )
+            tenant_id = cfg.get("tenant_id", tenant_id)
+            enable_ssd_offload = cfg.get("enable_ssd_offload", enable_ssd_offload)
+        try:
+            segment = _byte_size(global_segment_size)
+            _byte_size(local_buffer_size)
+        except ValueError as err:
+            log.error("setup: %s", err)
+            return INVALID_PARAMS
+        if enable_ssd_offload:
+            log.warning(
+                "setup: enable_ssd_offload has no effect here; SSD offload is a "
+                "daemon's NVMe tier (mooncake-store daemon --nvme PATH)"
+            )
+        if enable_client_http_server:
+            log.info(
+                "setup: no client HTTP server is started; metrics are on the daemons' "
+                "and the meta service's /metrics"
+            )
+        del transfer_engine, client_http_port, ssd_offload_path
+        return self._connect(local_hostname, metadata_server, segment, protocol,
+                             rdma_devices, master_server_addr, tenant_id)
+
+    def setup_dummy(self, mem_pool_size: Any, local_buffer_size: Any, server_address: str) -> int:
+        """SGLang's standalone-storage mode: this process holds no store
+        memory of its own and reaches the store at ``server_address`` (the
+        meta service, ``host:port``). Its KV pool is registered with
+        ``register_buffer`` as usual."""
+        try:
+            _byte_size(mem_pool_size)
+            _byte_size(local_buffer_size)
+        except ValueError as err:
+            log.error("setup_dummy: %s", err)
+            return INVALID_PARAMS
+        return self._connect("localhost", "", 0, "tcp", "", server_address, None)
+
+    def _connect(
+        self,
+        local_hostname: Any,
+        metadata_server: str,
+        global_segment_size: int,
+        protocol: str,
+        rdma_devices: str,
+        master_server_addr: str,
+        tenant_id: Optional[str],
+    ) -> int:
         if self._client is not None:
             return OK
         etcd = None
@@ -100,7 +290,7 @@ class MooncakeDistributedStore:
         host = str(local_hostname).rsplit(":", 1)[0] if ":" in str(local_hostname) else str(local_hostname)
         if host in ("localhost", ""):
             host = "127.0.0.1"
-        namespace = os.environ.get("MOONCAKE_NAMESPACE", "default")
+        namespace = tenant_id or os.environ.get("MOONCAKE_NAMESPACE", "default")
         try:
             # The token, if the store requires one, comes from $MOONCAKE_TOKEN.
             device = next((d for d in str(rdma_devices).split(",") if d), None)
@@ -111,17 +301,20 @@ class MooncakeDistributedStore:
                 rdma=protocol == "rdma",
                 rdma_device=device,
             )
-        except (mooncake_store.StoreError, OSError):
+        except (mooncake_store.StoreError, OSError) as err:
+            log.error("setup: %s", err)
             return RPC_FAIL
-        except ValueError:
+        except ValueError as err:
+            log.error("setup: %s", err)
             return INVALID_PARAMS
         if global_segment_size > 0:
             try:
                 self._daemon = mooncake_store.EmbeddedDaemon(
-                    master_server_addr, int(global_segment_size), host
+                    master_server_addr, global_segment_size, host
                 )
-            except RuntimeError:
-                return INVALID_PARAMS
+            except RuntimeError as err:
+                log.error("setup: %s", err)
+                return RPC_FAIL
         self._client = client
         self._hostname = self._daemon.addr if self._daemon else str(local_hostname)
         return OK
@@ -172,6 +365,36 @@ class MooncakeDistributedStore:
     def get_batch(self, keys: List[str]) -> List[bytes]:
         return [self.get(k) for k in keys]
 
+    def get_buffer(self, key: str) -> Optional[BufferHandle]:
+        """The value in a writable buffer, or ``None`` if not stored."""
+        return self.batch_get_buffer([key])[0]
+
+    def batch_get_buffer(self, keys: List[str]) -> List[Optional[BufferHandle]]:
+        """Each value in a writable buffer, ``None`` for a key not stored
+        (or whose read failed: logged)."""
+        try:
+            sizes = self._c.sizes(keys)
+        except (mooncake_store.StoreError, TypeError, ValueError) as err:
+            log.error("batch_get_buffer: %s", err)
+            return [None] * len(keys)
+        wanted = [i for i, n in enumerate(sizes) if n is not None]
+        buffers = [BufferHandle(sizes[i]) for i in wanted]
+        out: List[Optional[BufferHandle]] = [None] * len(keys)
+        if not wanted:
+            return out
+        try:
+            read = self._c.get_into_batch([keys[i] for i in wanted], buffers)
+        except (mooncake_store.StoreError, TypeError, ValueError) as err:
+            log.error("batch_get_buffer: %s", err)
+            return out
+        for i, buf, n in zip(wanted, buffers, read):
+            if n >= 0:
+                del buf[n:]
+                out[i] = buf
+            elif n != OBJECT_NOT_FOUND:
+                log.warning("batch_get_buffer: %s answered %d", keys[i], n)
+        return out
+
     # -- existence, size, removal ---------------------------------------
 
     def is_exist(self, key: str) -> int:
@@ -199,18 +422,41 @@ class MooncakeDistributedStore:
         except mooncake_store.StoreError:
             return [RPC_FAIL] * len(keys)
 
-    def remove_all(self) -> int:
+    def remove_all(self, force: bool = False) -> int:
+        """Removes every object of this client's namespace; how many, or -1.
+        ``force`` is accepted (nothing here holds a lease that it would
+        skip)."""
         try:
             return self._c.remove_all()
-        except mooncake_store.StoreError:
+        except mooncake_store.StoreError as err:
+            log.error("remove_all: %s", err)
             return -1
+
+    def get_replica_desc(self, key: str) -> List[ReplicaDescriptor]:
+        return self.batch_get_replica_desc([key]).get(key, [])
+
+    def batch_get_replica_desc(self, keys: List[str]) -> Dict[str, List[ReplicaDescriptor]]:
+        """The copies of each stored key (one here), by key; keys not stored
+        are left out, as in Mooncake."""
+        try:
+            found = self._c.locations(keys)
+        except (mooncake_store.StoreError, TypeError, ValueError) as err:
+            log.error("batch_get_replica_desc: %s", err)
+            return {}
+        return {
+            key: [ReplicaDescriptor(MemoryDescriptor(BufferDescriptor(size, addr)))]
+            for key, loc in zip(keys, found)
+            if loc is not None
+            for size, addr in [loc]
+        }
 
     # -- zero copy through registered buffers ---------------------------
 
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
         try:
             self._c.register_buffer(buffer_ptr, size)
-        except ValueError:
+        except (ValueError, OverflowError, TypeError) as err:
+            log.error("register_buffer: %s", err)
             return INVALID_PARAMS
         return OK
 
@@ -245,6 +491,40 @@ class MooncakeDistributedStore:
         if not len(keys) == len(buffer_ptrs) == len(sizes):
             return [INVALID_PARAMS] * len(keys)
         return self._c.get_into_ptrs(keys, buffer_ptrs, sizes)
+
+    def batch_put_from_multi_buffers(
+        self,
+        keys: List[str],
+        all_buffer_ptrs: List[List[int]],
+        all_sizes: List[List[int]],
+        config: Optional[ReplicateConfig] = None,
+    ) -> List[int]:
+        """Stores each key's object from several pieces of registered
+        buffers (``all_buffer_ptrs[i]``, ``all_sizes[i]``, in order), such as
+        a page's K and V; a status per key."""
+        try:
+            codes = self._c.put_from_ptr_lists(keys, all_buffer_ptrs, all_sizes)
+        except (TypeError, ValueError, OverflowError) as err:
+            log.error("batch_put_from_multi_buffers: %s", err)
+            return [INVALID_PARAMS] * len(keys)
+        self._pin_if_asked(keys, codes, config)
+        return codes
+
+    def batch_get_into_multi_buffers(
+        self,
+        keys: List[str],
+        all_buffer_ptrs: List[List[int]],
+        all_sizes: List[List[int]],
+        prefer_same_node: bool = False,
+    ) -> List[int]:
+        """Reads each key's object into several pieces of registered
+        buffers, in order; per key the bytes read, or a negative code
+        (``-704`` for a key not stored)."""
+        try:
+            return self._c.get_into_ptr_lists(keys, all_buffer_ptrs, all_sizes)
+        except (TypeError, ValueError, OverflowError) as err:
+            log.error("batch_get_into_multi_buffers: %s", err)
+            return [INVALID_PARAMS] * len(keys)
 
     def _pin_if_asked(
         self, keys: List[str], codes: List[int], config: Optional[ReplicateConfig]

@@ -1,0 +1,276 @@
+"""`mooncake.store` as the serving engines' Mooncake backends call it: the
+calls, argument shapes, key formats and buffer layouts of SGLang HiCache
+(`sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py`), LMCache
+(`lmcache/v1/storage_backend/connector/mooncakestore_connector.py`) and
+vLLM's `MooncakeStoreConnector`, against a real store. The engines
+themselves are not imported (they need torch and a GPU); each test says
+which of their calls it makes."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from mooncake.store import (
+    MooncakeDistributedStore,
+    MooncakeHostMemAllocator,
+    ReplicateConfig,
+    SoftPinAction,
+)
+
+from conftest import Process, free_port, wait_for_port
+
+OBJECT_NOT_FOUND = -704
+INVALID_PARAMS = -600
+PAGES = 64
+# A page of one tensor-parallel rank: 16 tokens x 8 heads x 128 dims, fp16.
+PAGE_BYTES = 16 * 8 * 128 * 2
+
+
+def sglang_setup(meta: str, segment=0, **kwargs) -> MooncakeDistributedStore:
+    """SGLang's call: seven positional arguments, the transfer engine
+    (None), and the keywords it passes when set."""
+    s = MooncakeDistributedStore()
+    ret = s.setup("localhost", "P2PHANDSHAKE", segment, 16 * 1024 * 1024, "tcp", "",
+                  meta, None, **kwargs)
+    assert ret == 0
+    return s
+
+
+@pytest.fixture
+def sglang(store):
+    s = sglang_setup(store, tenant_id="t/engines")
+    yield s
+    s.remove_all()
+    s.close()
+
+
+def page_keys(prefix: str, n: int = PAGES, rank: int = 0) -> list[list[str]]:
+    """SGLang's MHA keys: `{page hash}_{tp rank}_k` and `_v` per page."""
+    return [[f"{prefix}{i:040x}_{rank}_k", f"{prefix}{i:040x}_{rank}_v"] for i in range(n)]
+
+
+class HostPool:
+    """A host KV pool laid out as SGLang's `page_first` MHA pool: K and V in
+    separate buffers, a page at a stride; registered with the store."""
+
+    def __init__(self, store: MooncakeDistributedStore, pages: int, seed: int | None):
+        rng = np.random.default_rng(seed)
+        shape = (2, pages, PAGE_BYTES)
+        self.kv = rng.integers(0, 255, shape, dtype=np.uint8) if seed is not None else np.zeros(shape, np.uint8)
+        self.base = self.kv.ctypes.data
+        assert store.register_buffer(self.base, self.kv.nbytes) == 0
+
+    def k(self, page: int) -> int:
+        return self.base + page * PAGE_BYTES
+
+    def v(self, page: int) -> int:
+        return self.kv[1].ctypes.data + page * PAGE_BYTES
+
+
+def test_sglang_setup_forms_and_sizes(store):
+    # The keywords SGLang adds (metrics server, SSD offload, a tenant).
+    s = sglang_setup(store, enable_client_http_server=True, client_http_port=9999,
+                     enable_ssd_offload=False, ssd_offload_path="/tmp/x", tenant_id="t/x")
+    assert s.close() == 0
+    # Sizes as strings, positional (LMCache's JSON) and in a dict.
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", "", "0GB", "16MB", "tcp", "", store) == 0
+    s.close()
+    s = MooncakeDistributedStore()
+    assert s.setup({"local_hostname": "localhost", "global_segment_size": "0",
+                    "local_buffer_size": "1 GiB", "master_server_address": store}) == 0
+    s.close()
+    # A size Mooncake refuses is a code, not an exception.
+    assert MooncakeDistributedStore().setup("localhost", "", "50%", 0, "tcp", "", store) == INVALID_PARAMS
+    assert MooncakeDistributedStore().setup("localhost", "", 0, "lots", "tcp", "", store) == INVALID_PARAMS
+
+
+def test_sglang_warmup(sglang):
+    key, value = "sglang_mooncake_store_warmup_key0123", bytes(4 * 1024)
+    assert sglang.put(key, value) == 0
+    assert sglang.is_exist(key) == 1
+    assert sglang.get(key) == value
+
+
+def test_sglang_mha_pages_round_trip_through_batch_put_from_and_get_into(sglang):
+    src = HostPool(sglang, PAGES, seed=1)
+    keys = [k for pair in page_keys("mha") for k in pair]
+    ptrs = [p for i in range(PAGES) for p in (src.k(i), src.v(i))]
+    sizes = [PAGE_BYTES] * len(keys)
+    # batch_set_v1: only the pages not stored yet are put.
+    assert sglang.batch_is_exist(keys) == [0] * len(keys)
+    assert sglang.batch_put_from(keys, ptrs, sizes) == [0] * len(keys)
+    assert sglang.batch_is_exist(keys) == [1] * len(keys)
+    # batch_get_v1, into another pool.
+    dst = HostPool(sglang, PAGES, seed=None)
+    dptrs = [p for i in range(PAGES) for p in (dst.k(i), dst.v(i))]
+    assert sglang.batch_get_into(keys, dptrs, sizes) == [PAGE_BYTES] * len(keys)
+    assert np.array_equal(dst.kv, src.kv)
+
+
+def test_sglang_multi_buffer_pages_gather_and_scatter(sglang):
+    """MLA / hybrid pools: one object per page made of several pieces
+    (`batch_put_from_multi_buffers`), here K and V of a page, and the
+    layer-first layout's per-layer slices."""
+    layers, per_layer = 4, PAGE_BYTES // 4
+    src = HostPool(sglang, PAGES, seed=2)
+    keys = [f"mla{i:040x}__k" for i in range(PAGES)]
+
+    def pieces(pool: HostPool):
+        # Per page: K's layer slices, then V's: 2 x 4 pieces.
+        ptrs = [[base + l * per_layer for base in (pool.k(i), pool.v(i)) for l in range(layers)]
+                for i in range(PAGES)]
+        return ptrs, [[per_layer] * (2 * layers) for _ in range(PAGES)]
+
+    ptrs, sizes = pieces(src)
+    assert sglang.batch_put_from_multi_buffers(keys, ptrs, sizes, ReplicateConfig()) == [0] * PAGES
+    assert sglang.get_size(keys[0]) == 2 * PAGE_BYTES
+    dst = HostPool(sglang, PAGES, seed=None)
+    dptrs, dsizes = pieces(dst)
+    spare = HostPool(sglang, 1, seed=None)
+    got = sglang.batch_get_into_multi_buffers(keys + ["mla-missing"], dptrs + [[spare.k(0)]],
+                                              dsizes + [[PAGE_BYTES]])
+    assert got == [2 * PAGE_BYTES] * PAGES + [OBJECT_NOT_FOUND]
+    assert np.array_equal(dst.kv, src.kv)
+    assert not spare.kv.any(), "a miss writes nothing"
+
+
+def test_multi_buffer_pieces_outside_registered_memory_or_overlapping_touch_nothing(sglang):
+    src = HostPool(sglang, 2, seed=3)
+    assert sglang.batch_put_from_multi_buffers(["a", "b"], [[src.k(0), src.v(0)], [src.k(1)]],
+                                               [[PAGE_BYTES, PAGE_BYTES], [PAGE_BYTES]]) == [0, 0]
+    stray = np.zeros(PAGE_BYTES, np.uint8)  # not registered
+    dst = HostPool(sglang, 2, seed=None)
+    got = sglang.batch_get_into_multi_buffers(
+        ["a", "b", "a"],
+        [[dst.k(0), stray.ctypes.data], [dst.k(1)], [dst.v(1), dst.v(1)]],
+        [[PAGE_BYTES, PAGE_BYTES], [PAGE_BYTES], [PAGE_BYTES, PAGE_BYTES]],
+    )
+    assert got == [INVALID_PARAMS, PAGE_BYTES, INVALID_PARAMS]
+    assert not stray.any() and not dst.kv[0, 0].any() and not dst.kv[1, 1].any()
+    assert np.array_equal(dst.kv[0, 1], src.kv[0, 1])
+    # Mismatched shapes are a code per key, not an exception.
+    assert sglang.batch_put_from_multi_buffers(["c"], [[src.k(0)]], [[1, 2]]) == [INVALID_PARAMS]
+
+
+def test_sglang_standalone_storage_with_the_host_allocator(store):
+    allocator = MooncakeHostMemAllocator()
+    size = PAGES * PAGE_BYTES
+    ptr = allocator.alloc(size)
+    view = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * size).from_address(ptr))
+    view[:] = np.random.default_rng(4).integers(0, 255, size, dtype=np.uint8)
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(size, 16 * 1024 * 1024, store) == 0
+    assert s.register_buffer(ptr, size) == 0
+    keys = [f"standalone{i}" for i in range(PAGES)]
+    ptrs = [ptr + i * PAGE_BYTES for i in range(PAGES)]
+    assert s.batch_put_from(keys, ptrs, [PAGE_BYTES] * PAGES) == [0] * PAGES
+    expected = view.copy()
+    view[:] = 0
+    assert s.batch_get_into(keys, ptrs, [PAGE_BYTES] * PAGES) == [PAGE_BYTES] * PAGES
+    assert np.array_equal(view, expected)
+    assert s.unregister_buffer(ptr) == 0
+    assert s.remove_all() == PAGES
+    s.close()
+    del view
+    assert allocator.free(ptr) == 0
+
+
+def test_lmcache_chunks_with_metadata_through_put_parts_and_batch_get_buffer(sglang):
+    # save_chunk_meta on: 28 bytes of metadata, then the chunk's bytes.
+    meta = bytes(range(28))
+    chunks = [np.random.default_rng(i).integers(0, 255, 64 << 10, dtype=np.uint8) for i in range(8)]
+    keys = [f"vllm@model@1@0@{i:064x}" for i in range(8)]
+    for key, chunk in zip(keys, chunks):
+        assert sglang.put_parts(key, meta, chunk.tobytes()) == 0
+    buffers = sglang.batch_get_buffer(keys + ["vllm@model@1@0@missing"])
+    assert buffers[-1] is None
+    for buf, chunk in zip(buffers, chunks):
+        view = memoryview(buf)
+        assert bytes(view[:28]) == meta and len(view) == 28 + chunk.nbytes
+        assert np.array_equal(np.frombuffer(buf, dtype=np.uint8, offset=28), chunk)
+        assert buf.size() == len(buf) and buf.ptr() != 0
+    assert sglang.get_buffer("vllm@model@1@0@missing") is None
+
+
+def test_vllm_replica_descriptors_and_remove_all_force(sglang):
+    assert sglang.put("vllm-a", b"a" * 100) == 0
+    descs = sglang.batch_get_replica_desc(["vllm-a", "vllm-missing"])
+    assert list(descs) == ["vllm-a"], "keys not stored are left out"
+    (desc,) = descs["vllm-a"]
+    assert desc.is_memory_replica() and not desc.is_disk_replica()
+    assert desc.get_memory_descriptor().buffer_descriptor.size == 100
+    assert sglang.get_replica_desc("vllm-missing") == []
+    assert sglang.remove_all(force=True) == 1
+
+
+def test_replicate_config_has_the_fields_engines_set():
+    config = ReplicateConfig()
+    config.replica_num = 1
+    config.preferred_segment = "127.0.0.1:1234"
+    config.group_ids = ["sglang-hicache:a", "sglang-hicache:a"]
+    config.soft_pin_action = SoftPinAction.ENABLE
+    config.soft_pin_ttl_ms = 1000
+    assert hasattr(ReplicateConfig, "group_ids")
+    with pytest.raises(AttributeError):
+        config.no_such_field = 1
+
+
+def test_a_device_pointer_is_refused_at_registration(sglang):
+    # A CUDA UVA address range is reserved in the process, not readable
+    # host memory; any unmapped range is refused the same way.
+    assert sglang.register_buffer(0x7F00_0000_0000 - (1 << 30), 1 << 20) == INVALID_PARAMS
+    assert sglang.register_buffer(0, 4096) == INVALID_PARAMS
+
+
+def test_engine_threads_put_and_get_at_once(sglang):
+    pools = [HostPool(sglang, 16, seed=10 + t) for t in range(4)]
+    failures = []
+
+    def worker(t: int):
+        pool = pools[t]
+        keys = [f"thread{t}-{i}" for i in range(16)]
+        ptrs = [[pool.k(i), pool.v(i)] for i in range(16)]
+        sizes = [[PAGE_BYTES, PAGE_BYTES]] * 16
+        for _ in range(3):
+            if sglang.batch_put_from_multi_buffers(keys, ptrs, sizes) != [0] * 16:
+                failures.append(("put", t))
+            expected = pool.kv.copy()
+            pool.kv[:] = 0
+            if sglang.batch_get_into_multi_buffers(keys, ptrs, sizes) != [2 * PAGE_BYTES] * 16:
+                failures.append(("get", t))
+            if not np.array_equal(pool.kv, expected):
+                failures.append(("bytes", t))
+            pool.kv[:] = expected
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not failures
+
+
+def test_a_closed_clients_daemon_leaves_at_once():
+    """A worker restart: the embedded daemon of a closed store leaves the
+    meta service, so nothing is placed on it and its keys are not reported
+    as stored (SGLang would skip storing them again)."""
+    meta = f"127.0.0.1:{free_port()}"
+    proc = Process("meta", "--listen", meta, "--admin", "")
+    try:
+        wait_for_port(meta)
+        first = sglang_setup(meta, segment=64 * 1024 * 1024)
+        # setup returns once its daemon is registered: the first put lands.
+        assert first.put("before-restart", b"x" * 1000) == 0
+        assert first.close() == 0
+        second = sglang_setup(meta, segment=64 * 1024 * 1024)
+        assert second.is_exist("before-restart") == 0
+        keys = [f"after{i}" for i in range(200)]
+        assert second.put_batch(keys, [b"y" * 1000] * 200) == 0
+        assert second.batch_is_exist(keys) == [1] * 200
+        assert second.close() == 0
+    finally:
+        proc.kill()
