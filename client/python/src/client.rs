@@ -29,6 +29,37 @@ pub struct Client {
     inner: Arc<mooncake_client::Client>,
     namespace: Namespace,
     registered: Registered,
+    /// Where blocks made of pieces are gathered and scattered.
+    staging: Staging,
+}
+
+/// Most bytes kept between calls for blocks made of pieces.
+const MAX_STAGING: usize = 1 << 30;
+
+/// A buffer reused by the calls on blocks made of pieces: a block is
+/// gathered there before a put and lands there before it is spread over
+/// its pieces. Reused, so that each call copies through memory already
+/// faulted in: fresh pages for every call cost more than the copy itself
+/// (page faults and zeroing, measured with perf). A call that finds it in
+/// use by another thread takes a buffer of its own.
+#[derive(Default)]
+struct Staging(parking_lot::Mutex<Vec<u8>>);
+
+impl Staging {
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut *self.0.lock());
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        buf
+    }
+
+    fn give_back(&self, buf: Vec<u8>) {
+        let mut kept = self.0.lock();
+        if buf.len() <= MAX_STAGING && buf.len() > kept.len() {
+            *kept = buf;
+        }
+    }
 }
 
 impl Client {
@@ -244,6 +275,7 @@ impl Client {
             inner: Arc::new(client),
             namespace: ns,
             registered: Registered::default(),
+            staging: Staging::default(),
         })
     }
 
@@ -259,6 +291,7 @@ impl Client {
             inner: self.inner.clone(),
             namespace: crate::keys::namespace(namespace)?,
             registered: Registered::default(),
+            staging: Staging::default(),
         })
     }
 
@@ -445,20 +478,24 @@ impl Client {
             .collect();
         let items: Vec<(BlockHash, usize)> = hashes.into_iter().zip(0..).collect();
         Ok(except(items, &outside, codes::INVALID_PARAMS, |items| {
-            // SAFETY: every piece lies in a registered buffer, which stays
-            // allocated while registered.
-            let blocks: Vec<Vec<u8>> = py.detach(|| {
-                items
-                    .iter()
-                    .map(|(_, i)| unsafe { pieces.gather(*i) })
-                    .collect()
+            let total = items.iter().map(|(_, i)| pieces.len(*i)).sum();
+            let mut staging = self.staging.take(total);
+            let mut regions = Vec::with_capacity(items.len());
+            py.detach(|| {
+                let mut at = 0;
+                for (_, i) in &items {
+                    let len = pieces.len(*i);
+                    // SAFETY: every piece lies in a registered buffer,
+                    // which stays allocated while registered.
+                    unsafe { pieces.gather(*i, &mut staging[at..at + len]) };
+                    regions.push(Region::registered(staging[at..].as_ptr() as usize, len));
+                    at += len;
+                }
             });
-            let (hashes, regions) = items
-                .iter()
-                .zip(&blocks)
-                .map(|((h, _), b)| (*h, Region::registered(b.as_ptr() as usize, b.len())))
-                .unzip();
-            self.put_regions(py, hashes, regions, None)
+            let hashes = items.iter().map(|(h, _)| *h).collect();
+            let codes = self.put_regions(py, hashes, regions, None);
+            self.staging.give_back(staging);
+            codes
         }))
     }
 
@@ -491,25 +528,33 @@ impl Client {
             .collect();
         let items: Vec<(BlockHash, usize)> = hashes.into_iter().zip(0..).collect();
         Ok(except(items, &refused, codes::INVALID_PARAMS, |items| {
-            let mut staging: Vec<Vec<u8>> = items
+            let total = items.iter().map(|(_, i)| pieces.len(*i)).sum();
+            let mut staging = self.staging.take(total);
+            let mut starts = Vec::with_capacity(items.len());
+            let mut at = 0;
+            for (_, i) in &items {
+                starts.push(at);
+                at += pieces.len(*i);
+            }
+            let regions: Vec<Region> = items
                 .iter()
-                .map(|(_, i)| vec![0u8; pieces.len(*i)])
-                .collect();
-            let regions: Vec<Region> = staging
-                .iter_mut()
-                .map(|b| Region::registered(b.as_mut_ptr() as usize, b.len()))
+                .zip(&starts)
+                .map(|((_, i), &at)| {
+                    Region::registered(staging[at..].as_mut_ptr() as usize, pieces.len(*i))
+                })
                 .collect();
             let hashes = items.iter().map(|(h, _)| *h).collect();
             let read = self.get_regions(py, hashes, regions);
             py.detach(|| {
-                for (((_, i), n), bytes) in items.iter().zip(&read).zip(&staging) {
+                for (((_, i), n), &at) in items.iter().zip(&read).zip(&starts) {
                     if let Ok(n) = usize::try_from(*n) {
                         // SAFETY: every piece lies in a registered buffer,
                         // and none overlaps another (checked above).
-                        unsafe { pieces.scatter(*i, &bytes[..n]) };
+                        unsafe { pieces.scatter(*i, &staging[at..at + n]) };
                     }
                 }
             });
+            self.staging.give_back(staging);
             read
         }))
     }
@@ -709,17 +754,17 @@ impl Pieces {
         self.sizes[i].iter().sum()
     }
 
-    /// Block `i`'s pieces, gathered into one buffer.
+    /// Block `i`'s pieces, gathered into `out` (its length).
     ///
     /// # Safety
     /// Every piece must be readable for the call.
-    unsafe fn gather(&self, i: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.len(i));
+    unsafe fn gather(&self, i: usize, out: &mut [u8]) {
+        let mut at = 0;
         for (&p, &n) in self.ptrs[i].iter().zip(&self.sizes[i]) {
             // SAFETY: the caller's promise.
-            out.extend_from_slice(unsafe { Region::registered(p, n).as_slice() });
+            out[at..at + n].copy_from_slice(unsafe { Region::registered(p, n).as_slice() });
+            at += n;
         }
-        out
     }
 
     /// Spreads `bytes` over block `i`'s pieces, in order.

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Serving engines' shapes from Python against the Rust client, in one run on
+# this machine: SGLang HiCache's request of 64 pages with K and V in
+# separate buffers (two objects a page, and one object from two pieces),
+# then the Rust `bench` with the same block size, batch and concurrency,
+# against the same store; and a request's prefix check three ways. The
+# goal: Python at 90% or more of the Rust client.
+# Usage: tools/bench/engines.sh [PIECE_BYTES]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PIECE="${1:-262144}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
+VENV="${MOONCAKE_VENV:-$HOME/.cache/mooncake-venv}"
+
+cargo build --release -q --bin mooncake-store
+BIN="$CARGO_TARGET_DIR/release/mooncake-store"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q maturin numpy
+"$VENV/bin/pip" install -q ./client/python
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+META="127.0.0.1:$(free_port)"
+"$BIN" up --meta-listen "$META" --listen "127.0.0.1:$(free_port)" --admin "" --dram 2GiB >/dev/null 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+for _ in $(seq 100); do "$BIN" stat --meta "$META" >/dev/null 2>&1 && break; sleep 0.1; done
+
+for round in 1 2; do
+    echo "== round $round"
+    "$VENV/bin/python" client/python/bench/sglang_pages.py --meta "$META" --piece "$PIECE"
+    echo "-- Rust bench, ${PIECE} B blocks, batches of 128, one worker"
+    "$BIN" bench --meta "$META" --sizes "$PIECE" --batch 128 --concurrency 1 --ops 12800 \
+        --working-set 512MiB 2>/dev/null | grep -E "^(op|get|put)"
+done
