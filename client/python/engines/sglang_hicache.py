@@ -1,0 +1,123 @@
+"""SGLang HiCache's own Mooncake backend, unchanged, against this store.
+
+Imports `MooncakeStore` from the installed `sglang` package, gives it a
+real CPU host KV pool of SGLang's (`MHATokenToKVPoolHost`, page_first
+layout, then an MLA pool) and the store's address the way SGLang's docs
+say (`extra_config` with `master_server_address`), and drives it through
+the calls HiCache makes: set pages, check the prefix, get them back into
+other pages of the pool, byte for byte. Run by `tools/test-engines.sh`.
+
+Usage: python sglang_hicache.py META_ADDR
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import torch
+
+from sglang.srt.mem_cache.device_pool_info import (
+    KVBufferLayout,
+    KVBuffers,
+    MHABufferInfo,
+    MLABufferInfo,
+)
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
+
+PAGE, LAYERS, HEADS, DIM = 16, 4, 2, 64
+TOKENS = 64 * PAGE  # device tokens; the host pool holds twice as many
+
+
+def mha_host_pool() -> MHATokenToKVPoolHost:
+    dtype = torch.float16
+    k = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+    v = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
+    info = MHABufferInfo(
+        buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
+                          layout=KVBufferLayout.NHD),
+        page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM,
+        dtype=dtype, device=torch.device("cpu"),
+    )
+    return MHATokenToKVPoolHost(
+        info, 2.0, 0, PAGE, "page_first", pin_memory=False, device="cpu",
+        device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS - 1,
+    )
+
+
+def mla_host_pool() -> MLATokenToKVPoolHost:
+    """DeepSeek's shape, small: 512 + 64 wide latent rows, layer_first, so
+    that a page is one object made of one piece per layer."""
+    dtype, lora, rope = torch.bfloat16, 512, 64
+    rows = tuple(torch.zeros(TOKENS + PAGE, 1, lora + rope, dtype=dtype) for _ in range(LAYERS))
+    info = MLABufferInfo(
+        buffers=rows,
+        data_ptrs=torch.tensor([t.data_ptr() for t in rows], dtype=torch.uint64),
+        layer_indices=tuple(range(LAYERS)), device_layer_num=LAYERS, page_size=PAGE,
+        kv_lora_rank=lora, qk_rope_head_dim=rope, kv_cache_dim=lora + rope,
+        dtype=dtype, device=torch.device("cpu"),
+    )
+    return MLATokenToKVPoolHost(
+        info, 2.0, 0, PAGE, "layer_first", pin_memory=False, device="cpu",
+        device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS - 1,
+        target_layer_num=LAYERS,
+    )
+
+
+def pages_bytes(pool, indices: torch.Tensor) -> list[bytes]:
+    """The bytes of each page object, where the pool itself says they are
+    (the pointers and sizes it hands to the store)."""
+    ptrs, sizes = pool.get_page_buffer_meta(indices)
+    return [ctypes.string_at(p, n) for p, n in zip(ptrs, sizes)]
+
+
+def config(meta: str, mla: bool) -> HiCacheStorageConfig:
+    return HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name="test/model",
+        extra_config={"master_server_address": meta, "protocol": "tcp",
+                      "global_segment_size": 0, "check_server": False},
+    )
+
+
+def round_trip(meta: str, pool, mla: bool) -> int:
+    """Stores 32 pages of `pool` through SGLang's MooncakeStore, checks
+    the prefix as HiCache does, reads them into 32 other pages and compares
+    the bytes; returns the pages."""
+    store = MooncakeStore(config(meta, mla=mla))
+    store.register_mem_pool_host(pool)
+    pages = 32
+    keys = [f"{i:064x}" for i in range(pages)]
+    src = torch.arange(0, pages * PAGE, dtype=torch.int64)
+    dst = torch.arange(pages * PAGE, 2 * pages * PAGE, dtype=torch.int64)
+    raw = pool.kv_buffer.view(torch.uint8)
+    raw.copy_(torch.randint(0, 255, raw.shape, dtype=torch.uint8))
+    assert pages_bytes(pool, src) != pages_bytes(pool, dst)
+    assert store.batch_exists(keys) == 0, "nothing stored yet"
+    assert store.batch_set_v1(keys, src) == [True] * pages
+    assert store.batch_exists(keys) == pages
+    assert store.batch_exists(keys[:5] + [f"{999:064x}"] + keys[5:]) == 5, "a hole ends the prefix"
+    assert store.batch_get_v1(keys, dst) == [True] * pages
+    assert pages_bytes(pool, src) == pages_bytes(pool, dst), "pages differ"
+    # Storing pages again is a no-op success (they exist).
+    assert store.batch_set_v1(keys, src) == [True] * pages
+    store.clear()
+    assert store.batch_exists(keys) == 0
+    return pages
+
+
+def main() -> None:
+    meta = sys.argv[1]
+    n = round_trip(meta, mha_host_pool(), mla=False)
+    print(f"sglang MooncakeStore, MHA page_first pool: {n} pages set, found, read back byte for byte")
+    n = round_trip(meta, mla_host_pool(), mla=True)
+    print(f"sglang MooncakeStore, MLA layer_first pool (multi-buffer objects): {n} pages, byte for byte")
+
+
+if __name__ == "__main__":
+    main()

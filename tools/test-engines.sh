@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Serving engines' own Mooncake backends, unchanged, against this store.
+#
+# Installs, into a virtual environment of its own (~6 GiB, kept in
+# ~/.cache; torch is the bulk), SGLang from PyPI without its GPU-only
+# dependencies, plus what its Mooncake backend imports, and this
+# repository's Python package; starts `mooncake-store up`; and runs
+# client/python/engines/*.py, which drive the engines' classes as the
+# engines do. Separate from tools/test.sh: the first run downloads about
+# 3 GiB (2 to 3 minutes here), later runs take seconds.
+#
+# Usage: tools/test-engines.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
+VENV="${MOONCAKE_ENGINES_VENV:-$HOME/.cache/mooncake-engines-venv}"
+
+tools/setup.sh --build
+cargo build --release -q --bin mooncake-store
+BIN="$CARGO_TARGET_DIR/release/mooncake-store"
+
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+# The engine itself without its dependencies (most need a GPU), then the
+# ones its Mooncake backend imports on a CPU-only host, at the versions
+# this was last run with.
+"$VENV/bin/pip" install -q --disable-pip-version-check \
+    torch==2.15.0 numpy==2.4.6
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps sglang==0.5.23
+"$VENV/bin/pip" install -q --disable-pip-version-check \
+    aiohttp==3.14.5 apache-tvm-ffi==0.1.15.post2 compressed-tensors==0.20.1 dill==0.4.1 \
+    gguf==0.19.0 ipython==9.18.1 msgspec==0.23.0 orjson==3.13.0 packaging==26.4 \
+    pillow==13.0.0 psutil==7.2.2 pybase64==1.5.1 pydantic==2.14.4 pyzmq==27.3.0 \
+    requests==2.34.2 sentencepiece==0.2.3 starlette==1.10.0 torchvision==0.29.2 \
+    tqdm==4.70.1 transformers==5.24.0 2>&1 | grep -v "requires\|incompatible\|resolver" || true
+"$VENV/bin/pip" install -q --disable-pip-version-check ./client/python
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+META="127.0.0.1:$(free_port)"
+"$BIN" up --meta-listen "$META" --listen "127.0.0.1:$(free_port)" --admin "" --dram 1GiB >/dev/null 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+for _ in $(seq 100); do "$BIN" stat --meta "$META" >/dev/null 2>&1 && break; sleep 0.1; done
+
+for driver in client/python/engines/*.py; do
+    echo "== $driver"
+    "$VENV/bin/python" -W ignore "$driver" "$META"
+done
