@@ -1,11 +1,15 @@
-"""SGLang HiCache's own Mooncake backend, unchanged, against this store.
+"""SGLang HiCache on this store: its own Mooncake backend, unchanged, and
+the native backend `mooncake_store.engines.sglang`, loaded the way SGLang
+loads a dynamic storage backend.
 
 Imports `MooncakeStore` from the installed `sglang` package, gives it a
 real CPU host KV pool of SGLang's (`MHATokenToKVPoolHost`, page_first
 layout, then an MLA pool) and the store's address the way SGLang's docs
 say (`extra_config` with `master_server_address`), and drives it through
 the calls HiCache makes: set pages, check the prefix, get them back into
-other pages of the pool, byte for byte. Run by `tools/test-engines.sh`.
+other pages of the pool, byte for byte. Then the same through SGLang's
+`StorageBackendFactory` with `--hicache-storage-backend dynamic` and the
+native backend's extra config. Run by `tools/test-engines.sh`.
 
 Usage: python sglang_hicache.py META_ADDR
 """
@@ -26,6 +30,7 @@ from sglang.srt.mem_cache.device_pool_info import (
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 
 PAGE, LAYERS, HEADS, DIM = 16, 4, 2, 64
@@ -75,22 +80,36 @@ def pages_bytes(pool, indices: torch.Tensor) -> list[bytes]:
     return [ctypes.string_at(p, n) for p, n in zip(ptrs, sizes)]
 
 
-def config(meta: str, mla: bool) -> HiCacheStorageConfig:
+def config(mla: bool, extra: dict) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
         tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=True,
-        model_name="test/model",
-        extra_config={"master_server_address": meta, "protocol": "tcp",
-                      "global_segment_size": 0, "check_server": False},
+        model_name="test/model", extra_config=extra,
     )
 
 
-def round_trip(meta: str, pool, mla: bool) -> int:
-    """Stores 32 pages of `pool` through SGLang's MooncakeStore, checks
-    the prefix as HiCache does, reads them into 32 other pages and compares
-    the bytes; returns the pages."""
-    store = MooncakeStore(config(meta, mla=mla))
+def sglang_mooncake(meta: str, pool, mla: bool):
+    """SGLang's `mooncake` backend, configured as its docs say."""
+    extra = {"master_server_address": meta, "protocol": "tcp",
+             "global_segment_size": 0, "check_server": False}
+    store = MooncakeStore(config(mla, extra))
     store.register_mem_pool_host(pool)
+    return store
+
+
+def native(meta: str, pool, mla: bool):
+    """`--hicache-storage-backend dynamic` with the native backend."""
+    extra = {"backend_name": "mooncake_store", "module_path": "mooncake_store.engines.sglang",
+             "class_name": "MooncakeStoreHiCache", "meta": meta}
+    store = StorageBackendFactory.create_backend("dynamic", config(mla, extra), pool)
+    store.register_mem_pool_host(pool)
+    return store
+
+
+def round_trip(store, pool) -> int:
+    """Stores 32 pages of `pool` through `store`, checks the prefix as
+    HiCache does, reads them into 32 other pages and compares the bytes;
+    returns the pages."""
     pages = 32
     keys = [f"{i:064x}" for i in range(pages)]
     src = torch.arange(0, pages * PAGE, dtype=torch.int64)
@@ -113,10 +132,12 @@ def round_trip(meta: str, pool, mla: bool) -> int:
 
 def main() -> None:
     meta = sys.argv[1]
-    n = round_trip(meta, mha_host_pool(), mla=False)
-    print(f"sglang MooncakeStore, MHA page_first pool: {n} pages set, found, read back byte for byte")
-    n = round_trip(meta, mla_host_pool(), mla=True)
-    print(f"sglang MooncakeStore, MLA layer_first pool (multi-buffer objects): {n} pages, byte for byte")
+    for name, backend in (("sglang's MooncakeStore", sglang_mooncake),
+                          ("native MooncakeStoreHiCache", native)):
+        for layout, pool, mla in (("MHA page_first", mha_host_pool(), False),
+                                  ("MLA layer_first", mla_host_pool(), True)):
+            n = round_trip(backend(meta, pool, mla), pool)
+            print(f"{name}, {layout} pool: {n} pages set, prefix checked, read back byte for byte")
 
 
 if __name__ == "__main__":

@@ -464,15 +464,25 @@ impl Client {
     /// Stores blocks each made of several pieces of registered buffers
     /// (`ptr_lists[i]`, `size_lists[i]`: block `i`'s pieces, in order),
     /// gathered into one block; a status per key (`INVALID_PARAMS` for a
-    /// block with a piece outside every registered buffer).
+    /// block with a piece outside every registered buffer). With `chain`,
+    /// the blocks are consecutive blocks of one chain, as in `put_chain`:
+    /// the first extends `parent` (`None`: it starts the chain).
+    #[pyo3(signature = (keys, ptr_lists, size_lists, chain = false, parent = None))]
     fn put_from_ptr_lists(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
         ptr_lists: Vec<Vec<usize>>,
         size_lists: Vec<Vec<usize>>,
+        chain: bool,
+        parent: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let (hashes, pieces) = Pieces::of(keys, ptr_lists, size_lists)?;
+        let chain = match (chain, parent) {
+            (true, parent) => Some(parent.map(hash_of).transpose()?),
+            (false, None) => None,
+            (false, Some(_)) => return Err(PyValueError::new_err("parent needs chain=True")),
+        };
         let outside: Vec<bool> = (0..hashes.len())
             .map(|i| !pieces.registered(i, &self.registered))
             .collect();
@@ -493,7 +503,7 @@ impl Client {
                 }
             });
             let hashes = items.iter().map(|(h, _)| *h).collect();
-            let codes = self.put_regions(py, hashes, regions, None);
+            let codes = self.put_regions(py, hashes, regions, chain);
             self.staging.give_back(staging);
             codes
         }))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import mooncake_store
+import pytest
 
 from conftest import single_host_store
 
@@ -33,3 +34,30 @@ def test_put_chain_extends_a_given_parent(client):
     assert client.put_chain(chain[:2], [b"a", b"b"]) == [0, 0]
     assert client.put_chain(chain[2:], [b"c", b"d"], parent=chain[1]) == [0, 0]
     assert client.match_prefix(chain) == 4
+
+
+def test_a_chain_of_blocks_made_of_pieces_is_evicted_from_its_tail():
+    """`put_from_ptr_lists(chain=True)`, as the native SGLang backend writes
+    a request's pages (K and V pieces each), keeps the chain's head."""
+    import numpy as np
+
+    with single_host_store("1MiB") as meta:
+        client = mooncake_store.Client(meta, namespace="t/chains-pieces")
+        half = 100 << 10
+        pool = np.arange(6 * half, dtype=np.uint32).view(np.uint8)[: 6 * half].copy()
+        client.register_buffer(pool.ctypes.data, pool.nbytes)
+        base = pool.ctypes.data
+        chain = mooncake_store.block_hashes(list(range(48)), 16)
+        ptrs = [[base + (2 * i) * half, base + (2 * i + 1) * half] for i in range(3)]
+        sizes = [[half, half]] * 3
+        assert client.put_from_ptr_lists(chain[:1], ptrs[:1], sizes[:1], chain=True) == [0]
+        assert client.put_from_ptr_lists(chain[1:], ptrs[1:], sizes[1:], chain=True,
+                                         parent=chain[0]) == [0, 0]
+        with pytest.raises(ValueError, match="chain"):
+            client.put_from_ptr_lists(chain[:1], ptrs[:1], sizes[:1], parent=chain[0])
+        assert client.put_batch(["other-1", "other-2"], [b"x" * 2 * half, b"y" * 2 * half]) == [0, 0]
+        deadline = time.monotonic() + 5
+        while client.exists(chain) != [True, True, False] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.match_prefix(chain) == 2
+        assert client.get(chain[1]) == pool[2 * half : 4 * half].tobytes()
