@@ -3,8 +3,10 @@
 # this machine: SGLang HiCache's request of 64 pages with K and V in
 # separate buffers (two objects a page, and one object from two pieces),
 # then the Rust `bench` with the same block size, batch and concurrency,
-# against the same store; and a request's prefix check three ways. The
-# goal: Python at 90% or more of the Rust client.
+# against the same store; and a request's prefix check three ways. Where
+# tools/test-engines.sh made the engines' environment, SGLang HiCache's own
+# calls too, through its mooncake backend and the native one. The goal:
+# Python at 90% or more of the Rust client.
 # Usage: tools/bench/engines.sh [PIECE_BYTES]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,10 +27,20 @@ pid=$!
 trap 'kill $pid 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 for _ in $(seq 100); do "$BIN" stat --meta "$META" >/dev/null 2>&1 && break; sleep 0.1; done
 
+ENGINES="${MOONCAKE_ENGINES_VENV:-$HOME/.cache/mooncake-engines-venv}"
 for round in 1 2; do
     echo "== round $round"
     "$VENV/bin/python" client/python/bench/sglang_pages.py --meta "$META" --piece "$PIECE"
     echo "-- Rust bench, ${PIECE} B blocks, batches of 128, one worker"
     "$BIN" bench --meta "$META" --sizes "$PIECE" --batch 128 --concurrency 1 --ops 12800 \
         --working-set 512MiB 2>/dev/null | grep -E "^(op|get|put)"
+    if [ -x "$ENGINES/bin/python" ]; then
+        # SGLang's own classes (tools/test-engines.sh installs them).
+        "$ENGINES/bin/pip" install -q --disable-pip-version-check ./client/python
+        echo "-- SGLang HiCache's calls, its mooncake backend and the native one"
+        "$ENGINES/bin/python" -W ignore client/python/engines/sglang_bench.py "$META"
+        echo "-- Rust bench, 512 KiB and 1 MiB blocks, batches of 64, one worker"
+        "$BIN" bench --meta "$META" --sizes 512KiB,1MiB --batch 64 --concurrency 1 --ops 3200 \
+            --working-set 512MiB 2>/dev/null | grep -E "^(op|get|put)"
+    fi
 done

@@ -37,15 +37,15 @@ PAGE, LAYERS, HEADS, DIM = 16, 4, 2, 64
 TOKENS = 64 * PAGE  # device tokens; the host pool holds twice as many
 
 
-def mha_host_pool() -> MHATokenToKVPoolHost:
+def mha_host_pool(heads: int = HEADS, dim: int = DIM) -> MHATokenToKVPoolHost:
     dtype = torch.float16
-    k = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
-    v = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+    k = tuple(torch.zeros(TOKENS + PAGE, heads, dim, dtype=dtype) for _ in range(LAYERS))
+    v = tuple(torch.zeros(TOKENS + PAGE, heads, dim, dtype=dtype) for _ in range(LAYERS))
     ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
     info = MHABufferInfo(
         buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
                           layout=KVBufferLayout.NHD),
-        page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM,
+        page_size=PAGE, head_num=heads, head_dim=dim, v_head_dim=dim,
         dtype=dtype, device=torch.device("cpu"),
     )
     return MHATokenToKVPoolHost(
@@ -134,7 +134,10 @@ def main() -> None:
     meta = sys.argv[1]
     for name, backend in (("sglang's MooncakeStore", sglang_mooncake),
                           ("native MooncakeStoreHiCache", native)):
-        for layout, pool, mla in (("MHA page_first", mha_host_pool(), False),
+        # K and V of 16 KiB a page (the native backend gathers them into one
+        # object), of 128 KiB (objects of their own), and MLA's layer rows.
+        for layout, pool, mla in (("MHA page_first 16 KiB", mha_host_pool(), False),
+                                  ("MHA page_first 128 KiB", mha_host_pool(8, 128), False),
                                   ("MLA layer_first", mla_host_pool(), True)):
             n = round_trip(backend(meta, pool, mla), pool)
             print(f"{name}, {layout} pool: {n} pages set, prefix checked, read back byte for byte")

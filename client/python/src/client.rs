@@ -448,16 +448,20 @@ impl Client {
     }
 
     /// Stores blocks straight from address ranges of registered buffers;
-    /// a status per key.
+    /// a status per key. `chain` and `parent` as in `put_from_ptr_lists`.
+    #[pyo3(signature = (keys, ptrs, sizes, chain = false, parent = None))]
     fn put_from_ptrs(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
         ptrs: Vec<usize>,
         sizes: Vec<usize>,
+        chain: bool,
+        parent: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
+        let chain = chain_of(chain, parent)?;
         self.on_registered(py, keys, ptrs, sizes, |c, py, h, r| {
-            c.put_regions(py, h, r, None)
+            c.put_regions(py, h, r, chain)
         })
     }
 
@@ -478,11 +482,7 @@ impl Client {
         parent: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let (hashes, pieces) = Pieces::of(keys, ptr_lists, size_lists)?;
-        let chain = match (chain, parent) {
-            (true, parent) => Some(parent.map(hash_of).transpose()?),
-            (false, None) => None,
-            (false, Some(_)) => return Err(PyValueError::new_err("parent needs chain=True")),
-        };
+        let chain = chain_of(chain, parent)?;
         let outside: Vec<bool> = (0..hashes.len())
             .map(|i| !pieces.registered(i, &self.registered))
             .collect();
@@ -716,6 +716,16 @@ impl Client {
             self.inner.config().meta_addr,
             self.namespace.as_str()
         )
+    }
+}
+
+/// What `put_regions` takes for a put that is (`chain`) or is not part of a
+/// chain: the chain's parent, if it extends one.
+fn chain_of(chain: bool, parent: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Option<BlockHash>>> {
+    match (chain, parent) {
+        (true, parent) => Ok(Some(parent.map(hash_of).transpose()?)),
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(PyValueError::new_err("parent needs chain=True")),
     }
 }
 

@@ -10,11 +10,13 @@ What it does beyond SGLang's `mooncake` backend on the compatible API:
 
 - A request's prefix check (`batch_exists`) is one `match_prefix` round
   trip, instead of one existence check per object.
-- A page is one object (its K and V, or its per-layer pieces, gathered),
-  so a page costs one index entry and one check instead of two.
 - Pages are written as a chain (`prefix_keys` names the page before), so
   that a daemon evicts a chain from its tail and keeps the heads that other
   requests match.
+- A page's pieces of `SPLIT_AT` bytes or more (K and V of an MHA page) are
+  objects of their own, read and written in place; smaller ones (an MLA
+  pool's per-layer rows) are gathered into one object a page, which costs
+  a copy but one index entry instead of one per layer.
 
 Keys live in the namespace `sglang/<model>/tp<rank>of<size>[/pp<rank>]`
 (`namespace` in the extra config overrides it): ranks of one model share
@@ -36,6 +38,10 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 import mooncake_store
 
 log = logging.getLogger(__name__)
+
+# Pieces this large are objects of their own (no copy); smaller pieces of a
+# page are gathered into one object.
+SPLIT_AT = 64 << 10
 
 
 def _namespace(config: HiCacheStorageConfig, extra: dict) -> str:
@@ -63,6 +69,9 @@ class MooncakeStoreHiCache(HiCacheStorage):
         self.client = mooncake_store.Client(meta, namespace=_namespace(storage_config, extra))
         self.storage_config = storage_config
         self.mem_pool_host = None
+        # Pieces per page, and whether each is an object of its own.
+        self.pieces = 1
+        self.split = False
         log.info("HiCache L3 on Mooncake Store at %s, namespace %s", meta, self.client.namespace)
 
     # -- the host pool ----------------------------------------------------
@@ -71,6 +80,21 @@ class MooncakeStoreHiCache(HiCacheStorage):
         super().register_mem_pool_host(mem_pool_host)
         buf = mem_pool_host.kv_buffer
         self.client.register_buffer(buf.data_ptr(), buf.numel() * buf.element_size())
+        _, sizes = mem_pool_host.get_page_buffer_meta(torch.arange(mem_pool_host.page_size))
+        self.pieces = len(sizes)
+        self.split = self.pieces > 1 and min(sizes) >= SPLIT_AT
+
+    def _names(self, keys: List[str]) -> List[str]:
+        """The objects of these pages, in order: the page's key, or with
+        split pieces one name per piece."""
+        if not self.split:
+            return list(keys)
+        return [f"{k}:{j}" for k in keys for j in range(self.pieces)]
+
+    def _parent(self, extra_info) -> Optional[str]:
+        """The last object of the page before these (the chain's parent)."""
+        prefix = getattr(extra_info, "prefix_keys", None) or []
+        return self._names(prefix[-1:])[-1] if prefix else None
 
     def _pages(self, keys: List[str], host_indices: torch.Tensor):
         """Each page's pieces (pointers and sizes), as the pool lays them
@@ -91,7 +115,7 @@ class MooncakeStoreHiCache(HiCacheStorage):
         if not keys:
             return 0
         try:
-            return self.client.match_prefix(keys)
+            return self.client.match_prefix(self._names(keys)) // (self.pieces if self.split else 1)
         except mooncake_store.StoreError as err:
             log.warning("batch_exists: %s", err)
             return 0
@@ -100,27 +124,42 @@ class MooncakeStoreHiCache(HiCacheStorage):
         if not keys:
             return []
         ptrs, sizes = self._pages(keys, host_indices)
-        prefix = getattr(extra_info, "prefix_keys", None) or []
-        parent = prefix[-1] if prefix else None
+        parent = self._parent(extra_info)
         try:
-            codes = self.client.put_from_ptr_lists(keys, ptrs, sizes, chain=True, parent=parent)
+            if self.split:
+                codes = self.client.put_from_ptrs(
+                    self._names(keys), _flat(ptrs), _flat(sizes), chain=True, parent=parent
+                )
+            else:
+                codes = self.client.put_from_ptr_lists(
+                    keys, ptrs, sizes, chain=True, parent=parent
+                )
         except (mooncake_store.StoreError, ValueError) as err:
             log.warning("batch_set_v1: %s", err)
             return [False] * len(keys)
         # A page another writer stored is stored.
-        return [c == 0 for c in codes]
+        return self._per_page([c == 0 for c in codes])
 
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info=None) -> List[bool]:
         if not keys:
             return []
         ptrs, sizes = self._pages(keys, host_indices)
         try:
+            if self.split:
+                got = self.client.get_into_ptrs(self._names(keys), _flat(ptrs), _flat(sizes))
+                return self._per_page([n == w for n, w in zip(got, _flat(sizes))])
             got = self.client.get_into_ptr_lists(keys, ptrs, sizes)
         except (mooncake_store.StoreError, ValueError) as err:
             log.warning("batch_get_v1: %s", err)
             return [False] * len(keys)
-        want = [sum(s) for s in sizes]
-        return [n == w for n, w in zip(got, want)]
+        return [n == sum(w) for n, w in zip(got, sizes)]
+
+    def _per_page(self, ok: List[bool]) -> List[bool]:
+        """Per object to per page: a page is done when all its objects are."""
+        if not self.split:
+            return ok
+        n = self.pieces
+        return [all(ok[i : i + n]) for i in range(0, len(ok), n)]
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -160,6 +199,10 @@ class MooncakeStoreHiCache(HiCacheStorage):
             if n < 0:
                 return i
         return len(keys)
+
+
+def _flat(lists: List[List[int]]) -> List[int]:
+    return [x for xs in lists for x in xs]
 
 
 def _as_lists(locations: Any, sizes: Any):
