@@ -49,9 +49,28 @@ pub struct MetaHandle {
     pub addr: SocketAddr,
     pub leadership: Leadership,
     tasks: Vec<JoinHandle<()>>,
+    state: Arc<server::State>,
 }
 
+/// The data addresses of the live daemons, read when called.
+pub type LiveDaemons = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+
 impl MetaHandle {
+    /// The live daemons of this term, as the index knows them when asked
+    /// (the admin endpoint's `/get_all_segments`).
+    pub fn live_daemons(&self) -> LiveDaemons {
+        let state = self.state.clone();
+        Arc::new(move || {
+            state
+                .daemons
+                .infos()
+                .into_iter()
+                .filter(|d| d.alive)
+                .map(|d| d.addr)
+                .collect()
+        })
+    }
+
     /// Waits until the service stopped (after `shutdown` was cancelled or
     /// its leadership was lost).
     pub async fn join(self) {
@@ -128,6 +147,7 @@ pub fn serve(
         addr,
         leadership,
         tasks,
+        state,
     })
 }
 

@@ -1,6 +1,9 @@
 //! The admin endpoint of every serving process: `GET /metrics` (Prometheus
 //! text format; with a metrics token, only for a request that presents it)
-//! and `GET /health`. A deliberately small HTTP/1.1 responder: one request
+//! and `GET /health`; a meta service's also `GET /get_all_segments`, the
+//! live daemons' addresses one a line, which is what SGLang's Mooncake
+//! backend asks of Mooncake's master to know a store is up
+//! (`check_server`): empty until a daemon has registered. A deliberately small HTTP/1.1 responder: one request
 //! per connection, bounded in size and time, at most `MAX_CONNECTIONS` at
 //! once.
 
@@ -19,10 +22,20 @@ const MAX_CONNECTIONS: usize = 64;
 /// What `/health` says: healthy or not, and one line of detail.
 pub type Health = Arc<dyn Fn() -> (bool, String) + Send + Sync>;
 
+/// What `/get_all_segments` lists (a meta service's admin endpoint only).
+pub type Segments = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+
+/// What the endpoint answers besides `/metrics`.
+#[derive(Clone)]
+pub struct Views {
+    pub health: Health,
+    pub segments: Option<Segments>,
+}
+
 pub async fn serve(
     listener: TcpListener,
     registry: Registry,
-    health: Health,
+    views: Views,
     metrics_token: Option<Arc<str>>,
     shutdown: CancellationToken,
 ) {
@@ -42,9 +55,9 @@ pub async fn serve(
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             continue;
         };
-        let (registry, health, token) = (registry.clone(), health.clone(), metrics_token.clone());
+        let (registry, views, token) = (registry.clone(), views.clone(), metrics_token.clone());
         tokio::spawn(async move {
-            let answered = answer(stream, &registry, &health, token.as_deref());
+            let answered = answer(stream, &registry, &views, token.as_deref());
             let _ = tokio::time::timeout(REQUEST_TIMEOUT, answered).await;
             drop(permit);
         });
@@ -54,7 +67,7 @@ pub async fn serve(
 async fn answer(
     mut stream: TcpStream,
     registry: &Registry,
-    health: &Health,
+    views: &Views,
     metrics_token: Option<&str>,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
@@ -93,8 +106,13 @@ async fn answer(
             }
             respond(&mut stream, 200, encoder.format_type(), &out).await
         }
+        "/get_all_segments" if views.segments.is_some() => {
+            let segments = views.segments.as_ref().expect("just matched")();
+            let body: String = segments.iter().map(|s| format!("{s}\n")).collect();
+            respond(&mut stream, 200, "text/plain", body.as_bytes()).await
+        }
         "/health" => {
-            let (ok, detail) = health();
+            let (ok, detail) = (views.health)();
             let status = if ok { 200 } else { 503 };
             respond(
                 &mut stream,
@@ -161,14 +179,69 @@ async fn respond(
 mod tests {
     use super::*;
 
+    /// The status line of a GET.
     async fn get(addr: std::net::SocketAddr, path: &str, auth: Option<&str>) -> String {
+        let out = response(addr, path, auth).await;
+        out.lines().next().unwrap_or("").to_string()
+    }
+
+    async fn response(addr: std::net::SocketAddr, path: &str, auth: Option<&str>) -> String {
         let mut stream = TcpStream::connect(addr).await.unwrap();
         let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
         let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut out = String::new();
         stream.read_to_string(&mut out).await.unwrap();
-        out.lines().next().unwrap_or("").to_string()
+        out
+    }
+
+    fn views(segments: Option<Segments>) -> Views {
+        Views {
+            health: Arc::new(|| (true, "ok".into())),
+            segments,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_meta_service_lists_its_live_daemons_as_mooncakes_master_does() {
+        let stop = CancellationToken::new();
+        let daemons = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+        let listed = daemons.clone();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let meta = listener.local_addr().unwrap();
+        let segments: Segments = Arc::new(move || listed.lock().clone());
+        tokio::spawn(serve(
+            listener,
+            Registry::new(),
+            views(Some(segments)),
+            None,
+            stop.clone(),
+        ));
+        let body = |r: String| r.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        assert_eq!(
+            body(response(meta, "/get_all_segments", None).await),
+            "",
+            "none yet"
+        );
+        daemons
+            .lock()
+            .extend(["10.0.0.1:7071".to_string(), "10.0.0.2:7071".to_string()]);
+        assert_eq!(
+            body(response(meta, "/get_all_segments", None).await),
+            "10.0.0.1:7071\n10.0.0.2:7071\n"
+        );
+        // A daemon's endpoint has no such list.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let daemon = listener.local_addr().unwrap();
+        tokio::spawn(serve(
+            listener,
+            Registry::new(),
+            views(None),
+            None,
+            stop.clone(),
+        ));
+        assert!(get(daemon, "/get_all_segments", None).await.contains("404"));
+        stop.cancel();
     }
 
     #[tokio::test]
@@ -176,12 +249,11 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        let health: Health = Arc::new(|| (true, "ok".into()));
         let token = Some(Arc::from("s3cret"));
         tokio::spawn(serve(
             listener,
             Registry::new(),
-            health,
+            views(None),
             token,
             stop.clone(),
         ));

@@ -16,7 +16,7 @@ use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, Health};
+use crate::admin::{self, Health, Views};
 use crate::config::FileConfig;
 use crate::exit::Failure;
 
@@ -251,12 +251,13 @@ async fn bind(addr: &str, role: &str) -> Result<TcpListener, Failure> {
         .map_err(Failure::other)
 }
 
-/// Serves `/metrics` and `/health` on `addr` (none when empty); returns
-/// the bound address.
+/// Serves `/metrics`, `/health` (and a meta service's
+/// `/get_all_segments`) on `addr` (none when empty); returns the bound
+/// address.
 async fn start_admin(
     (addr, metrics_token): (&str, Option<String>),
     registry: Registry,
-    health: Health,
+    views: Views,
     stop: &CancellationToken,
 ) -> Result<Option<std::net::SocketAddr>, Failure> {
     if addr.is_empty() {
@@ -265,13 +266,7 @@ async fn start_admin(
     let listener = bind(addr, "admin endpoint").await?;
     let bound = listener.local_addr()?;
     let token = metrics_token.map(Arc::from);
-    tokio::spawn(admin::serve(
-        listener,
-        registry,
-        health,
-        token,
-        stop.clone(),
-    ));
+    tokio::spawn(admin::serve(listener, registry, views, token, stop.clone()));
     Ok(Some(bound))
 }
 
@@ -359,7 +354,11 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
         )));
     }
     let health: Health = Arc::new(|| (true, "ok: meta service and daemon serving".into()));
-    let admin = start_admin((&admin_addr.0, admin_addr.1), registry, health, &shutdown).await?;
+    let views = Views {
+        health,
+        segments: Some(meta.live_daemons()),
+    };
+    let admin = start_admin((&admin_addr.0, admin_addr.1), registry, views, &shutdown).await?;
     println!(
         "mooncake-store up: meta service on {}, daemon on {} with {} of DRAM{}. Ctrl-C stops it.",
         meta.addr,
@@ -413,8 +412,11 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         let meta = mooncake_meta::start(cfg, listener, coordinator, &registry, stop.clone())
             .await
             .map_err(|e| Failure::other(e.into()))?;
-        let health: Health = Arc::new(|| (true, "ok: leader".into()));
-        let admin = start_admin((&admin_addr.0, admin_addr.1), registry, health, &stop).await?;
+        let views = Views {
+            health: Arc::new(|| (true, "ok: leader".into())),
+            segments: Some(meta.live_daemons()),
+        };
+        let admin = start_admin((&admin_addr.0, admin_addr.1), registry, views, &stop).await?;
         println!("meta service on {}{}", meta.addr, admin_note(admin));
         stop.cancelled().await;
         let _ = tokio::time::timeout(STOP_GRACE, meta.join()).await;
@@ -444,10 +446,20 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
             (true, format!("ok: {role}"))
         })
     };
+    // The daemons of the term this replica leads; none while it stands by.
+    let term_daemons: Arc<parking_lot::Mutex<Option<mooncake_meta::LiveDaemons>>> = Arc::default();
+    let segments: admin::Segments = {
+        let term = term_daemons.clone();
+        Arc::new(move || term.lock().as_ref().map_or_else(Vec::new, |list| list()))
+    };
+    let views = Views {
+        health,
+        segments: Some(segments),
+    };
     let admin = start_admin(
         (&cfg.admin, cfg.metrics_token.clone()),
         registry,
-        health,
+        views,
         &stop,
     )
     .await?;
@@ -480,6 +492,7 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         )
         .map_err(|e| Failure::other(e.into()))?;
         leading.store(true, std::sync::atomic::Ordering::Relaxed);
+        *term_daemons.lock() = Some(meta.live_daemons());
         println!(
             "meta replica {advertise}: leading on {} (revision {})",
             meta.addr, meta.leadership.revision
@@ -491,6 +504,7 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         }
         term.cancel();
         leading.store(false, std::sync::atomic::Ordering::Relaxed);
+        *term_daemons.lock() = None;
         let _ = tokio::time::timeout(STOP_GRACE, meta.join()).await;
     }
     etcd.close().await;
@@ -544,7 +558,11 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
         .await
         .map_err(|e| Failure::other(e.into()))?;
     let health: Health = Arc::new(|| (true, "ok: daemon serving".into()));
-    let admin = start_admin((&admin_addr.0, admin_addr.1), registry, health, &stop).await?;
+    let views = Views {
+        health,
+        segments: None,
+    };
+    let admin = start_admin((&admin_addr.0, admin_addr.1), registry, views, &stop).await?;
     println!(
         "daemon on {} with {} of DRAM{}",
         daemon.addr,
