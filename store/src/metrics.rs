@@ -161,8 +161,12 @@ impl DaemonMetrics {
 }
 
 /// Pool capacity and use, read from the pool when Prometheus scrapes.
+/// It holds the tiers weakly: a registry that outlives the daemon (an
+/// admin endpoint still answering while the daemon stops) must not keep
+/// its tiers open, which a stopping daemon waits for (the NVMe index is
+/// flushed and unlocked when the last holder lets go).
 struct PoolCollector {
-    tiers: Arc<Tiers>,
+    tiers: std::sync::Weak<Tiers>,
     capacity: IntGaugeVec,
     used: IntGaugeVec,
     free: IntGaugeVec,
@@ -273,7 +277,7 @@ impl PoolCollector {
             tenant_quota,
             quota_evictions,
             unindexed,
-            tiers,
+            tiers: Arc::downgrade(&tiers),
             moves,
             io_errors,
             drives_full,
@@ -296,7 +300,12 @@ impl Collector for PoolCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let pool = &self.tiers.dram;
+        let Some(tiers) = self.tiers.upgrade() else {
+            // Stopped: nothing of the pool to report any more.
+            return Vec::new();
+        };
+        let tiers = &tiers;
+        let pool = &tiers.dram;
         let st = pool.stats();
         let t = ["dram"];
         self.capacity.with_label_values(&t).set(st.capacity as i64);
@@ -310,7 +319,7 @@ impl Collector for PoolCollector {
         bump(self.evictions.with_label_values(&t), st.evictions);
         // The pool counts gets the daemon served from any tier; NVMe counts
         // its own, so DRAM's are the difference.
-        let (nvme_hits, nvme_misses) = self.tiers.nvme_gets();
+        let (nvme_hits, nvme_misses) = tiers.nvme_gets();
         bump(
             self.gets.with_label_values(&["hit", "dram"]),
             st.hits.saturating_sub(nvme_hits),
@@ -322,10 +331,10 @@ impl Collector for PoolCollector {
         bump(self.moves.with_label_values(&["demote"]), pool.demotions());
         bump(
             self.moves.with_label_values(&["promote"]),
-            self.tiers.promotions(),
+            tiers.promotions(),
         );
         let mut corrupt = pool.corrupt_blocks();
-        if let Some(nvme) = self.tiers.nvme_totals() {
+        if let Some(nvme) = tiers.nvme_totals() {
             let n = ["nvme"];
             self.capacity
                 .with_label_values(&n)
@@ -346,7 +355,7 @@ impl Collector for PoolCollector {
             .inc_by(corrupt.saturating_sub(self.corrupt.get()));
         for (tier, usage) in [
             ("dram", pool.tenant_usage()),
-            ("nvme", self.tiers.nvme_tenant_usage()),
+            ("nvme", tiers.nvme_tenant_usage()),
         ] {
             for (tenant, used, limit) in usage {
                 self.tenant_used
@@ -372,7 +381,7 @@ impl Collector for PoolCollector {
         out.extend(self.evictions.collect());
         out.extend(self.gets.collect());
         out.extend(self.moves.collect());
-        if self.tiers.nvme_totals().is_some() {
+        if tiers.nvme_totals().is_some() {
             out.extend(self.io_errors.collect());
             out.extend(self.drives_full.collect());
         }
@@ -380,7 +389,7 @@ impl Collector for PoolCollector {
         if pool.shared_index().is_some() {
             out.extend(self.unindexed.collect());
         }
-        if !pool.tenant_usage().is_empty() || !self.tiers.nvme_tenant_usage().is_empty() {
+        if !pool.tenant_usage().is_empty() || !tiers.nvme_tenant_usage().is_empty() {
             out.extend(self.tenant_used.collect());
             out.extend(self.tenant_quota.collect());
             out.extend(self.quota_evictions.collect());

@@ -180,3 +180,48 @@ async fn a_block_promoted_from_nvme_keeps_its_parent() {
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A stopped daemon lets go of its NVMe drive even while the metrics
+/// registry it reported into lives on (an admin endpoint still answering
+/// while its process stops), so that a next daemon opens the same drive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_daemon_releases_its_drive_while_its_metrics_registry_lives_on() {
+    let dir = std::env::temp_dir().join(format!(
+        "mooncake-release-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = daemon_config(8 << 20);
+    cfg.nvme = vec![format!("{}:16MiB", dir.join("drive.bin").display())];
+    let start = |stop: tokio_util::sync::CancellationToken, registry: prometheus::Registry| {
+        let cfg = cfg.clone();
+        async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            mooncake_daemon::start(cfg, listener, None, &registry, stop).await
+        }
+    };
+    // Kept to the end of the test, as an admin endpoint keeps its own.
+    let registry = prometheus::Registry::new();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let first = start(stop.clone(), registry.clone())
+        .await
+        .expect("first daemon");
+    assert!(
+        !registry.gather().is_empty(),
+        "the daemon reports into the registry"
+    );
+    stop.cancel();
+    first.join().await;
+    let second = start(
+        tokio_util::sync::CancellationToken::new(),
+        prometheus::Registry::new(),
+    )
+    .await;
+    assert!(
+        second.is_ok(),
+        "the drive is still held: {:?}",
+        second.err().map(|e| e.to_string())
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
