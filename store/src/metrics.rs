@@ -408,7 +408,9 @@ mod tests {
     fn metrics_render_with_pool_gauges_read_at_scrape() {
         let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
         let registry = Registry::new();
-        let m = DaemonMetrics::new(&registry, Tiers::dram_only(pool)).unwrap();
+        // The daemon holds its tiers; the metrics only look at them.
+        let tiers = Tiers::dram_only(pool);
+        let m = DaemonMetrics::new(&registry, tiers.clone()).unwrap();
         m.record(Opcode::Get, ErrorCode::NotFound, 0.001);
         let acme = mooncake_proto::auth::Identity {
             name: "acme-workers".into(),
@@ -432,5 +434,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("mooncake_daemon_request_duration_seconds_bucket{op=\"get\""));
+        // Once the daemon has let go of its tiers, the pool is not reported.
+        drop(tiers);
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&registry.gather(), &mut out)
+            .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            !text.contains("mooncake_daemon_pool_capacity_bytes"),
+            "{text}"
+        );
+        assert!(text.contains("mooncake_daemon_requests_total"));
     }
 }
