@@ -34,12 +34,8 @@ BIN="$CARGO_TARGET_DIR/release/mooncake-store"
     tqdm==4.70.1 transformers==5.24.0 2>&1 | grep -v "requires\|incompatible\|resolver" || true
 "$VENV/bin/pip" install -q --disable-pip-version-check ./client/python
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-META="127.0.0.1:$(free_port)"
-"$BIN" up --meta-listen "$META" --listen "127.0.0.1:$(free_port)" --admin "" --dram 1GiB >/dev/null 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; wait 2>/dev/null || true' EXIT
-for _ in $(seq 100); do "$BIN" stat --meta "$META" >/dev/null 2>&1 && break; sleep 0.1; done
+. tools/store-for-script.sh
+start_store 1GiB
 
 for driver in client/python/engines/sglang_hicache.py; do
     echo "== $driver"

@@ -16,12 +16,8 @@ BIN="$CARGO_TARGET_DIR/release/mooncake-store"
 "$VENV/bin/pip" install -q maturin numpy
 "$VENV/bin/pip" install -q ./client/python
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-META="127.0.0.1:$(free_port)"
-"$BIN" up --meta-listen "$META" --listen "127.0.0.1:$(free_port)" --admin "" --dram 2GiB >/dev/null 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; wait 2>/dev/null || true' EXIT
-for _ in $(seq 100); do "$BIN" stat --meta "$META" >/dev/null 2>&1 && break; sleep 0.1; done
+. tools/store-for-script.sh
+start_store 2GiB
 
 for round in 1 2; do
     echo "== round $round"

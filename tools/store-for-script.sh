@@ -1,0 +1,17 @@
+# Sourced by scripts that need a store of their own (benchmarks, the
+# engines' tests): `start_store DRAM` runs `$BIN up` on free loopback ports,
+# sets META to its meta service's address once it answers, and stops it
+# when the script exits.
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+start_store() {
+    META="127.0.0.1:$(free_port)"
+    "$BIN" up --meta-listen "$META" --listen "127.0.0.1:$(free_port)" --admin "" --dram "$1" \
+        >/dev/null 2>&1 &
+    STORE_PID=$!
+    trap 'kill $STORE_PID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+    for _ in $(seq 100); do "$BIN" stat --meta "$META" >/dev/null 2>&1 && break; sleep 0.1; done
+}
