@@ -1,7 +1,16 @@
 # Sourced by scripts that need a store of their own (benchmarks, the
-# engines' tests): `start_store DRAM` runs `$BIN up` on free loopback ports,
-# sets META to its meta service's address once it answers, and stops it
-# when the script exits.
+# engines' tests): `release_and_python` builds the release binary (BIN) and
+# installs this repository's Python package into $VENV; `start_store DRAM`
+# runs `$BIN up` on free loopback ports, sets META to its meta service's
+# address once it answers, and stops it when the script exits.
+
+release_and_python() {
+    cargo build --release -q --bin mooncake-store
+    BIN="$CARGO_TARGET_DIR/release/mooncake-store"
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q maturin numpy
+    "$VENV/bin/pip" install -q ./client/python
+}
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

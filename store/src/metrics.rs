@@ -404,6 +404,14 @@ mod tests {
     use crate::pool::{DramPool, PoolConfig};
     use prometheus::Encoder;
 
+    fn render(registry: &Registry) -> String {
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&registry.gather(), &mut out)
+            .unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
     #[test]
     fn metrics_render_with_pool_gauges_read_at_scrape() {
         let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
@@ -419,11 +427,7 @@ mod tests {
         };
         m.record_tenant(&acme, Opcode::Get);
         m.record_tenant(&mooncake_proto::auth::Identity::open(), Opcode::Get);
-        let mut out = Vec::new();
-        prometheus::TextEncoder::new()
-            .encode(&registry.gather(), &mut out)
-            .unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let text = render(&registry);
         assert!(
             text.contains("mooncake_daemon_requests_total{code=\"not_found\",op=\"get\"} 1"),
             "{text}"
@@ -436,11 +440,7 @@ mod tests {
         assert!(text.contains("mooncake_daemon_request_duration_seconds_bucket{op=\"get\""));
         // Once the daemon has let go of its tiers, the pool is not reported.
         drop(tiers);
-        let mut out = Vec::new();
-        prometheus::TextEncoder::new()
-            .encode(&registry.gather(), &mut out)
-            .unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let text = render(&registry);
         assert!(
             !text.contains("mooncake_daemon_pool_capacity_bytes"),
             "{text}"

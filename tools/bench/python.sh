@@ -9,14 +9,10 @@ cd "$(dirname "$0")/../.."
 THREADS="${1:-1}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
 VENV="${MOONCAKE_VENV:-$HOME/.cache/mooncake-venv}"
-
-cargo build --release -q --bin mooncake-store
-BIN="$CARGO_TARGET_DIR/release/mooncake-store"
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/pip" install -q maturin numpy
-"$VENV/bin/pip" install -q ./client/python
-
 . tools/store-for-script.sh
+
+release_and_python
+
 start_store 2GiB
 
 for round in 1 2; do

@@ -488,20 +488,16 @@ impl Client {
             .collect();
         let items: Vec<(BlockHash, usize)> = hashes.into_iter().zip(0..).collect();
         Ok(except(items, &outside, codes::INVALID_PARAMS, |items| {
-            let total = items.iter().map(|(_, i)| pieces.len(*i)).sum();
+            let (starts, total) = pieces.staged(&items);
             let mut staging = self.staging.take(total);
-            let mut regions = Vec::with_capacity(items.len());
             py.detach(|| {
-                let mut at = 0;
-                for (_, i) in &items {
-                    let len = pieces.len(*i);
+                for ((_, i), &at) in items.iter().zip(&starts) {
                     // SAFETY: every piece lies in a registered buffer,
                     // which stays allocated while registered.
-                    unsafe { pieces.gather(*i, &mut staging[at..at + len]) };
-                    regions.push(Region::registered(staging[at..].as_ptr() as usize, len));
-                    at += len;
+                    unsafe { pieces.gather(*i, &mut staging[at..at + pieces.len(*i)]) };
                 }
             });
+            let regions = pieces.regions(&items, &starts, &mut staging);
             let hashes = items.iter().map(|(h, _)| *h).collect();
             let codes = self.put_regions(py, hashes, regions, chain);
             self.staging.give_back(staging);
@@ -538,21 +534,9 @@ impl Client {
             .collect();
         let items: Vec<(BlockHash, usize)> = hashes.into_iter().zip(0..).collect();
         Ok(except(items, &refused, codes::INVALID_PARAMS, |items| {
-            let total = items.iter().map(|(_, i)| pieces.len(*i)).sum();
+            let (starts, total) = pieces.staged(&items);
             let mut staging = self.staging.take(total);
-            let mut starts = Vec::with_capacity(items.len());
-            let mut at = 0;
-            for (_, i) in &items {
-                starts.push(at);
-                at += pieces.len(*i);
-            }
-            let regions: Vec<Region> = items
-                .iter()
-                .zip(&starts)
-                .map(|((_, i), &at)| {
-                    Region::registered(staging[at..].as_mut_ptr() as usize, pieces.len(*i))
-                })
-                .collect();
+            let regions = pieces.regions(&items, &starts, &mut staging);
             let hashes = items.iter().map(|(h, _)| *h).collect();
             let read = self.get_regions(py, hashes, regions);
             py.detach(|| {
@@ -772,6 +756,37 @@ impl Pieces {
 
     fn len(&self, i: usize) -> usize {
         self.sizes[i].iter().sum()
+    }
+
+    /// Where each of `items`' blocks starts in a staging buffer holding
+    /// them one after another, and the buffer's length.
+    fn staged<T>(&self, items: &[(T, usize)]) -> (Vec<usize>, usize) {
+        let mut at = 0;
+        let starts = items
+            .iter()
+            .map(|(_, i)| {
+                let start = at;
+                at += self.len(*i);
+                start
+            })
+            .collect();
+        (starts, at)
+    }
+
+    /// Each of `items`' blocks in `staging`, as a region to read or write.
+    fn regions<T>(
+        &self,
+        items: &[(T, usize)],
+        starts: &[usize],
+        staging: &mut [u8],
+    ) -> Vec<Region> {
+        items
+            .iter()
+            .zip(starts)
+            .map(|((_, i), &at)| {
+                Region::registered(staging[at..].as_mut_ptr() as usize, self.len(*i))
+            })
+            .collect()
     }
 
     /// Block `i`'s pieces, gathered into `out` (its length).
