@@ -26,6 +26,7 @@ fi
 # asked for RDMA serves TCP only and that opening a NIC fails in one line;
 # with MOONCAKE_EXPECT_RDMA=1 on a host with a NIC they move real blocks.
 cargo clippy --workspace --all-targets --features mooncake-cli/rdma -- -D warnings
+cargo test -q -p mooncake-net --features rdma --lib rdma::
 cargo test -q -p mooncake-client --features rdma --lib transport::
 cargo test -q -p mooncake-daemon --features rdma --lib -- rdma leases config
 

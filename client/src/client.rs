@@ -18,16 +18,17 @@ use mooncake_proto::{checksum, BlockHash, BlockKey, ErrorCode, Namespace, Opcode
 use parking_lot::RwLock;
 
 use crate::coalesce::Coalescer;
-use crate::conn::Connection;
-use crate::error::{ClientError, ErrorSource};
 use crate::locations::LocationCache;
 use crate::metrics::ClientMetrics;
-use crate::pool::ConnPool;
-use crate::pool::Dialer;
-use crate::transport::quic::{ClientTls, QuicConnector};
 use crate::transport::shm::ShmLink;
 use crate::transport::stream::StreamTransport;
 use crate::transport::{hits, stored, GetItem, PutItem, Read, Transport, TransportCounters};
+use crate::{ClientError, ErrorSource};
+use mooncake_net::quic::QuicConnector;
+use mooncake_net::ClientTls;
+use mooncake_net::ConnPool;
+use mooncake_net::Connection;
+use mooncake_net::Dialer;
 use mooncake_proto::transport::TransportKind;
 
 /// Pause between attempts to reach the same-host daemon's socket.
@@ -228,10 +229,10 @@ pub struct Client {
     leader_revision: AtomicU64,
     /// This host's RDMA NIC, opened on first use (or why there is none).
     #[cfg(feature = "rdma")]
-    nic: std::sync::OnceLock<Result<Arc<crate::transport::rdma::Nic>, String>>,
+    nic: std::sync::OnceLock<Result<Arc<mooncake_net::rdma::Nic>, String>>,
     /// Memory registered with the NIC by the caller.
     #[cfg(feature = "rdma")]
-    registered: Arc<crate::transport::rdma::Registered>,
+    registered: Arc<mooncake_net::rdma::Registered>,
     /// The same-host link, once made (and when it was last tried).
     shm: parking_lot::Mutex<(Option<Arc<ShmLink>>, Option<std::time::Instant>)>,
     /// Blocks read through the daemon's shared index (no lease), over
@@ -1260,8 +1261,8 @@ impl Client {
 
     /// This host's RDMA NIC, opened on first use.
     #[cfg(feature = "rdma")]
-    fn nic(&self) -> Result<Arc<crate::transport::rdma::Nic>, String> {
-        use crate::transport::rdma::{Nic, NicChoice};
+    fn nic(&self) -> Result<Arc<mooncake_net::rdma::Nic>, String> {
+        use mooncake_net::rdma::{Nic, NicChoice};
         self.nic
             .get_or_init(|| {
                 Nic::open(&NicChoice {

@@ -20,7 +20,7 @@ use mooncake_proto::Namespace;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use crate::error::{ClientError, ErrorSource};
+use crate::{ClientError, ErrorSource};
 
 /// Queues calls of one kind: items `I` in, one answer `R` per item and a
 /// part `S` shared by the whole request (the daemons it names) out.

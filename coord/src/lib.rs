@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use embedded::EmbeddedCoordinator;
 pub use etcd::{EtcdConfig, EtcdCoordinator};
-pub use resolver::LeaderResolver;
+pub use resolver::leader_address;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CoordinatorError {

@@ -3,17 +3,19 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use mooncake_client::MetaResolver;
 
 use crate::Coordinator;
 
-/// Resolves the meta service's address to the current leader's.
-pub struct LeaderResolver(pub Arc<dyn Coordinator>);
-
-impl MetaResolver for LeaderResolver {
-    fn resolve(&self) -> BoxFuture<'_, Result<String, String>> {
+/// A function that resolves the meta service's address to the current
+/// leader's: what a client is given to follow leader changes (the
+/// client's `MetaResolver` is any such function).
+pub fn leader_address(
+    coordinator: Arc<dyn Coordinator>,
+) -> impl Fn() -> BoxFuture<'static, Result<String, String>> + Send + Sync + 'static {
+    move || {
+        let coordinator = coordinator.clone();
         Box::pin(async move {
-            match self.0.leader().await {
+            match coordinator.leader().await {
                 Ok(Some(leader)) => Ok(leader.addr),
                 Ok(None) => Err("no meta leader is elected".into()),
                 Err(err) => Err(err.to_string()),

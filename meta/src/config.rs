@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use mooncake_proto::units::HumanDuration;
+use mooncake_server::{Deadlines, Limits, TlsFiles};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -109,33 +110,38 @@ impl Default for MetaConfig {
 }
 
 impl MetaConfig {
-    /// The QUIC listener's TLS settings, checked to be complete.
-    pub fn server_tls(&self) -> Result<mooncake_client::ServerTls, String> {
-        match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Ok(mooncake_client::ServerTls {
-                cert: cert.clone(),
-                key: key.clone(),
-                client_ca: self.tls_client_ca.clone(),
-            }),
-            _ => Err(
-                "quic needs tls_cert and tls_key (mooncake-store certs makes a development set)"
-                    .into(),
-            ),
+    /// The certificate files, as both servers name them.
+    pub fn tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            client_ca: self.tls_client_ca.clone(),
+            peer_ca: self.peer_ca.clone(),
         }
     }
 
     /// How this replica reaches daemons over QUIC (`peer_ca`), if it does.
-    pub fn peer_tls(&self) -> Option<mooncake_client::ClientTls> {
-        let ca = self.peer_ca.clone()?;
-        Some(mooncake_client::ClientTls {
-            ca,
-            identity: self.tls_cert.clone().zip(self.tls_key.clone()),
-        })
+    pub fn peer_tls(&self) -> Option<mooncake_net::ClientTls> {
+        self.tls_files().peer_tls()
+    }
+
+    /// The limits on connections, as both servers apply them.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_connections: self.max_connections,
+            max_connections_per_client: self.max_connections_per_client,
+            max_unauthenticated: self.max_unauthenticated_connections,
+            request_timeout: self.request_timeout.0,
+            deadlines: Deadlines {
+                auth: self.auth_timeout.0,
+                idle: self.idle_timeout.0,
+            },
+        }
     }
 
     pub fn validate(&self) -> Result<(), String> {
         if self.quic {
-            self.server_tls()?;
+            self.tls_files().server_tls("quic")?;
         }
         if self.daemon_ttl.0 < Duration::from_millis(100) {
             return Err(format!("daemon_ttl = {} is below 100ms", self.daemon_ttl));

@@ -3,9 +3,10 @@
 //! and daemon membership. Block data never passes through it.
 //!
 //! Its index is soft state, rebuilt from daemons; leadership comes from a
-//! [`Coordinator`] (embedded in-process here, etcd for a cluster). Depends
-//! on `mooncake-proto` and the client SDK's connection (to reach daemons);
-//! never on the daemon's crate.
+//! [`Coordinator`] (embedded in-process here, etcd for a cluster). Built
+//! on `mooncake-server` (the skeleton both servers share) and
+//! `mooncake-net` (its calls to daemons); never on the client SDK nor on
+//! the daemon's crate.
 
 mod clients;
 pub mod config;
@@ -19,6 +20,7 @@ mod table;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use mooncake_server::Server;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -50,7 +52,12 @@ pub struct MetaHandle {
     pub leadership: Leadership,
     tasks: Vec<JoinHandle<()>>,
     state: Arc<server::State>,
+    server: Arc<Server<server::MetaService>>,
 }
+
+/// How long a stopping meta service waits for its connections to finish
+/// the request each is serving.
+const DRAIN_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The data addresses of the live daemons, read when called.
 pub type LiveDaemons = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
@@ -72,11 +79,13 @@ impl MetaHandle {
     }
 
     /// Waits until the service stopped (after `shutdown` was cancelled or
-    /// its leadership was lost).
+    /// its leadership was lost): it stopped accepting, and each connection
+    /// finished the request it was serving (bounded).
     pub async fn join(self) {
         for task in self.tasks {
             let _ = task.await;
         }
+        self.server.drained(DRAIN_WITHIN).await;
     }
 }
 
@@ -120,7 +129,16 @@ pub fn serve(
         stop.clone(),
     )?);
     metrics.set_term(&state);
-    let server = server::Server::new(state.clone(), &config, metrics);
+    let server = Server::new(
+        "meta service",
+        Arc::new(server::MetaService {
+            state: state.clone(),
+            metrics: metrics.clone(),
+        }),
+        config.limits(),
+        state.tokens.clone(),
+        metrics.server.clone(),
+    );
     let mut tasks = vec![
         tokio::spawn(async move {
             tokio::select! {
@@ -132,39 +150,25 @@ pub fn serve(
             }
         }),
         tokio::spawn(server::reaper(state.clone(), stop.clone())),
-        tokio::spawn(server::run(listener, server.clone(), stop.clone())),
+        tokio::spawn(server.clone().run_tcp(listener, stop.clone())),
     ];
     if config.quic {
         // UDP at the TCP address: clients set up for QUIC dial the meta
         // address they already have.
-        let tls = config.server_tls().map_err(MetaError::Config)?;
-        let endpoint = mooncake_client::transport::quic::bind(&addr.to_string(), &tls)
+        let tls = config
+            .tls_files()
+            .server_tls("quic")
             .map_err(MetaError::Config)?;
+        let endpoint =
+            mooncake_net::quic::bind(&addr.to_string(), &tls).map_err(MetaError::Config)?;
         tracing::info!(%addr, mutual_tls = tls.client_ca.is_some(), "meta service serving QUIC too");
-        tasks.push(tokio::spawn(quic(endpoint, server, stop)));
+        tasks.push(tokio::spawn(server.clone().run_quic(endpoint, stop)));
     }
     Ok(MetaHandle {
         addr,
         leadership,
         tasks,
         state,
+        server,
     })
-}
-
-/// Serves QUIC streams like TCP connections, under the same limits.
-async fn quic(endpoint: quinn::Endpoint, server: Arc<server::Server>, stop: CancellationToken) {
-    use mooncake_client::transport::quic::{accept_streams, IncomingStream};
-    let shutdown = stop.clone();
-    accept_streams(endpoint, shutdown, move |s: IncomingStream| {
-        let Some(admitted) = server.admit(s.peer) else {
-            return;
-        };
-        let (server, stop) = (server.clone(), stop.clone());
-        tokio::spawn(async move {
-            server
-                .serve_stream((s.recv, s.send), s.peer, s.certified, admitted, &stop)
-                .await;
-        });
-    })
-    .await;
 }

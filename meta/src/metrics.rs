@@ -7,17 +7,17 @@ use std::sync::{Arc, Weak};
 
 use mooncake_proto::message::ErrorCount;
 use mooncake_proto::{ErrorCode, Opcode};
+use mooncake_server::metrics::op_label;
+use mooncake_server::{MetricsSpec, ServerMetrics};
 use parking_lot::RwLock;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{
-    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, Opts, Registry,
-};
+use prometheus::{exponential_buckets, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::server::State;
 
-const OPS: [Opcode; 15] = [
+/// Every opcode the meta service answers.
+const OPS: &[Opcode] = &[
     Opcode::Ping,
     Opcode::PutStart,
     Opcode::PutCommit,
@@ -36,7 +36,7 @@ const OPS: [Opcode; 15] = [
 ];
 const CODES: usize = ErrorCode::COUNT;
 /// Operations timed in a histogram.
-const TIMED: [Opcode; 4] = [
+const TIMED: &[Opcode] = &[
     Opcode::PutStart,
     Opcode::PutCommit,
     Opcode::Lookup,
@@ -44,47 +44,26 @@ const TIMED: [Opcode; 4] = [
 ];
 
 pub struct MetaMetrics {
-    requests: Vec<IntCounter>,
-    latency: Vec<Histogram>,
+    /// Requests and connections, as every server counts them.
+    pub server: Arc<ServerMetrics>,
     pub lookup_hits: IntCounter,
     pub lookup_misses: IntCounter,
     pub match_hits: IntCounter,
     pub match_misses: IntCounter,
     pub elections_won: IntCounter,
     term: Arc<RwLock<Option<Weak<State>>>>,
-    tenant_requests: IntCounterVec,
-    /// `OPS`' label values, made once (not per request).
-    op_labels: Vec<String>,
-}
-
-fn op_label(op: Opcode) -> String {
-    // "MatchPrefix" -> "match_prefix"
-    let mut out = String::new();
-    for (i, c) in op.name().chars().enumerate() {
-        if c.is_uppercase() && i > 0 {
-            out.push('_');
-        }
-        out.push(c.to_ascii_lowercase());
-    }
-    out
 }
 
 impl MetaMetrics {
     pub fn new(registry: &Registry) -> prometheus::Result<Arc<Self>> {
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "mooncake_meta_requests_total",
-                "Requests answered, by operation and status code.",
-            ),
-            &["op", "code"],
-        )?;
-        let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "mooncake_meta_request_duration_seconds",
-                "Time to answer a request.",
-            )
-            .buckets(exponential_buckets(0.000_01, 2.0, 20)?),
-            &["op"],
+        let server = ServerMetrics::new(
+            registry,
+            MetricsSpec {
+                prefix: "mooncake_meta",
+                ops: OPS,
+                timed: TIMED,
+                buckets: exponential_buckets(0.000_01, 2.0, 20)?,
+            },
         )?;
         let keys = IntCounterVec::new(
             Opts::new(
@@ -98,84 +77,38 @@ impl MetaMetrics {
             "Times this replica became the leader.",
         )?;
         let term = Arc::new(RwLock::new(None));
-        registry.register(Box::new(requests.clone()))?;
-        registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(keys.clone()))?;
         registry.register(Box::new(elections.clone()))?;
         registry.register(Box::new(TermCollector::new(term.clone())?))?;
-        let tenant_requests = IntCounterVec::new(
-            Opts::new(
-                "mooncake_meta_tenant_requests_total",
-                "Requests answered for authenticated tenants, by tenant and operation.",
-            ),
-            &["tenant", "op"],
-        )?;
-        registry.register(Box::new(tenant_requests.clone()))?;
-        let handles = OPS
-            .iter()
-            .flat_map(|op| {
-                let requests = &requests;
-                (0..CODES).map(move |c| {
-                    let code = ErrorCode::from_u16(c as u16).map_or("unknown", ErrorCode::name);
-                    requests.with_label_values(&[&op_label(*op), code])
-                })
-            })
-            .collect();
         Ok(Arc::new(MetaMetrics {
-            requests: handles,
-            latency: TIMED
-                .iter()
-                .map(|op| latency.with_label_values(&[&op_label(*op)]))
-                .collect(),
+            server: Arc::new(server),
             lookup_hits: keys.with_label_values(&["lookup", "hit"]),
             lookup_misses: keys.with_label_values(&["lookup", "miss"]),
             match_hits: keys.with_label_values(&["match_prefix", "hit"]),
             match_misses: keys.with_label_values(&["match_prefix", "miss"]),
             elections_won: elections,
             term,
-            tenant_requests,
-            op_labels: OPS.iter().map(|op| op_label(*op)).collect(),
         }))
-    }
-
-    /// Counts one request of a tenant's client (none without a tenant).
-    pub fn record_tenant(&self, who: &mooncake_proto::auth::Identity, op: Opcode) {
-        let (Some(tenant), Some(i)) = (&who.tenant, OPS.iter().position(|o| *o == op)) else {
-            return;
-        };
-        self.tenant_requests
-            .with_label_values(&[&**tenant, &self.op_labels[i]])
-            .inc();
-    }
-
-    pub fn record(&self, op: Opcode, code: ErrorCode, seconds: f64) {
-        if let Some(i) = OPS.iter().position(|o| *o == op) {
-            self.requests[i * CODES + (code as usize).min(CODES - 1)].inc();
-        }
-        if let Some(i) = TIMED.iter().position(|o| *o == op) {
-            self.latency[i].observe(seconds);
-        }
     }
 
     /// The most frequent error answers (not misses, which are normal).
     pub fn top_errors(&self, n: usize) -> Vec<ErrorCount> {
         let mut errors: Vec<ErrorCount> = OPS
             .iter()
-            .enumerate()
-            .flat_map(|(i, op)| (0..CODES).map(move |c| (i, *op, c)))
-            .filter(|(_, _, c)| {
+            .flat_map(|op| {
+                (0..CODES).filter_map(move |c| Some((*op, ErrorCode::from_u16(c as u16)?)))
+            })
+            .filter(|(_, code)| {
                 !matches!(
-                    ErrorCode::from_u16(*c as u16),
-                    Some(ErrorCode::Ok | ErrorCode::NotFound | ErrorCode::AlreadyExists)
+                    code,
+                    ErrorCode::Ok | ErrorCode::NotFound | ErrorCode::AlreadyExists
                 )
             })
-            .filter_map(|(i, op, c)| {
-                let count = self.requests[i * CODES + c].get();
+            .filter_map(|(op, code)| {
+                let count = self.server.answered(op, code);
                 (count > 0).then(|| ErrorCount {
                     op: op_label(op),
-                    code: ErrorCode::from_u16(c as u16)
-                        .map_or("unknown", ErrorCode::name)
-                        .to_string(),
+                    code: code.name().to_string(),
                     count,
                 })
             })

@@ -2,26 +2,23 @@
 //! that fall silent leave the index, and abandoned puts are reclaimed.
 
 use std::collections::HashMap;
-use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mooncake_client::{ConnPool, Dialer, ErrorSource};
-use mooncake_proto::auth::{AuthRequest, Gate, Identity, TokenTable};
+use mooncake_net::{ConnPool, Dialer, ErrorSource};
+use mooncake_proto::auth::{Identity, TokenTable};
 use mooncake_proto::frame::MAX_BATCH;
-use mooncake_proto::limits::{Deadlines, PerClient, Unproven, UnprovenSlot};
 use mooncake_proto::message::{
     Body, ClusterStats, Empty, EventsRequest, HeartbeatRequest, InventoryRequest, KeyRequest,
     KeysRequest, ListRequest, ListResponse, Locations, PinRequest, PutCommitRequest,
     PutStartRequest, PutStartResponse, RegisterRequest, RegisterResponse, Slot, Statuses,
 };
 use mooncake_proto::transport::TransportKind;
-use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, ProtoError, HEADER_LEN};
+use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, ProtoError};
+use mooncake_server::{reply, ConnError, Service};
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use mooncake_coord::{Coordinator, MemberKind};
@@ -33,7 +30,6 @@ use crate::index::{Index, ListFilter, Reservation};
 use crate::metrics::MetaMetrics;
 use crate::removals::OwedRemovals;
 
-const IO_BUFFER: usize = 64 << 10;
 /// Deadline of a call from the meta service to a daemon.
 const DAEMON_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 const REAPER_PERIOD: Duration = Duration::from_millis(200);
@@ -54,11 +50,11 @@ pub struct State {
     /// Cancelled when the term ends.
     stop: CancellationToken,
     /// Tokens accepted from clients and daemons; `None`: no authentication.
-    tokens: Option<Arc<TokenTable>>,
+    pub(crate) tokens: Option<Arc<TokenTable>>,
     /// Presented to daemons that require authentication.
     token: Option<Arc<str>>,
     /// Calls to daemons go over QUIC, with these settings (`peer_ca`).
-    peer_quic: Option<Arc<mooncake_client::transport::quic::QuicConnector>>,
+    peer_quic: Option<Arc<mooncake_net::quic::QuicConnector>>,
 }
 
 impl State {
@@ -86,7 +82,7 @@ impl State {
             token: cfg.token.as_deref().map(Arc::from),
             peer_quic: match cfg.peer_tls() {
                 Some(tls) => Some(Arc::new(
-                    mooncake_client::transport::quic::QuicConnector::new(&tls)
+                    mooncake_net::quic::QuicConnector::new(&tls)
                         .map_err(|e| crate::MetaError::Config(format!("peer_ca: {e}")))?,
                 )),
                 None => None,
@@ -236,279 +232,53 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
     }
 }
 
-/// What every connection shares, TCP or QUIC: the state, the limits (one
-/// budget for both), the metrics.
-pub struct Server {
-    state: Arc<State>,
-    metrics: Arc<MetaMetrics>,
-    permits: Arc<Semaphore>,
-    per_client: Arc<PerClient>,
-    unproven: Arc<Unproven>,
-    request_timeout: Duration,
-    deadlines: Deadlines,
+/// The meta service's answers to control requests, whichever transport
+/// they came on; the server skeleton (`mooncake-server`) admits
+/// connections, authenticates them and applies the deadlines.
+pub struct MetaService {
+    pub state: Arc<State>,
+    pub metrics: Arc<MetaMetrics>,
 }
 
-/// A connection admitted under the limits; dropping it frees its place.
-pub struct Admitted {
-    _permit: tokio::sync::OwnedSemaphorePermit,
-    _slot: mooncake_proto::limits::ClientSlot,
-    /// Held until the connection presents a valid token (auth on).
-    unproven: Option<UnprovenSlot>,
-    /// Cancelled if the connection is still without a token when a newer
-    /// one needs its place.
-    evicted: CancellationToken,
-}
+impl Service for MetaService {
+    /// The client a connection's reservations are counted against.
+    type Session = Client;
 
-impl Server {
-    pub fn new(state: Arc<State>, cfg: &MetaConfig, metrics: Arc<MetaMetrics>) -> Arc<Server> {
-        Arc::new(Server {
-            state,
-            metrics,
-            permits: Arc::new(Semaphore::new(cfg.max_connections)),
-            per_client: PerClient::new(cfg.max_connections_per_client),
-            unproven: Unproven::new(cfg.max_unauthenticated_connections),
-            request_timeout: cfg.request_timeout.0,
-            deadlines: Deadlines {
-                auth: cfg.auth_timeout.0,
-                idle: cfg.idle_timeout.0,
-            },
-        })
+    fn session(&self, peer: std::net::SocketAddr) -> Client {
+        Client::of(peer.ip())
     }
 
-    /// A place for one more connection from `peer`, or `None` (logged).
-    pub fn admit(&self, peer: std::net::SocketAddr) -> Option<Admitted> {
-        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "connection refused: max_connections reached");
-            return None;
-        };
-        let Some(slot) = self.per_client.admit(peer.ip()) else {
-            tracing::warn!(%peer, "connection refused: max_connections_per_client reached");
-            return None;
-        };
-        // With auth on, a place among peers without a token yet (the
-        // oldest of them is closed if none is free).
-        let evicted = CancellationToken::new();
-        let unproven = self.state.tokens.as_ref().map(|_| {
-            let evicted = evicted.clone();
-            self.unproven.admit(move || evicted.cancel())
-        });
-        Some(Admitted {
-            _permit: permit,
-            _slot: slot,
-            unproven,
-            evicted,
-        })
+    fn serves(&self, op: Opcode) -> bool {
+        !is_data_plane(op)
     }
 
-    /// Serves one admitted connection until it closes; `certified` as in
-    /// `Gate::bound_to`.
-    pub async fn serve_stream<R, W>(
+    async fn handle<R, W>(
         &self,
-        (rd, wr): (R, W),
-        peer: std::net::SocketAddr,
-        certified: Option<String>,
-        mut admitted: Admitted,
-        stop: &CancellationToken,
-    ) where
-        R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin,
+        client: &mut Client,
+        header: Header,
+        rd: &mut R,
+        wr: &mut W,
+        who: &Identity,
+    ) -> Result<ErrorCode, ConnError>
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send,
     {
-        let gate = Gate::bound_to(self.state.tokens.clone(), certified);
-        let served = serve(
-            (rd, wr),
-            (gate, Client::of(peer.ip())),
-            (&mut admitted.unproven, &admitted.evicted),
+        let mut body = vec![0u8; header.body_len as usize];
+        rd.read_exact(&mut body).await?;
+        let answer = dispatch(
             &self.state,
             &self.metrics,
-            (self.request_timeout, self.deadlines),
-            stop,
+            header.opcode,
+            &body,
+            (who, *client),
         )
         .await;
-        if let Err(err) = served {
-            tracing::debug!(%peer, %err, "connection closed");
+        match answer {
+            Ok(body) => reply(wr, header, ErrorCode::Ok, &body).await,
+            Err(Failure::Code(code)) => reply(wr, header, code, &[]).await,
+            Err(Failure::Protocol(err)) => Err(err.into()),
         }
-        drop(admitted);
-    }
-}
-
-/// Accepts TCP connections until `stop`.
-pub async fn run(listener: TcpListener, server: Arc<Server>, stop: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(err) => {
-                    tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = stop.cancelled() => break,
-        };
-        let Some(admitted) = server.admit(peer) else {
-            continue;
-        };
-        let (server, stop) = (server.clone(), stop.clone());
-        tokio::spawn(async move {
-            if let Err(err) = stream.set_nodelay(true) {
-                tracing::debug!(%peer, %err, "connection closed");
-                return;
-            }
-            let halves = stream.into_split();
-            server
-                .serve_stream(halves, peer, None, admitted, &stop)
-                .await;
-        });
-    }
-    tracing::info!("meta service stopped accepting");
-}
-
-#[derive(Debug, thiserror::Error)]
-enum ConnError {
-    #[error("protocol violation: {0}")]
-    Protocol(#[from] ProtoError),
-    #[error("i/o: {0}")]
-    Io(#[from] io::Error),
-    #[error("request not finished within {0:?}")]
-    Timeout(Duration),
-    #[error("no valid token within {0:?}")]
-    NoToken(Duration),
-    #[error("idle for {0:?}")]
-    Idle(Duration),
-}
-
-async fn serve<R, W>(
-    (rd, wr): (R, W),
-    (mut gate, client): (Gate, Client),
-    (unproven, evicted): (&mut Option<UnprovenSlot>, &CancellationToken),
-    state: &Arc<State>,
-    metrics: &MetaMetrics,
-    (request_timeout, deadlines): (Duration, Deadlines),
-    stop: &CancellationToken,
-) -> Result<(), ConnError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
-    let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
-    // A peer without a token is kept this long in all, its `Auth` included.
-    let auth_deadline = tokio::time::Instant::now() + deadlines.auth;
-    loop {
-        if rd.buffer().len() < HEADER_LEN {
-            wr.flush().await?;
-        }
-        let (until, expired) = if gate.is_proven() {
-            (
-                tokio::time::Instant::now() + deadlines.idle,
-                ConnError::Idle(deadlines.idle),
-            )
-        } else {
-            (auth_deadline, ConnError::NoToken(deadlines.auth))
-        };
-        let mut raw = [0u8; HEADER_LEN];
-        tokio::select! {
-            read = tokio::time::timeout_at(until, rd.read_exact(&mut raw)) => match read {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                Ok(Err(e)) => return Err(e.into()),
-                Err(_) => return Err(expired),
-            },
-            _ = evicted.cancelled(), if !gate.is_proven() => return Err(ConnError::NoToken(deadlines.auth)),
-            _ = stop.cancelled() => return Ok(()),
-        }
-        let parsed = match Header::parse(&raw) {
-            Ok(Some(h)) if !h.response && !is_data_plane(h.opcode) => Ok(h),
-            Ok(Some(h)) if h.response => Err(ProtoError::Invalid {
-                field: "flags",
-                why: "a response sent to a server".into(),
-            }),
-            Ok(Some(h)) => Err(ProtoError::UnknownOpcode(h.opcode as u8)),
-            Ok(None) => unreachable!("a whole header was read"),
-            Err(err) => Err(err),
-        };
-        let header = match parsed {
-            Ok(h) => h,
-            Err(err) => {
-                wr.write_all(&Header::error_reply(&raw, err.code() as u16))
-                    .await?;
-                wr.flush().await?;
-                return Err(err.into());
-            }
-        };
-        let who = match gate.admit(header.opcode) {
-            _ if header.opcode == Opcode::Auth => None,
-            Ok(who) => Some(who.clone()),
-            Err(code) => {
-                // No token yet, or not the role: answer and close.
-                wr.write_all(&Header::error_reply(&raw, code as u16))
-                    .await?;
-                wr.flush().await?;
-                metrics.record(header.opcode, code, 0.0);
-                return Ok(());
-            }
-        };
-        let proven = gate.is_proven();
-        let until = if proven {
-            tokio::time::Instant::now() + request_timeout
-        } else {
-            auth_deadline
-        };
-        let answer = async {
-            let mut body = vec![0u8; header.body_len as usize];
-            rd.read_exact(&mut body).await?;
-            Ok::<_, ConnError>(match &who {
-                Some(who) => dispatch(state, metrics, header.opcode, &body, (who, client)).await,
-                None => authenticate(&mut gate, &body),
-            })
-        };
-        let started = Instant::now();
-        let answered = tokio::select! {
-            answered = tokio::time::timeout_at(until, answer) => answered,
-            _ = evicted.cancelled(), if !proven => return Err(ConnError::NoToken(deadlines.auth)),
-        };
-        let (code, reply) = match answered {
-            Ok(Ok(Ok(reply))) => (ErrorCode::Ok, reply),
-            Ok(Ok(Err(Failure::Code(code)))) => (code, Vec::new()),
-            Ok(Ok(Err(Failure::Protocol(err)))) => {
-                wr.write_all(&Header::error_reply(&raw, err.code() as u16))
-                    .await?;
-                wr.flush().await?;
-                return Err(err.into());
-            }
-            Ok(Err(err)) => return Err(err),
-            Err(_) if !proven => return Err(ConnError::NoToken(deadlines.auth)),
-            Err(_) => return Err(ConnError::Timeout(request_timeout)),
-        };
-        if header.opcode == Opcode::Auth && code == ErrorCode::Ok {
-            // Proven: its place among peers without a token is free again.
-            *unproven = None;
-        }
-        metrics.record(header.opcode, code, started.elapsed().as_secs_f64());
-        if let Some(who) = &who {
-            metrics.record_tenant(who, header.opcode);
-        }
-        let h = Header::response(
-            header.opcode,
-            header.request_id,
-            code as u16,
-            reply.len() as u32,
-        );
-        wr.write_all(&h.encode()).await?;
-        wr.write_all(&reply).await?;
-        if header.opcode == Opcode::Auth && code != ErrorCode::Ok {
-            // A wrong token: no second try on this connection.
-            wr.flush().await?;
-            return Ok(());
-        }
-    }
-}
-
-fn authenticate(gate: &mut Gate, body: &[u8]) -> Result<Vec<u8>, Failure> {
-    let req = AuthRequest::from_bytes(body)?;
-    match gate.present(&req.token) {
-        ErrorCode::Ok => Ok(Vec::new()),
-        code => Err(Failure::Code(code)),
     }
 }
 

@@ -12,7 +12,6 @@ pub mod codec;
 pub mod error;
 pub mod frame;
 pub mod key;
-pub mod limits;
 pub mod message;
 pub mod shm_index;
 pub mod transport;

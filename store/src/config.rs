@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-use mooncake_proto::limits::Deadlines;
 use mooncake_proto::units::{ByteSize, HumanDuration};
+use mooncake_server::{Deadlines, Limits, TlsFiles};
 use serde::{Deserialize, Serialize};
 
 use crate::pool::PoolConfig;
-use crate::server::ServerConfig;
+use crate::server::DataConfig;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -190,20 +190,16 @@ impl Default for DaemonConfig {
 }
 
 impl DaemonConfig {
-    /// Checks values that parse but make no sense together.
     /// How this daemon reaches the meta service over QUIC (`peer_ca`),
     /// if it does.
-    pub fn peer_tls(&self) -> Option<mooncake_client::ClientTls> {
-        let ca = self.peer_ca.clone()?;
-        Some(mooncake_client::ClientTls {
-            ca,
-            identity: self.tls_cert.clone().zip(self.tls_key.clone()),
-        })
+    pub fn peer_tls(&self) -> Option<mooncake_net::ClientTls> {
+        self.tls_files().peer_tls()
     }
 
+    /// Checks values that parse but make no sense together.
     pub fn validate(&self) -> Result<(), String> {
         if self.quic_listen.is_some() {
-            self.server_tls()?;
+            self.tls_files().server_tls("quic_listen")?;
         }
         if self.dram.0 < 1 << 20 {
             return Err(format!("dram = {} is below the minimum of 1MiB", self.dram));
@@ -315,30 +311,34 @@ impl DaemonConfig {
         }
     }
 
-    /// The QUIC listener's TLS settings, checked to be complete.
-    pub(crate) fn server_tls(&self) -> Result<mooncake_client::ServerTls, String> {
-        match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Ok(mooncake_client::ServerTls {
-                cert: cert.clone(),
-                key: key.clone(),
-                client_ca: self.tls_client_ca.clone(),
-            }),
-            _ => Err("quic_listen needs tls_cert and tls_key (mooncake-store certs makes a development set)".into()),
+    /// The certificate files, as both servers name them.
+    pub fn tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            client_ca: self.tls_client_ca.clone(),
+            peer_ca: self.peer_ca.clone(),
         }
     }
 
-    pub(crate) fn server(&self) -> ServerConfig {
-        ServerConfig {
+    /// The limits on connections, as both servers apply them.
+    pub fn limits(&self) -> Limits {
+        Limits {
             max_connections: self.max_connections,
-            request_timeout: self.request_timeout.0,
-            verify_on_read: self.verify_on_read,
-            tokens: None,
             max_connections_per_client: self.max_connections_per_client,
+            max_unauthenticated: self.max_unauthenticated_connections,
+            request_timeout: self.request_timeout.0,
             deadlines: Deadlines {
                 auth: self.auth_timeout.0,
                 idle: self.idle_timeout.0,
             },
-            max_unauthenticated: self.max_unauthenticated_connections,
+        }
+    }
+
+    pub(crate) fn data(&self) -> DataConfig {
+        DataConfig {
+            verify_on_read: self.verify_on_read,
+            request_timeout: self.request_timeout.0,
             put_stall_timeout: self.put_stall_timeout.0,
         }
     }

@@ -4,8 +4,9 @@
 //! checksum, serves block reads and writes over TCP, and reports to the meta
 //! service what it drops on its own.
 //!
-//! Depends on `mooncake-proto` and the client SDK's connection (to reach
-//! the meta service); never on the meta service's crate.
+//! Built on `mooncake-server` (the skeleton both servers share) and
+//! `mooncake-net` (its link to the meta service); never on the client SDK
+//! nor on the meta service's crate.
 
 pub mod config;
 mod headroom;
@@ -15,7 +16,6 @@ mod meta_link;
 pub mod metrics;
 pub mod nvme;
 pub mod pool;
-mod quic;
 pub mod quota;
 #[cfg(feature = "rdma")]
 mod rdma;
@@ -29,9 +29,11 @@ use std::sync::Arc;
 
 use mooncake_coord::{Coordinator, MemberKind};
 use mooncake_proto::transport::{Endpoint, TransportKind};
+use mooncake_server::Server;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use config::DaemonConfig;
 pub use pool::{DramPool, PoolError};
@@ -56,33 +58,37 @@ pub enum DaemonError {
     },
 }
 
+/// How long a stopping daemon waits for its connections, sessions and
+/// NVMe writes to finish.
+const DRAIN_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A running daemon.
 pub struct DaemonHandle {
     pub addr: SocketAddr,
     /// Transports served besides TCP at `addr` (QUIC, when configured).
     pub endpoints: Vec<Endpoint>,
     pub pool: Arc<DramPool>,
-    tasks: Vec<JoinHandle<()>>,
-    tiers: std::sync::Weak<tiers::Tiers>,
-    /// The NVMe drives: a drive's index is closed (and its lock released
-    /// for a next daemon) only when the last holder lets go.
-    drives: Vec<std::sync::Weak<nvme::NvmeTier>>,
+    /// Accept loops (TCP, QUIC, RDMA, shared memory).
+    listeners: Vec<JoinHandle<()>>,
+    /// The link to the meta service, which leaves it on the stop.
+    link: Option<JoinHandle<()>>,
+    server: Arc<Server<server::DataService>>,
+    /// Sessions of the RDMA and shared-memory paths, and the NVMe demoter.
+    background: TaskTracker,
+    tiers: Arc<tiers::Tiers>,
     /// The id the meta service gave this daemon; 0 while not registered.
     registered: tokio::sync::watch::Receiver<u32>,
 }
 
 impl DaemonHandle {
-    /// The NVMe drives summed, while the daemon runs; `None` without an
-    /// NVMe tier.
+    /// The NVMe drives summed; `None` without an NVMe tier.
     pub fn nvme_totals(&self) -> Option<tiers::NvmeTotals> {
-        self.tiers.upgrade()?.nvme_totals()
+        self.tiers.nvme_totals()
     }
 
     /// Blocks on each NVMe drive, in configuration order.
     pub fn nvme_blocks_per_drive(&self) -> Vec<usize> {
-        self.tiers
-            .upgrade()
-            .map_or_else(Vec::new, |t| t.nvme.iter().map(|d| d.blocks()).collect())
+        self.tiers.nvme.iter().map(|d| d.blocks()).collect()
     }
 
     /// Waits, at most `within`, until the daemon is registered with the
@@ -94,20 +100,35 @@ impl DaemonHandle {
         matches!(waited, Ok(Ok(_)))
     }
 
-    /// Waits until every task of the daemon has stopped (after `shutdown`
-    /// was cancelled) and its tiers are closed: the last connection and the
-    /// NVMe writer let go, so the NVMe index is flushed and unlocked.
+    /// Stops the daemon in order, once its `shutdown` was cancelled: it
+    /// stops accepting and leaves the meta service (which then places
+    /// nothing more on it and drops its blocks from the index), lets each
+    /// connection finish the request it serves, ends its sessions and
+    /// writes what it was demoting to NVMe, then closes its tiers: the NVMe
+    /// index is flushed and unlocked for a next daemon. Each wait is
+    /// bounded; what overran is logged.
     pub async fn join(self) {
-        for task in self.tasks {
+        for task in self.listeners {
             let _ = task.await;
         }
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while self.tiers.strong_count() > 0 || self.drives.iter().any(|d| d.strong_count() > 0) {
-            if tokio::time::Instant::now() > deadline {
-                tracing::warn!("tiers still in use 10s after the stop");
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        if let Some(link) = self.link {
+            let _ = link.await;
+        }
+        self.server.drained(DRAIN_WITHIN).await;
+        self.background.close();
+        if tokio::time::timeout(DRAIN_WITHIN, self.background.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                open = self.background.len(),
+                "sessions or NVMe writes still running {DRAIN_WITHIN:?} after the stop"
+            );
+        }
+        drop(self.server);
+        self.tiers.close();
+        if Arc::strong_count(&self.tiers) > 1 {
+            tracing::warn!("the tiers are still held after the stop; the NVMe index stays locked until they are let go");
         }
     }
 }
@@ -137,7 +158,7 @@ pub async fn start(
     config.validate().map_err(DaemonError::Config)?;
     let meta_quic = match config.peer_tls() {
         Some(tls) => Some(Arc::new(
-            mooncake_client::transport::quic::QuicConnector::new(&tls)
+            mooncake_net::quic::QuicConnector::new(&tls)
                 .map_err(|e| DaemonError::Config(format!("peer_ca: {e}")))?,
         )),
         None => None,
@@ -156,6 +177,7 @@ pub async fn start(
         "storage daemon listening"
     );
     let drives = config.nvme_drives().map_err(DaemonError::Config)?;
+    let background = TaskTracker::new();
     let tiers = if drives.is_empty() {
         tiers::Tiers::dram_only(pool.clone())
     } else {
@@ -172,29 +194,33 @@ pub async fn start(
             pool.clone(),
             opened,
             config.promote_after,
-            shutdown.child_token(),
+            (&background, shutdown.child_token()),
         )
     };
     let metrics = metrics::DaemonMetrics::new(registry, tiers.clone())?;
-    let server = server::Server::new(
-        tiers.clone(),
-        server::ServerConfig {
-            tokens: config.tokens().map_err(DaemonError::Config)?,
-            ..config.server()
-        },
-        metrics.clone(),
+    let service = Arc::new(server::DataService {
+        tiers: tiers.clone(),
+        cfg: config.data(),
+        metrics: metrics.clone(),
+    });
+    let server = Server::new(
+        "data server",
+        service,
+        config.limits(),
+        config.tokens().map_err(DaemonError::Config)?,
+        metrics.server.clone(),
     );
-    let mut tasks = vec![tokio::spawn(server::run(
-        listener,
-        server.clone(),
-        shutdown.child_token(),
-    ))];
+    let mut listeners = vec![tokio::spawn(
+        server.clone().run_tcp(listener, shutdown.child_token()),
+    )];
     let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
     let mut endpoints = Vec::new();
     if let Some(listen) = &config.quic_listen {
-        let tls = config.server_tls().map_err(DaemonError::Config)?;
-        let endpoint =
-            mooncake_client::transport::quic::bind(listen, &tls).map_err(DaemonError::Config)?;
+        let tls = config
+            .tls_files()
+            .server_tls("quic_listen")
+            .map_err(DaemonError::Config)?;
+        let endpoint = mooncake_net::quic::bind(listen, &tls).map_err(DaemonError::Config)?;
         let bound = endpoint.local_addr().map_err(DaemonError::Listener)?;
         let quic_addr = config
             .quic_advertise
@@ -205,11 +231,9 @@ pub async fn start(
             kind: TransportKind::Quic,
             addr: quic_addr,
         });
-        tasks.push(tokio::spawn(quic::run(
-            endpoint,
-            server.clone(),
-            shutdown.child_token(),
-        )));
+        listeners.push(tokio::spawn(
+            server.clone().run_quic(endpoint, shutdown.child_token()),
+        ));
     }
     if let Some(listen) = &config.rdma_listen {
         if let Some((endpoint, task)) = serve_rdma(
@@ -218,12 +242,12 @@ pub async fn start(
             &tiers,
             &advertise,
             &metrics,
-            shutdown.child_token(),
+            (&background, shutdown.child_token()),
         )
         .await?
         {
             endpoints.push(endpoint);
-            tasks.push(task);
+            listeners.push(task);
         }
     }
     if let Some(path) = config.shm_socket.clone() {
@@ -231,13 +255,14 @@ pub async fn start(
         let (tiers, advertise, stop) = (tiers.clone(), advertise.clone(), shutdown.child_token());
         let sessions = metrics.shm_sessions.clone();
         let max_sessions = config.max_connections;
-        tasks.push(tokio::spawn(async move {
+        let sessions_tracker = background.clone();
+        listeners.push(tokio::spawn(async move {
             let served = shm::run(
                 path.clone(),
                 tiers,
                 advertise,
                 (sessions, max_sessions),
-                stop,
+                (&sessions_tracker, stop),
             );
             if let Err(err) = served.await {
                 tracing::error!(%err, path = %path.display(), "shared-memory socket failed");
@@ -253,8 +278,9 @@ pub async fn start(
         (None, None) => MetaTarget::None,
     };
     let (registered_tx, registered) = tokio::sync::watch::channel(0);
+    let mut link = None;
     if !matches!(target, MetaTarget::None) {
-        tasks.push(tokio::spawn(meta_link::run(
+        link = Some(tokio::spawn(meta_link::run(
             meta_link::LinkConfig {
                 target,
                 node: config.node.clone(),
@@ -274,9 +300,11 @@ pub async fn start(
         addr,
         endpoints,
         pool,
-        drives: tiers.nvme.iter().map(Arc::downgrade).collect(),
-        tasks,
-        tiers: Arc::downgrade(&tiers),
+        listeners,
+        link,
+        server,
+        background,
+        tiers,
         registered,
     })
 }
@@ -290,9 +318,9 @@ async fn serve_rdma(
     tiers: &Arc<tiers::Tiers>,
     advertise: &str,
     metrics: &metrics::DaemonMetrics,
-    shutdown: CancellationToken,
+    (sessions, shutdown): (&TaskTracker, CancellationToken),
 ) -> Result<Option<(Endpoint, JoinHandle<()>)>, DaemonError> {
-    let choice = mooncake_client::transport::rdma::NicChoice {
+    let choice = mooncake_net::rdma::NicChoice {
         device: config.rdma_device.clone(),
         gid_index: config.rdma_gid_index,
     };
@@ -318,7 +346,7 @@ async fn serve_rdma(
         advertise.to_string(),
         config.max_connections,
         metrics.rdma_sessions.clone(),
-        shutdown,
+        (sessions.clone(), shutdown),
     ));
     Ok(Some((
         Endpoint {
@@ -337,7 +365,7 @@ async fn serve_rdma(
     _: &Arc<tiers::Tiers>,
     _: &str,
     _: &metrics::DaemonMetrics,
-    _: CancellationToken,
+    _: (&TaskTracker, CancellationToken),
 ) -> Result<Option<(Endpoint, JoinHandle<()>)>, DaemonError> {
     Err(DaemonError::Config(
         "rdma_listen needs a daemon built with the `rdma` feature".into(),

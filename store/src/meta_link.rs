@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooncake_client::{Connection, ErrorSource};
+use mooncake_net::{Connection, ErrorSource};
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::Body;
 use mooncake_proto::message::{
@@ -42,7 +42,7 @@ pub struct LinkConfig {
     /// Whether this daemon requires a token of its clients (`auth`).
     pub requires_auth: bool,
     /// Reach the meta service over QUIC with these settings (`peer_ca`).
-    pub quic: Option<Arc<mooncake_client::transport::quic::QuicConnector>>,
+    pub quic: Option<Arc<mooncake_net::quic::QuicConnector>>,
     /// Set to the daemon's id while it is registered, 0 while not.
     pub registered: tokio::sync::watch::Sender<u32>,
 }
@@ -119,7 +119,7 @@ async fn connect(
         None => Connection::connect(addr, ErrorSource::Meta, deadline).await?,
     };
     if let Some(token) = &cfg.token {
-        with_deadline(deadline, conn.authenticate(token)).await?;
+        with_deadline(addr, deadline, conn.authenticate(token)).await?;
     }
     Ok(conn)
 }
@@ -128,7 +128,7 @@ async fn connect(
 #[derive(Debug, thiserror::Error)]
 enum LinkError {
     #[error("{0}")]
-    Client(#[from] mooncake_client::ClientError),
+    Client(#[from] mooncake_net::CallError),
     #[error("no meta leader: {0}")]
     NoLeader(String),
     #[error("the meta service at {0} requires authentication and refuses a daemon that does not: start this daemon with `auth` (a token file) too")]
@@ -176,12 +176,13 @@ async fn session(
         requires_auth: cfg.requires_auth,
     };
     let answer = with_deadline(
+        &addr,
         deadline,
         conn.call::<RegisterResponse>(Opcode::Register, &register, "register"),
     )
     .await
     .map_err(|err| match err {
-        mooncake_client::ClientError::Server {
+        mooncake_net::CallError::Server {
             code: mooncake_proto::ErrorCode::Unauthorized,
             ..
         } if !cfg.requires_auth && cfg.token.is_some() => LinkError::OpenDaemon(addr.clone()),
@@ -202,6 +203,7 @@ async fn session(
     let inventory = tiers.inventory();
     let batches = inventory.len().div_ceil(MAX_BATCH) as u64;
     with_deadline(
+        &addr,
         deadline * (1 + batches as u32 / 64),
         send_inventory(&mut conn, id, &inventory),
     )
@@ -228,6 +230,7 @@ async fn session(
                 removed: chunk.to_vec(),
             };
             with_deadline(
+                &addr,
                 deadline,
                 conn.call::<Empty>(Opcode::Events, &events, "events"),
             )
@@ -238,6 +241,7 @@ async fn session(
             stats: pool.stats(),
         };
         with_deadline(
+            &addr,
             deadline,
             conn.call::<Empty>(Opcode::Heartbeat, &beat, "heartbeat"),
         )
@@ -251,7 +255,8 @@ async fn send_inventory(
     conn: &mut Connection,
     daemon: u32,
     inventory: &[(mooncake_proto::BlockKey, u32, u64)],
-) -> Result<(), mooncake_client::ClientError> {
+) -> Result<(), mooncake_net::CallError> {
+    let addr = conn.addr().to_string();
     let (writer, reader) = conn.split();
     let chunks: Vec<_> = inventory.chunks(MAX_BATCH).collect();
     let write = async {
@@ -280,24 +285,25 @@ async fn send_inventory(
         Ok(())
     };
     let (written, read) = tokio::join!(write, read);
-    written.map_err(|err| mooncake_client::ClientError::Io {
+    written.map_err(|err| mooncake_net::CallError::Io {
         side: ErrorSource::Meta,
-        addr: String::new(),
+        addr,
         err,
     })?;
     read
 }
 
 async fn with_deadline<T>(
+    addr: &str,
     deadline: Duration,
-    fut: impl std::future::Future<Output = Result<T, mooncake_client::ClientError>>,
-) -> Result<T, mooncake_client::ClientError> {
+    fut: impl std::future::Future<Output = Result<T, mooncake_net::CallError>>,
+) -> Result<T, mooncake_net::CallError> {
     tokio::time::timeout(deadline, fut)
         .await
         .unwrap_or_else(|_| {
-            Err(mooncake_client::ClientError::Timeout {
+            Err(mooncake_net::CallError::Timeout {
                 side: ErrorSource::Meta,
-                addr: String::new(),
+                addr: addr.to_string(),
                 op: "meta link",
                 timeout_ms: deadline.as_millis() as u64,
             })

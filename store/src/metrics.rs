@@ -1,21 +1,22 @@
 //! The daemon's Prometheus metrics, built once with every label handle
-//! resolved up front, so that the hot path only bumps atomics. Pool gauges
-//! are read from the pool at scrape time.
+//! resolved up front, so that the hot path only bumps atomics. Requests and
+//! connections are counted by the server skeleton (`mooncake-server`);
+//! pool gauges are read from the pool at scrape time.
 
 use std::sync::Arc;
 
-use mooncake_proto::{ErrorCode, Opcode};
+use mooncake_proto::Opcode;
+use mooncake_server::{MetricsSpec, ServerMetrics};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry,
+    exponential_buckets, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 use crate::tiers::Tiers;
 
-/// Every opcode a daemon serves, in the order of the counters below.
-const OPS: [Opcode; 9] = [
+/// Every opcode a daemon serves.
+pub(crate) const OPS: &[Opcode] = &[
     Opcode::Put,
     Opcode::Get,
     Opcode::Remove,
@@ -26,24 +27,16 @@ const OPS: [Opcode; 9] = [
     Opcode::Verify,
     Opcode::Evict,
 ];
-const CODES: usize = ErrorCode::COUNT;
 
 pub struct DaemonMetrics {
-    requests: Vec<IntCounter>,
-    get_seconds: Histogram,
-    put_seconds: Histogram,
+    /// Requests and connections, as every server counts them.
+    pub server: Arc<ServerMetrics>,
     pub bytes_read: IntCounter,
     pub bytes_written: IntCounter,
-    pub connections: IntGauge,
-    pub in_flight: IntGauge,
-    pub refused_connections: IntCounter,
     /// Open sessions of clients that move block bytes themselves, each
     /// holding its leases: same-host shared memory and RDMA.
     pub shm_sessions: IntGauge,
     pub rdma_sessions: IntGauge,
-    tenant_requests: IntCounterVec,
-    /// `OPS`' label values, made once (not per request).
-    op_labels: Vec<String>,
 }
 
 /// Latency buckets from 50 us to about 6.5 s.
@@ -51,27 +44,17 @@ pub fn latency_buckets() -> Vec<f64> {
     exponential_buckets(0.000_05, 2.0, 18).expect("valid buckets")
 }
 
-fn code_name(i: usize) -> &'static str {
-    ErrorCode::from_u16(i as u16).map_or("unknown", ErrorCode::name)
-}
-
 impl DaemonMetrics {
     /// Registers the daemon's metrics (and its pool's) in `registry`.
     pub fn new(registry: &Registry, tiers: Arc<Tiers>) -> prometheus::Result<Arc<Self>> {
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "mooncake_daemon_requests_total",
-                "Requests answered, by operation and status code.",
-            ),
-            &["op", "code"],
-        )?;
-        let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "mooncake_daemon_request_duration_seconds",
-                "Time to serve a request, header to answer.",
-            )
-            .buckets(latency_buckets()),
-            &["op"],
+        let server = ServerMetrics::new(
+            registry,
+            MetricsSpec {
+                prefix: "mooncake_daemon",
+                ops: OPS,
+                timed: &[Opcode::Get, Opcode::Put],
+                buckets: latency_buckets(),
+            },
         )?;
         let bytes = IntCounterVec::new(
             Opts::new(
@@ -80,21 +63,7 @@ impl DaemonMetrics {
             ),
             &["direction", "tier", "transport"],
         )?;
-        let connections = IntGauge::new("mooncake_daemon_connections", "Open client connections.")?;
-        let in_flight = IntGauge::new(
-            "mooncake_daemon_requests_in_flight",
-            "Requests being served.",
-        )?;
-        let refused = IntCounter::new(
-            "mooncake_daemon_refused_connections_total",
-            "Connections refused because max_connections was reached.",
-        )?;
-        registry.register(Box::new(requests.clone()))?;
-        registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
-        registry.register(Box::new(connections.clone()))?;
-        registry.register(Box::new(in_flight.clone()))?;
-        registry.register(Box::new(refused.clone()))?;
         let sessions = IntGaugeVec::new(
             Opts::new(
                 "mooncake_daemon_lease_sessions",
@@ -103,60 +72,14 @@ impl DaemonMetrics {
             &["path"],
         )?;
         registry.register(Box::new(sessions.clone()))?;
-        let tenant_requests = IntCounterVec::new(
-            Opts::new(
-                "mooncake_daemon_tenant_requests_total",
-                "Requests answered for authenticated tenants, by tenant and operation.",
-            ),
-            &["tenant", "op"],
-        )?;
-        registry.register(Box::new(tenant_requests.clone()))?;
         registry.register(Box::new(PoolCollector::new(tiers)?))?;
-        let handles = OPS
-            .iter()
-            .flat_map(|op| {
-                let requests = &requests;
-                (0..CODES).map(move |c| {
-                    requests.with_label_values(&[&op.name().to_lowercase(), code_name(c)])
-                })
-            })
-            .collect();
         Ok(Arc::new(DaemonMetrics {
-            requests: handles,
-            get_seconds: latency.with_label_values(&["get"]),
-            put_seconds: latency.with_label_values(&["put"]),
+            server: Arc::new(server),
             bytes_read: bytes.with_label_values(&["read", "dram", "tcp"]),
             bytes_written: bytes.with_label_values(&["written", "dram", "tcp"]),
-            connections,
-            in_flight,
-            refused_connections: refused,
             shm_sessions: sessions.with_label_values(&["shm"]),
             rdma_sessions: sessions.with_label_values(&["rdma"]),
-            tenant_requests,
-            op_labels: OPS.iter().map(|op| op.name().to_lowercase()).collect(),
         }))
-    }
-
-    /// Counts one request of a tenant's client (none without a tenant).
-    pub fn record_tenant(&self, who: &mooncake_proto::auth::Identity, op: Opcode) {
-        let (Some(tenant), Some(i)) = (&who.tenant, OPS.iter().position(|o| *o == op)) else {
-            return;
-        };
-        self.tenant_requests
-            .with_label_values(&[&**tenant, &self.op_labels[i]])
-            .inc();
-    }
-
-    /// Counts one answered request, and its latency for gets and puts.
-    pub fn record(&self, op: Opcode, code: ErrorCode, seconds: f64) {
-        if let Some(i) = OPS.iter().position(|o| *o == op) {
-            self.requests[i * CODES + (code as usize).min(CODES - 1)].inc();
-        }
-        match op {
-            Opcode::Get => self.get_seconds.observe(seconds),
-            Opcode::Put => self.put_seconds.observe(seconds),
-            _ => {}
-        }
     }
 }
 
@@ -419,14 +342,16 @@ mod tests {
         // The daemon holds its tiers; the metrics only look at them.
         let tiers = Tiers::dram_only(pool);
         let m = DaemonMetrics::new(&registry, tiers.clone()).unwrap();
-        m.record(Opcode::Get, ErrorCode::NotFound, 0.001);
+        m.server
+            .record(Opcode::Get, mooncake_proto::ErrorCode::NotFound, 0.001);
         let acme = mooncake_proto::auth::Identity {
             name: "acme-workers".into(),
             role: mooncake_proto::auth::Role::Client,
             tenant: Some("acme".into()),
         };
-        m.record_tenant(&acme, Opcode::Get);
-        m.record_tenant(&mooncake_proto::auth::Identity::open(), Opcode::Get);
+        m.server.record_tenant(&acme, Opcode::Get);
+        m.server
+            .record_tenant(&mooncake_proto::auth::Identity::open(), Opcode::Get);
         let text = render(&registry);
         assert!(
             text.contains("mooncake_daemon_requests_total{code=\"not_found\",op=\"get\"} 1"),

@@ -201,6 +201,12 @@ pub struct NvmeTier {
 }
 
 impl NvmeTier {
+    /// Writes the index's memory table to disk, so that a next daemon opens
+    /// it without replaying its log.
+    pub fn flush(&self) -> Result<(), TierError> {
+        Ok(self.db.flush()?)
+    }
+
     /// Opens the tier: `capacity` bytes of the data file through `engine`,
     /// and the index in `index_dir`, recovering every block it lists.
     /// Entries that do not fit the capacity (the tier was shrunk) or

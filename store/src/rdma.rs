@@ -14,13 +14,14 @@
 use std::io;
 use std::sync::Arc;
 
-use mooncake_client::transport::rdma::regions::split;
-use mooncake_client::transport::rdma::{MemoryRegion, Nic, NicChoice};
+use mooncake_net::rdma::regions::split;
+use mooncake_net::rdma::{MemoryRegion, Nic, NicChoice};
 use mooncake_proto::message::{Body, RdmaAccept, RdmaPeer, RdmaRegion, MAX_RDMA_REGIONS};
 use mooncake_proto::{ErrorCode, Header, Opcode, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::tiers::Tiers;
 
@@ -90,7 +91,7 @@ pub(crate) async fn run(
     advertise: String,
     max_connections: usize,
     sessions: prometheus::IntGauge,
-    shutdown: CancellationToken,
+    (tasks, shutdown): (TaskTracker, CancellationToken),
 ) {
     // Each connection holds a queue pair on the NIC: bounded.
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
@@ -112,7 +113,7 @@ pub(crate) async fn run(
         };
         let (pool, advertise, shutdown) = (pool.clone(), advertise.clone(), shutdown.clone());
         let sessions = sessions.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let _slot = slot;
             if let Err(err) = serve(stream, &pool, &advertise, &sessions, &shutdown).await {
                 tracing::debug!(%err, "RDMA client gone");
@@ -203,8 +204,9 @@ async fn hello(
 
 #[cfg(test)]
 mod tests {
-    use mooncake_client::transport::rdma::{RdmaLink, Registered};
+    use mooncake_client::transport::rdma::RdmaLink;
     use mooncake_client::transport::{GetItem, PutItem, Read, Transport};
+    use mooncake_net::rdma::Registered;
     use mooncake_proto::checksum::checksum;
     use mooncake_proto::message::Location;
     use mooncake_proto::transport::TransportKind;

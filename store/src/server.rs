@@ -1,351 +1,63 @@
-//! The daemon's data server. One task per connection (a TCP connection, or
-//! a QUIC stream: see `quic.rs`) reads requests in order and answers each
-//! before reading the next; clients pipeline many on one stream. Values
+//! The daemon's data service: what it answers on a connection (a TCP
+//! connection, or a QUIC stream) once the server skeleton
+//! (`mooncake-server`) has admitted it and read a request's header. Values
 //! land straight in the pool and leave straight from it.
 
 use std::io::{self, IoSlice};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mooncake_proto::auth::{AuthRequest, Gate, Identity, TokenTable};
-use mooncake_proto::limits::{Deadlines, PerClient, Unproven, UnprovenSlot};
+use mooncake_proto::auth::Identity;
 use mooncake_proto::message::{Body, KeyRequest, PutHead};
 use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
+use mooncake_server::{read_body, reply, ConnError, Service, IO_BUFFER};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::metrics::DaemonMetrics;
 use crate::tiers::Tiers;
 
-const IO_BUFFER: usize = 64 << 10;
-
+/// How the daemon serves requests, beyond the limits every server applies.
 #[derive(Debug, Clone)]
-pub struct ServerConfig {
-    pub max_connections: usize,
-    pub request_timeout: Duration,
+pub struct DataConfig {
     pub verify_on_read: bool,
-    /// Tokens accepted; `None`: no authentication.
-    pub tokens: Option<Arc<TokenTable>>,
-    /// Most connections from one client address.
-    pub max_connections_per_client: usize,
-    /// How long a connection may go without a token, or without a request.
-    pub deadlines: Deadlines,
+    /// The server's `request_timeout`: a put waits at most half of it for
+    /// room in the pool.
+    pub request_timeout: Duration,
     /// A put whose value stops arriving for this long is dropped, and the
     /// room reserved for it freed.
     pub put_stall_timeout: Duration,
-    /// With `tokens`: most connections at once without a valid token yet.
-    pub max_unauthenticated: usize,
 }
 
-/// Why a connection was closed by the server.
-#[derive(Debug, thiserror::Error)]
-enum ConnError {
-    #[error("protocol violation: {0}")]
-    Protocol(#[from] ProtoError),
-    #[error("i/o: {0}")]
-    Io(#[from] io::Error),
-    #[error("request not finished within {0:?}")]
-    Timeout(Duration),
-    #[error("no valid token within {0:?}")]
-    NoToken(Duration),
-    #[error("idle for {0:?}")]
-    Idle(Duration),
-    #[error("a put's value stopped arriving for {0:?}")]
-    Stalled(Duration),
-    #[error("refused: {0}")]
-    Refused(ErrorCode),
+/// The daemon's answers to block requests, whichever transport they came on.
+pub struct DataService {
+    pub tiers: Arc<Tiers>,
+    pub cfg: DataConfig,
+    pub metrics: Arc<DaemonMetrics>,
 }
 
-/// What every connection shares, whichever transport it came on: the
-/// tiers, the limits (one budget of connections for TCP and QUIC), the
-/// metrics.
-pub struct Server {
-    tiers: Arc<Tiers>,
-    cfg: ServerConfig,
-    metrics: Arc<DaemonMetrics>,
-    permits: Arc<Semaphore>,
-    per_client: Arc<PerClient>,
-    unproven: Arc<Unproven>,
-}
+impl Service for DataService {
+    type Session = ();
 
-/// A connection admitted under the limits; dropping it frees its place.
-pub(crate) struct Admitted {
-    _permit: tokio::sync::OwnedSemaphorePermit,
-    _slot: mooncake_proto::limits::ClientSlot,
-    /// Held until the connection presents a valid token (auth on).
-    unproven: Option<UnprovenSlot>,
-    /// Cancelled if the connection is still without a token when a newer
-    /// one needs its place.
-    evicted: CancellationToken,
-}
+    fn session(&self, _: std::net::SocketAddr) {}
 
-impl Server {
-    pub fn new(tiers: Arc<Tiers>, cfg: ServerConfig, metrics: Arc<DaemonMetrics>) -> Arc<Self> {
-        Arc::new(Server {
-            tiers,
-            permits: Arc::new(Semaphore::new(cfg.max_connections)),
-            per_client: PerClient::new(cfg.max_connections_per_client),
-            unproven: Unproven::new(cfg.max_unauthenticated),
-            cfg,
-            metrics,
-        })
+    fn serves(&self, op: Opcode) -> bool {
+        crate::metrics::OPS.contains(&op)
     }
 
-    /// A place for one more connection from `peer`, or `None` (counted,
-    /// logged) when a limit is reached.
-    pub(crate) fn admit(&self, peer: std::net::SocketAddr) -> Option<Admitted> {
-        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "connection refused: max_connections reached");
-            self.metrics.refused_connections.inc();
-            return None;
-        };
-        let Some(slot) = self.per_client.admit(peer.ip()) else {
-            tracing::warn!(%peer, "connection refused: max_connections_per_client reached");
-            self.metrics.refused_connections.inc();
-            return None;
-        };
-        // With auth on, a place among peers without a token yet (the
-        // oldest of them is closed if none is free).
-        let evicted = CancellationToken::new();
-        let unproven = self.cfg.tokens.as_ref().map(|_| {
-            let evicted = evicted.clone();
-            self.unproven.admit(move || evicted.cancel())
-        });
-        Some(Admitted {
-            _permit: permit,
-            _slot: slot,
-            unproven,
-            evicted,
-        })
-    }
-
-    /// Serves one admitted connection until it closes. `certified`: the
-    /// client's name from its verified certificate (mutual TLS), to which
-    /// the connection's token must belong.
-    pub(crate) async fn serve_stream<R, W>(
+    async fn handle<R, W>(
         &self,
-        (rd, wr): (R, W),
-        peer: std::net::SocketAddr,
-        certified: Option<String>,
-        mut admitted: Admitted,
-        shutdown: &CancellationToken,
-    ) where
-        R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin,
+        _: &mut (),
+        header: Header,
+        rd: &mut R,
+        wr: &mut W,
+        who: &Identity,
+    ) -> Result<ErrorCode, ConnError>
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send,
     {
-        // Counted down however the task ends, a panic included.
-        let _open = Counted::new(&self.metrics.connections);
-        let gate = Gate::bound_to(self.cfg.tokens.clone(), certified);
-        let served = serve(
-            rd,
-            wr,
-            gate,
-            (&mut admitted.unproven, &admitted.evicted),
-            &self.tiers,
-            &self.cfg,
-            &self.metrics,
-            shutdown,
-        )
-        .await;
-        if let Err(err) = served {
-            tracing::debug!(%peer, %err, "connection closed");
-        }
-        drop(admitted);
+        handle(header, rd, wr, &self.tiers, &self.cfg, &self.metrics, who).await
     }
-}
-
-/// A gauge held one higher while this lives.
-struct Counted<'a>(&'a prometheus::IntGauge);
-
-impl<'a> Counted<'a> {
-    fn new(gauge: &'a prometheus::IntGauge) -> Self {
-        gauge.inc();
-        Counted(gauge)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
-/// Accepts TCP connections until `shutdown`.
-pub async fn run(listener: TcpListener, server: Arc<Server>, shutdown: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off, go on.
-                    tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.cancelled() => break,
-        };
-        let Some(admitted) = server.admit(peer) else {
-            tokio::spawn(refuse(stream));
-            continue;
-        };
-        let (server, shutdown) = (server.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            if let Err(err) = stream.set_nodelay(true) {
-                tracing::debug!(%peer, %err, "connection closed");
-                return;
-            }
-            let (rd, wr) = stream.into_split();
-            server
-                .serve_stream((rd, wr), peer, None, admitted, &shutdown)
-                .await;
-        });
-    }
-    tracing::info!("data server stopped accepting");
-}
-
-/// Tells an over-limit client why it is being turned away.
-pub(crate) async fn refuse<W: AsyncWrite + Unpin>(mut stream: W) {
-    let mut raw = [0u8; HEADER_LEN];
-    raw[3] = Opcode::Ping as u8;
-    let reply = Header::error_reply(&raw, ErrorCode::Busy as u16);
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&reply)).await;
-}
-
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the connection's parts, passed once"
-)]
-async fn serve<R, W>(
-    rd: R,
-    wr: W,
-    mut gate: Gate,
-    (unproven, evicted): (&mut Option<UnprovenSlot>, &CancellationToken),
-    tiers: &Arc<Tiers>,
-    cfg: &ServerConfig,
-    metrics: &DaemonMetrics,
-    shutdown: &CancellationToken,
-) -> Result<(), ConnError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
-    let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
-    let deadlines = cfg.deadlines;
-    // A peer without a token is kept this long in all, its `Auth` included.
-    let auth_deadline = tokio::time::Instant::now() + deadlines.auth;
-    loop {
-        // Answers are batched while more requests are already buffered.
-        if rd.buffer().len() < HEADER_LEN {
-            wr.flush().await?;
-        }
-        let (until, expired) = if gate.is_proven() {
-            (
-                tokio::time::Instant::now() + deadlines.idle,
-                ConnError::Idle(deadlines.idle),
-            )
-        } else {
-            (auth_deadline, ConnError::NoToken(deadlines.auth))
-        };
-        let mut raw = [0u8; HEADER_LEN];
-        tokio::select! {
-            read = tokio::time::timeout_at(until, rd.read_exact(&mut raw)) => match read {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                Ok(Err(e)) => return Err(e.into()),
-                Err(_) => return Err(expired),
-            },
-            _ = evicted.cancelled(), if !gate.is_proven() => return Err(ConnError::NoToken(deadlines.auth)),
-            _ = shutdown.cancelled() => return Ok(()),
-        }
-        let header = match Header::parse(&raw) {
-            Ok(Some(h)) if !h.response => h,
-            Ok(_) => {
-                let err = ProtoError::Invalid {
-                    field: "flags",
-                    why: "a response sent to a server".into(),
-                };
-                return Err(reject(&mut wr, &raw, err).await);
-            }
-            Err(err) => return Err(reject(&mut wr, &raw, err).await),
-        };
-        if header.opcode == Opcode::Auth {
-            let until = if gate.is_proven() {
-                tokio::time::Instant::now() + cfg.request_timeout
-            } else {
-                auth_deadline
-            };
-            let read = tokio::select! {
-                read = tokio::time::timeout_at(until, read_body(header, &mut rd)) => read,
-                _ = evicted.cancelled(), if !gate.is_proven() => {
-                    return Err(ConnError::NoToken(deadlines.auth))
-                }
-            };
-            let req: AuthRequest = match read {
-                Ok(Ok(r)) => r,
-                Ok(Err(ConnError::Protocol(err))) => return Err(reject(&mut wr, &raw, err).await),
-                Ok(Err(err)) => return Err(err),
-                Err(_) => return Err(ConnError::NoToken(deadlines.auth)),
-            };
-            let code = gate.present(&req.token);
-            reply(&mut wr, header, code, &[]).await?;
-            metrics.record(header.opcode, code, 0.0);
-            if code != ErrorCode::Ok {
-                wr.flush().await?;
-                return Err(ConnError::Refused(code));
-            }
-            // Proven: its place among peers without a token is free again.
-            *unproven = None;
-            continue;
-        }
-        let who = match gate.admit(header.opcode) {
-            Ok(who) => who,
-            Err(code) => {
-                // No token yet, or not the role: answer and close.
-                wr.write_all(&Header::error_reply(&raw, code as u16))
-                    .await?;
-                wr.flush().await?;
-                metrics.record(header.opcode, code, 0.0);
-                return Err(ConnError::Refused(code));
-            }
-        };
-        let started = Instant::now();
-        let in_flight = Counted::new(&metrics.in_flight);
-        let handled = tokio::time::timeout(
-            cfg.request_timeout,
-            handle(header, &mut rd, &mut wr, tiers, cfg, metrics, who),
-        )
-        .await;
-        drop(in_flight);
-        match handled {
-            Ok(Ok(code)) => {
-                metrics.record(header.opcode, code, started.elapsed().as_secs_f64());
-                metrics.record_tenant(who, header.opcode);
-            }
-            Ok(Err(ConnError::Protocol(err))) => return Err(reject(&mut wr, &raw, err).await),
-            Ok(Err(err)) => {
-                let _ = wr.flush().await;
-                return Err(err);
-            }
-            Err(_) => return Err(ConnError::Timeout(cfg.request_timeout)),
-        }
-    }
-}
-
-/// Answers a request that broke the protocol with its error code, then the
-/// caller closes the connection.
-async fn reject<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    raw: &[u8; HEADER_LEN],
-    err: ProtoError,
-) -> ConnError {
-    let reply = Header::error_reply(raw, err.code() as u16);
-    let _ = wr.write_all(&reply).await;
-    let _ = wr.flush().await;
-    ConnError::Protocol(err)
 }
 
 async fn handle<R, W>(
@@ -353,7 +65,7 @@ async fn handle<R, W>(
     rd: &mut R,
     wr: &mut W,
     tiers: &Arc<Tiers>,
-    cfg: &ServerConfig,
+    cfg: &DataConfig,
     metrics: &DaemonMetrics,
     who: &Identity,
 ) -> Result<ErrorCode, ConnError>
@@ -425,39 +137,13 @@ where
     }
 }
 
-async fn read_body<B: Body, R: AsyncRead + Unpin>(
-    header: Header,
-    rd: &mut R,
-) -> Result<B, ConnError> {
-    let mut buf = vec![0u8; header.body_len as usize];
-    rd.read_exact(&mut buf).await?;
-    Ok(B::from_bytes(&buf)?)
-}
-
-async fn reply<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    header: Header,
-    code: ErrorCode,
-    body: &[u8],
-) -> Result<ErrorCode, ConnError> {
-    let h = Header::response(
-        header.opcode,
-        header.request_id,
-        code as u16,
-        body.len() as u32,
-    );
-    wr.write_all(&h.encode()).await?;
-    wr.write_all(body).await?;
-    Ok(code)
-}
-
 async fn handle_put<R, W>(
     header: Header,
     rd: &mut R,
     wr: &mut W,
     tiers: &Tiers,
     metrics: &DaemonMetrics,
-    cfg: &ServerConfig,
+    cfg: &DataConfig,
     who: &Identity,
 ) -> Result<ErrorCode, ConnError>
 where
@@ -611,6 +297,7 @@ mod tests {
     use super::*;
     use std::pin::Pin;
     use std::task::{Context, Poll};
+    use tokio::io::BufWriter;
 
     /// A socket that takes at most 5 bytes a call, so that the head of a
     /// response is cut between calls.

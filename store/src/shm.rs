@@ -22,6 +22,7 @@ use std::sync::Arc;
 use mooncake_proto::message::{Body, ShmHello};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::tiers::Tiers;
 
@@ -32,7 +33,7 @@ pub async fn run(
     tiers: Arc<Tiers>,
     advertise: String,
     (sessions, max_sessions): (prometheus::IntGauge, usize),
-    shutdown: CancellationToken,
+    (tasks, shutdown): (&TaskTracker, CancellationToken),
 ) -> io::Result<()> {
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
@@ -62,7 +63,7 @@ pub async fn run(
         };
         let (tiers, advertise, shutdown) = (tiers.clone(), advertise.clone(), shutdown.clone());
         let (sessions, index) = (sessions.clone(), index.clone());
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let index = index.as_ref().map(|(fd, len)| (fd.as_fd(), *len));
             if let Err(err) = serve(stream, &tiers, index, &advertise, &sessions, &shutdown).await {
                 tracing::debug!(%err, "shm client gone");

@@ -16,6 +16,7 @@ use mooncake_proto::BlockKey;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::nvme::{NvmeTier, TierError};
 use crate::pool::{Demoted, DramPool, PoolError, WriteSlot};
@@ -75,18 +76,29 @@ impl Tiers {
 
     /// DRAM over NVMe drives, with demotion on eviction; a block read from
     /// NVMe `promote_after` times goes back to DRAM (0: never).
+    /// The demoter runs in a task of `tasks` until `shutdown`, writing
+    /// what it was given before it ends.
     pub fn with_nvme(
         dram: Arc<DramPool>,
         drives: Vec<Arc<NvmeTier>>,
         promote_after: u32,
-        shutdown: CancellationToken,
+        (tasks, shutdown): (&TaskTracker, CancellationToken),
     ) -> Arc<Self> {
         assert!(!drives.is_empty(), "an NVMe tier has at least one drive");
         let (tx, rx) = mpsc::channel(DEMOTION_QUEUE);
         dram.demote_to(tx);
         let tiers = Arc::new(Self::new(dram, drives, promote_after));
-        tokio::spawn(demoter(tiers.clone(), rx, shutdown));
+        tasks.spawn(demoter(tiers.clone(), rx, shutdown));
         tiers
+    }
+
+    /// Flushes every NVMe drive's index (the daemon is stopping).
+    pub fn close(&self) {
+        for drive in &self.nvme {
+            if let Err(err) = drive.flush() {
+                tracing::warn!(%err, "NVMe index flush failed on stop; its log replays on the next open");
+            }
+        }
     }
 
     /// Backpressure for writers: a put of `size` bytes that makes DRAM

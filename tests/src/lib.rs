@@ -131,7 +131,7 @@ impl TestCluster {
         endpoints: Vec<mooncake_proto::transport::Endpoint>,
     ) {
         use mooncake_proto::message::{RegisterRequest, RegisterResponse};
-        let mut conn = mooncake_client::Connection::connect(
+        let mut conn = mooncake_net::Connection::connect(
             &self.meta_addr,
             mooncake_client::ErrorSource::Meta,
             Duration::from_secs(1),

@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use mooncake_client::{ClientError, Connection, ErrorSource, GetOutcome, PutOutcome};
+use mooncake_client::{ClientError, ErrorSource, GetOutcome, PutOutcome};
+use mooncake_net::Connection;
 use mooncake_proto::message::{Body, PutHead, PutStartRequest, PutStartResponse, Slot};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Header, Namespace, Opcode};
 use mooncake_tests::{block_bytes, eventually, fast_meta, TestCluster};

@@ -164,6 +164,68 @@ async fn peers_without_a_token_never_keep_a_client_with_one_out() {
     );
 }
 
+/// A Ping on `conn`, and the status of its answer; `None` if the server
+/// closed the connection without one.
+async fn ping(conn: &mut TcpStream) -> Option<u16> {
+    conn.write_all(&Header::request(Opcode::Ping, 9, 0).encode())
+        .await
+        .ok()?;
+    let mut raw = [0u8; HEADER_LEN];
+    tokio::time::timeout(CLOSED_WITHIN, conn.read_exact(&mut raw))
+        .await
+        .ok()?
+        .ok()?;
+    Some(Header::parse(&raw).unwrap().unwrap().status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_servers_turn_a_client_past_its_connection_cap_away_busy_and_take_it_back_after() {
+    const CAP: usize = 6;
+    let mut meta = fast_meta();
+    let mut daemon = daemon_config(32 << 20);
+    meta.max_connections_per_client = CAP;
+    daemon.max_connections_per_client = CAP;
+    let cluster = TestCluster::start_with(meta, vec![daemon]).await;
+    for addr in [cluster.meta_addr.clone(), cluster.daemon_addr(0)] {
+        // Every connection from this host counts, the daemon's own link to
+        // the meta service included: open until one is turned away.
+        let mut held = Vec::new();
+        let refused = loop {
+            assert!(held.len() <= CAP, "{addr}: {} connections kept", held.len());
+            let mut conn = TcpStream::connect(&addr).await.unwrap();
+            match ping(&mut conn).await {
+                Some(status) if status == ErrorCode::Ok as u16 => held.push(conn),
+                other => break (other, conn),
+            }
+        };
+        let (status, mut conn) = refused;
+        assert_eq!(
+            status,
+            Some(ErrorCode::Busy as u16),
+            "{addr}: answered busy"
+        );
+        assert!(closed_by_server(&mut conn).await, "{addr} closes it");
+        // A place freed is a place taken again.
+        drop(held.pop());
+        let again = eventually_serves(&addr).await;
+        assert!(again, "{addr} serves a new connection once one closed");
+    }
+}
+
+/// Whether a new connection to `addr` is served within `CLOSED_WITHIN` (a
+/// closed connection's place is freed when the server sees it close).
+async fn eventually_serves(addr: &str) -> bool {
+    let until = tokio::time::Instant::now() + CLOSED_WITHIN;
+    while tokio::time::Instant::now() < until {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        if ping(&mut conn).await == Some(ErrorCode::Ok as u16) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_auth_larger_than_a_token_is_refused_from_its_header() {
     let cluster = cluster(true, Duration::from_secs(5), Duration::from_secs(300)).await;
@@ -268,7 +330,7 @@ async fn reservations_past_the_cap_are_busy_and_a_client_goes_on_after_they_expi
     let mut meta = fast_meta();
     meta.max_pending_puts = 10;
     let cluster = TestCluster::start_with(meta, vec![daemon_config(16 << 20)]).await;
-    let mut conn = mooncake_client::Connection::connect(
+    let mut conn = mooncake_net::Connection::connect(
         &cluster.meta_addr,
         mooncake_client::ErrorSource::Meta,
         Duration::from_secs(2),
@@ -298,7 +360,7 @@ async fn reservations_past_the_cap_are_busy_and_a_client_goes_on_after_they_expi
 
 /// A connection to the meta service from `from`, a loopback address of
 /// its own (another client, as the meta service tells clients apart).
-async fn meta_conn_from(cluster: &TestCluster, from: [u8; 4]) -> mooncake_client::Connection {
+async fn meta_conn_from(cluster: &TestCluster, from: [u8; 4]) -> mooncake_net::Connection {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind(std::net::SocketAddr::from((from, 0))).unwrap();
     let stream = socket
@@ -306,7 +368,7 @@ async fn meta_conn_from(cluster: &TestCluster, from: [u8; 4]) -> mooncake_client
         .await
         .unwrap();
     let (rd, wr) = stream.into_split();
-    mooncake_client::Connection::from_halves(
+    mooncake_net::Connection::from_halves(
         &cluster.meta_addr,
         mooncake_client::ErrorSource::Meta,
         Box::new(rd),
@@ -316,7 +378,7 @@ async fn meta_conn_from(cluster: &TestCluster, from: [u8; 4]) -> mooncake_client
 
 /// Reserves `n` keys of `ns` on `conn` and never commits them: how many
 /// were placed, and how many answered busy.
-async fn hoard(conn: &mut mooncake_client::Connection, ns: &str, n: u32) -> (usize, usize) {
+async fn hoard(conn: &mut mooncake_net::Connection, ns: &str, n: u32) -> (usize, usize) {
     use mooncake_proto::message::{PutStartRequest, PutStartResponse, Slot};
     let req = PutStartRequest {
         namespace: Namespace::new(ns).unwrap(),

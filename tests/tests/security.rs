@@ -5,9 +5,8 @@
 
 use std::time::Duration;
 
-use mooncake_client::{
-    Client, ClientConfig, ClientError, Connection, ErrorSource, GetOutcome, PutOutcome,
-};
+use mooncake_client::{Client, ClientConfig, ClientError, ErrorSource, GetOutcome, PutOutcome};
+use mooncake_net::Connection;
 use mooncake_proto::auth::token_digest;
 use mooncake_proto::message::{Empty, KeyRequest, ListRequest};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
@@ -297,7 +296,7 @@ async fn one_client_address_cannot_take_every_connection() {
 /// token stolen from another holder is useless without its certificate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_mutual_tls_a_token_works_only_with_its_holder_s_certificate() {
-    use mooncake_client::transport::quic::DevCerts;
+    use mooncake_net::DevCerts;
     let dir = std::env::temp_dir().join(format!(
         "mooncake-mtls-{}-{}",
         std::process::id(),
@@ -369,8 +368,7 @@ async fn over_mutual_tls_a_token_works_only_with_its_holder_s_certificate() {
     );
     // ...and so does a daemon, asked straight.
     let connector =
-        mooncake_client::transport::quic::QuicConnector::new(&DevCerts::client_tls(&dir, true))
-            .unwrap();
+        mooncake_net::quic::QuicConnector::new(&DevCerts::client_tls(&dir, true)).unwrap();
     let daemon_quic = cluster.daemons[0].handle.endpoints[0].addr.clone();
     for (token, refused) in [(GLOBEX, true), (ACME, false)] {
         let mut conn = connector

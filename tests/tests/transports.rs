@@ -10,8 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mooncake_client::transport::quic::DevCerts;
 use mooncake_client::{Client, ClientConfig, ClientError, ErrorSource, GetOutcome, PutOutcome};
+use mooncake_net::DevCerts;
 use mooncake_proto::message::Empty;
 use mooncake_proto::transport::{Endpoint, TransportKind};
 use mooncake_proto::{BlockHash, Namespace, Opcode};
@@ -314,7 +314,7 @@ async fn peer_sends_garbage(kind: Kind) {
     });
     // A QUIC server with a valid certificate whose streams answer noise.
     let tls = DevCerts::server_tls(dir.path(), false);
-    let server = mooncake_client::transport::quic::server_config(&tls).unwrap();
+    let server = mooncake_net::quic::server_config(&tls).unwrap();
     let endpoint = quinn::Endpoint::server(server, "127.0.0.1:0".parse().unwrap()).unwrap();
     let quic_addr = endpoint.local_addr().unwrap().to_string();
     tokio::spawn(async move {
@@ -459,7 +459,7 @@ async fn mutual_tls_refuses_a_client_without_the_right_certificate() {
         ("another CA's", DevCerts::client_tls(other.path(), true)),
     ];
     for (who, tls) in tls {
-        let connector = mooncake_client::transport::quic::QuicConnector::new(&tls).unwrap();
+        let connector = mooncake_net::quic::QuicConnector::new(&tls).unwrap();
         let answer = async {
             let mut conn = connector
                 .open(&daemon_quic, ErrorSource::Daemon, Duration::from_secs(2))

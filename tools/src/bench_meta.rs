@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use mooncake_client::{Client, ClientConfig, Connection, ErrorSource};
+use mooncake_client::{Client, ClientConfig, ErrorSource};
 use mooncake_meta::Index;
+use mooncake_net::Connection;
 use mooncake_proto::message::{
     CommitItem, PutCommitRequest, PutStartRequest, PutStartResponse, Slot, Statuses,
 };

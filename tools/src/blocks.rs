@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use mooncake_client::{Client, ClientConfig, PutOutcome};
-use mooncake_coord::{EtcdConfig, EtcdCoordinator, LeaderResolver};
+use mooncake_coord::{leader_address, EtcdConfig, EtcdCoordinator};
 use mooncake_proto::message::ListRequest;
 use mooncake_proto::units::ByteSize;
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
@@ -103,7 +103,7 @@ pub async fn client(target: &Target) -> Result<Client, Failure> {
     if let Some(ca) = &target.quic_ca {
         let identity = target.quic_cert.clone().zip(target.quic_key.clone());
         cfg = cfg
-            .with_quic(&mooncake_client::ClientTls {
+            .with_quic(&mooncake_net::ClientTls {
                 ca: ca.clone(),
                 identity,
             })
@@ -119,7 +119,7 @@ pub async fn client(target: &Target) -> Result<Client, Failure> {
     let etcd = EtcdCoordinator::connect(EtcdConfig::new(target.etcd.clone()))
         .await
         .map_err(|e| Failure::connection(format!("{e} (is etcd running at {:?}?)", target.etcd)))?;
-    let cfg = cfg.with_resolver(Arc::new(LeaderResolver(etcd))).await?;
+    let cfg = cfg.with_resolver(Arc::new(leader_address(etcd))).await?;
     Ok(Client::new(cfg))
 }
 

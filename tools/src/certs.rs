@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use mooncake_client::transport::quic::DevCerts;
+use mooncake_net::DevCerts;
 
 use crate::exit::Failure;
 
@@ -93,7 +93,7 @@ pub fn transports(args: TransportsArgs) -> Result<(), Failure> {
 
 #[cfg(feature = "rdma")]
 fn rdma_status() -> Result<String, String> {
-    use mooncake_client::transport::rdma::{devices, Nic, NicChoice};
+    use mooncake_net::rdma::{devices, Nic, NicChoice};
     let names: Vec<String> = devices()?
         .iter()
         .map(|d| format!("{} ({})", d.name, d.transport))

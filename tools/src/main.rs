@@ -2,7 +2,6 @@
 //! parses arguments, starts logging and hands over to a command module;
 //! errors end as one line on stderr and a distinct exit code.
 
-mod admin;
 mod bench;
 mod bench_io;
 mod bench_memcpy;

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use mooncake_client::{Client, Connection, ErrorSource};
+use mooncake_client::{Client, ErrorSource};
+use mooncake_net::Connection;
 use mooncake_proto::message::{EvictRequest, EvictResponse, ListRequest};
 use mooncake_proto::units::ByteSize;
 use mooncake_proto::{BlockHash, ErrorCode, Namespace, Opcode};

@@ -16,9 +16,9 @@ use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, Health, Views};
 use crate::config::FileConfig;
 use crate::exit::Failure;
+use mooncake_server::admin::{self, Health, Views};
 
 /// How long a graceful stop may take before the process exits anyway.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -148,6 +148,10 @@ pub struct DaemonArgs {
     /// socket (not with --auth).
     #[arg(long)]
     shm_socket: Option<PathBuf>,
+    /// Stop (and leave the meta service) when standard input closes: a
+    /// parent process that ends, however it ends, takes its daemon with it.
+    #[arg(long)]
+    until_stdin_closes: bool,
     #[command(flatten)]
     quic: QuicArgs,
     #[command(flatten)]
@@ -569,12 +573,38 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
         dram,
         admin_note(admin)
     );
+    if args.until_stdin_closes {
+        tokio::spawn(stop_when_stdin_closes(stop.clone()));
+    }
+    // Said once registered, so that whoever started the daemon knows when
+    // puts can be placed on it; a meta service not reached yet is retried.
+    while !stop.is_cancelled() {
+        tokio::select! {
+            ok = daemon.registered(REGISTER_WITHIN) => {
+                if ok {
+                    println!("daemon registered with the meta service");
+                    break;
+                }
+                eprintln!("warning: not registered with the meta service yet; still trying");
+            }
+            _ = stop.cancelled() => {}
+        }
+    }
     stop.cancelled().await;
     let _ = tokio::time::timeout(STOP_GRACE, daemon.join()).await;
     if let Some(etcd) = etcd {
         etcd.close().await;
     }
     Ok(())
+}
+
+/// Cancels `stop` once standard input reaches its end (or fails).
+async fn stop_when_stdin_closes(stop: CancellationToken) {
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut buf = [0u8; 256];
+    while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+    stop.cancel();
 }
 
 async fn wait_for_signal() {

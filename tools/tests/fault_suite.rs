@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mooncake_client::{Client, Connection, ErrorSource, GetOutcome, PutOutcome};
+use mooncake_client::{Client, ErrorSource, GetOutcome, PutOutcome};
+use mooncake_net::Connection;
 use mooncake_proto::message::{PutStartRequest, PutStartResponse};
 use mooncake_proto::{BlockHash, Namespace, Opcode, PrefixHasher};
 use parking_lot::Mutex;

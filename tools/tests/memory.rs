@@ -12,7 +12,8 @@ use common::{free_port, BIN};
 
 use std::time::{Duration, Instant};
 
-use mooncake_client::{Client, ClientConfig, Connection, ErrorSource, PutOutcome};
+use mooncake_client::{Client, ClientConfig, ErrorSource, PutOutcome};
+use mooncake_net::Connection;
 use mooncake_proto::message::{Body, PutStartRequest};
 use mooncake_proto::{BlockHash, Header, Namespace, Opcode};
 use tokio::io::AsyncWriteExt;

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_client::{ClientConfig, GetOutcome};
-use mooncake_coord::{EtcdConfig, EtcdCoordinator, LeaderResolver};
 use mooncake_proto::message::ListRequest;
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use pyo3::exceptions::PyValueError;
@@ -241,16 +240,7 @@ impl Client {
             runtime().block_on(async {
                 let cfg = match etcd.filter(|e| !e.is_empty()) {
                     None => cfg,
-                    Some(endpoints) => {
-                        let etcd = EtcdCoordinator::connect(EtcdConfig::new(endpoints.clone()))
-                            .await
-                            .map_err(|e| {
-                                StoreUnavailable::new_err(format!("etcd at {endpoints:?}: {e}"))
-                            })?;
-                        cfg.with_resolver(Arc::new(LeaderResolver(etcd)))
-                            .await
-                            .map_err(|e| StoreUnavailable::new_err(e.to_string()))?
-                    }
+                    Some(endpoints) => follow_leader_through_etcd(cfg, endpoints).await?,
                 };
                 mooncake_client::Client::connect(cfg)
                     .await
@@ -832,4 +822,32 @@ fn check_lengths(keys: usize, other: usize, what: &str) -> PyResult<()> {
         )));
     }
     Ok(())
+}
+
+/// `cfg` following whichever meta replica leads, as etcd at `endpoints`
+/// says.
+#[cfg(feature = "etcd")]
+async fn follow_leader_through_etcd(
+    cfg: mooncake_client::ClientConfig,
+    endpoints: Vec<String>,
+) -> PyResult<mooncake_client::ClientConfig> {
+    use mooncake_coord::{leader_address, EtcdConfig, EtcdCoordinator};
+    let etcd = EtcdCoordinator::connect(EtcdConfig::new(endpoints.clone()))
+        .await
+        .map_err(|e| StoreUnavailable::new_err(format!("etcd at {endpoints:?}: {e}")))?;
+    cfg.with_resolver(Arc::new(leader_address(etcd)))
+        .await
+        .map_err(|e| StoreUnavailable::new_err(e.to_string()))
+}
+
+/// Without the `etcd` feature: a clear error instead of a silent fallback.
+#[cfg(not(feature = "etcd"))]
+async fn follow_leader_through_etcd(
+    _: mooncake_client::ClientConfig,
+    endpoints: Vec<String>,
+) -> PyResult<mooncake_client::ClientConfig> {
+    Err(PyValueError::new_err(format!(
+        "etcd {endpoints:?}: this build of mooncake-store has no etcd support; give the meta \
+         leader's address instead, or install it with MATURIN_PEP517_ARGS=\"--features etcd\""
+    )))
 }

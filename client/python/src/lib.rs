@@ -9,7 +9,6 @@
 mod buffers;
 mod client;
 mod codes;
-mod daemon;
 mod keys;
 
 pub(crate) use mooncake_client::bindings::runtime;
@@ -32,7 +31,6 @@ pyo3::create_exception!(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Client>()?;
-    m.add_class::<daemon::EmbeddedDaemon>()?;
     m.add_function(wrap_pyfunction!(keys::block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(keys::opaque_hash, m)?)?;
     m.add("StoreError", m.py().get_type::<StoreError>())?;

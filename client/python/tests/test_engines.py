@@ -8,7 +8,9 @@ which of their calls it makes."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -273,4 +275,51 @@ def test_a_closed_clients_daemon_leaves_at_once():
         assert second.batch_is_exist(keys) == [1] * 200
         assert second.close() == 0
     finally:
+        proc.kill()
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie no one reaped yet counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_killed_workers_daemon_stops_with_it():
+    """A worker killed outright (SIGKILL, an OOM kill) cannot stop its
+    daemon; the daemon sees its standard input close and stops by itself,
+    so no orphan keeps memory and a place in the cluster."""
+    import subprocess
+    import sys
+
+    from conftest import binary
+
+    meta = f"127.0.0.1:{free_port()}"
+    proc = Process("meta", "--listen", meta, "--admin", "")
+    worker = None
+    try:
+        wait_for_port(meta)
+        script = (
+            "import time\n"
+            "from mooncake.store import MooncakeDistributedStore\n"
+            "s = MooncakeDistributedStore()\n"
+            f"assert s.setup('localhost', 'P2PHANDSHAKE', 64 << 20, 0, 'tcp', '', '{meta}') == 0\n"
+            "print(s._daemon._proc.pid, flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        env = dict(os.environ, MOONCAKE_BIN=binary())
+        worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True)
+        daemon = int(worker.stdout.readline())
+        assert not _gone(daemon)
+        worker.kill()
+        worker.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while not _gone(daemon) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(daemon), "the daemon outlived its worker"
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
         proc.kill()

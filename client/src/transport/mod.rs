@@ -16,9 +16,8 @@ use mooncake_proto::message::{Location, ShmLease};
 use mooncake_proto::transport::TransportKind;
 use mooncake_proto::{BlockHash, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
 
-use crate::error::ClientError;
+use crate::ClientError;
 
-pub mod quic;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub(crate) mod shm;

@@ -31,7 +31,7 @@ use futures::future::BoxFuture;
 use mooncake_proto::transport::TransportKind;
 
 use super::{answer, push_frame, GetItem, PutItem, Read, Transport};
-use crate::error::{ClientError, ErrorSource};
+use crate::{ClientError, ErrorSource};
 
 /// A mapping of a daemon's pool (read for gets, written only into room
 /// the daemon reserved for a put), or of its index (read only).

@@ -11,9 +11,9 @@ use mooncake_proto::transport::TransportKind;
 use mooncake_proto::{BlockKey, ErrorCode, Namespace, Opcode};
 
 use super::{GetItem, PutItem, Read, Transport};
-use crate::conn::FrameReader;
-use crate::error::{ClientError, ErrorSource};
-use crate::pool::ConnPool;
+use crate::{ClientError, ErrorSource};
+use mooncake_net::ConnPool;
+use mooncake_net::FrameReader;
 
 /// TCP or QUIC to one daemon, through a pool of idle streams.
 pub(crate) struct StreamTransport {

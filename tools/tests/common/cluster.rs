@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooncake_client::{Client, ClientConfig};
-use mooncake_coord::{Coordinator, EtcdConfig, EtcdCoordinator, LeaderResolver};
+use mooncake_coord::{leader_address, Coordinator, EtcdConfig, EtcdCoordinator};
 
 use super::{free_port, BIN};
 
@@ -223,7 +223,7 @@ impl Cluster {
     }
 
     pub async fn client(&self, timeout: Duration) -> Client {
-        let resolver = Arc::new(LeaderResolver(self.coordinator().await));
+        let resolver = Arc::new(leader_address(self.coordinator().await));
         let cfg = ClientConfig::new("")
             .with_timeout(timeout)
             .with_resolver(resolver)

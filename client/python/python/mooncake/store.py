@@ -194,7 +194,7 @@ class MooncakeDistributedStore:
 
     def __init__(self) -> None:
         self._client: Optional[mooncake_store.Client] = None
-        self._daemon: Optional[mooncake_store.EmbeddedDaemon] = None
+        self._daemon: Optional[mooncake_store.DaemonProcess] = None
         self._hostname = ""
 
     # -- set-up ---------------------------------------------------------
@@ -309,7 +309,7 @@ class MooncakeDistributedStore:
             return INVALID_PARAMS
         if global_segment_size > 0:
             try:
-                self._daemon = mooncake_store.EmbeddedDaemon(
+                self._daemon = mooncake_store.DaemonProcess(
                     master_server_addr, global_segment_size, host
                 )
             except RuntimeError as err:

@@ -22,18 +22,18 @@ from ._native import (
     TRANSFER_FAIL,
     WRITE_FAIL,
     Client,
-    EmbeddedDaemon,
     StoreError,
     StoreUnavailable,
     block_hashes,
     opaque_hash,
 )
 from .aio import AsyncClient
+from .daemon import DaemonProcess
 
 __all__ = [
     "AsyncClient",
     "Client",
-    "EmbeddedDaemon",
+    "DaemonProcess",
     "StoreError",
     "StoreUnavailable",
     "block_hashes",

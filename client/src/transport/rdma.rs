@@ -24,15 +24,14 @@ use mooncake_proto::message::{
 };
 use mooncake_proto::transport::TransportKind;
 use mooncake_proto::{BlockKey, ErrorCode, Namespace, Opcode};
-use sideway::ibverbs::memory_region::MemoryRegion;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::nic::{Nic, Op, Queue};
-use super::regions::RemotePool;
-use super::registered::Registered;
-use crate::error::{ClientError, ErrorSource};
 use crate::transport::{answer, push_frame, GetItem, PutItem, Read, Transport};
+use crate::{ClientError, ErrorSource};
+use mooncake_net::rdma::nic::{MemoryRegion, Nic, Op, Queue};
+use mooncake_net::rdma::regions::RemotePool;
+use mooncake_net::rdma::Registered;
 
 /// Bytes of one lane's staging buffer (registered, so pinned): at most
 /// `MAX_LANES` x 16 MiB per daemon this client talks to.

@@ -157,6 +157,7 @@ impl Unproven {
     }
 
     /// Peers closed since start to make room for newer ones.
+    #[cfg(test)]
     pub fn evicted(&self) -> u64 {
         self.inner.lock().evicted
     }

@@ -1,6 +1,7 @@
-//! Client errors, each saying where it came from and whether a retry may
-//! help, so that a worker decides "retry" or "recompute" without matching
-//! on every variant.
+//! The error of a call to a server (the meta service or a daemon), saying
+//! which side failed, at which address, and whether a retry may help, so
+//! that a worker decides "retry" or "recompute" without matching on every
+//! variant. The client SDK names it `ClientError`.
 
 use std::io;
 
@@ -18,7 +19,7 @@ pub enum ErrorSource {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub enum CallError {
     #[error("{side:?} at {addr} answered {code} to {op}")]
     Server {
         side: ErrorSource,
@@ -67,32 +68,30 @@ pub enum ClientError {
     },
 }
 
-impl ClientError {
+impl CallError {
     /// Whether the same call may succeed later or against another replica.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ClientError::Server { code, .. } => code.is_retryable(),
-            ClientError::Timeout { .. }
-            | ClientError::Io { .. }
-            | ClientError::NoLeader(_)
-            | ClientError::Stale { .. } => true,
-            ClientError::Protocol { .. }
-            | ClientError::Invalid(_)
-            | ClientError::Refused { .. } => false,
+            CallError::Server { code, .. } => code.is_retryable(),
+            CallError::Timeout { .. }
+            | CallError::Io { .. }
+            | CallError::NoLeader(_)
+            | CallError::Stale { .. } => true,
+            CallError::Protocol { .. } | CallError::Invalid(_) | CallError::Refused { .. } => false,
         }
     }
 
     /// An I/O error on a connection to `addr`; one of kind
     /// `PermissionDenied` is the peer's TLS refusing this client.
-    pub fn io(side: ErrorSource, addr: &str, err: io::Error) -> ClientError {
+    pub fn io(side: ErrorSource, addr: &str, err: io::Error) -> CallError {
         if err.kind() == io::ErrorKind::PermissionDenied {
-            return ClientError::Refused {
+            return CallError::Refused {
                 side,
                 addr: addr.to_string(),
                 why: err.to_string(),
             };
         }
-        ClientError::Io {
+        CallError::Io {
             side,
             addr: addr.to_string(),
             err,
@@ -100,52 +99,52 @@ impl ClientError {
     }
 
     /// The same error for another caller (one request answered several).
-    pub(crate) fn duplicate(&self) -> ClientError {
+    pub fn duplicate(&self) -> CallError {
         match self {
-            ClientError::Server {
+            CallError::Server {
                 side,
                 addr,
                 op,
                 code,
-            } => ClientError::Server {
+            } => CallError::Server {
                 side: *side,
                 addr: addr.clone(),
                 op,
                 code: *code,
             },
-            ClientError::Timeout {
+            CallError::Timeout {
                 side,
                 addr,
                 op,
                 timeout_ms,
-            } => ClientError::Timeout {
+            } => CallError::Timeout {
                 side: *side,
                 addr: addr.clone(),
                 op,
                 timeout_ms: *timeout_ms,
             },
-            ClientError::Io { side, addr, err } => ClientError::Io {
+            CallError::Io { side, addr, err } => CallError::Io {
                 side: *side,
                 addr: addr.clone(),
                 err: io::Error::new(err.kind(), err.to_string()),
             },
-            ClientError::Protocol { side, addr, err } => ClientError::Protocol {
+            CallError::Protocol { side, addr, err } => CallError::Protocol {
                 side: *side,
                 addr: addr.clone(),
                 err: err.clone(),
             },
-            ClientError::NoLeader(why) => ClientError::NoLeader(why.clone()),
-            ClientError::Stale {
+            CallError::NoLeader(why) => CallError::NoLeader(why.clone()),
+            CallError::Stale {
                 addr,
                 revision,
                 seen,
-            } => ClientError::Stale {
+            } => CallError::Stale {
                 addr: addr.clone(),
                 revision: *revision,
                 seen: *seen,
             },
-            ClientError::Invalid(why) => ClientError::Invalid(why.clone()),
-            ClientError::Refused { side, addr, why } => ClientError::Refused {
+            CallError::Invalid(why) => CallError::Invalid(why.clone()),
+            CallError::Refused { side, addr, why } => CallError::Refused {
                 side: *side,
                 addr: addr.clone(),
                 why: why.clone(),
@@ -156,22 +155,22 @@ impl ClientError {
     /// Where the error came from.
     pub fn source_side(&self) -> ErrorSource {
         match self {
-            ClientError::Server { side, .. }
-            | ClientError::Timeout { side, .. }
-            | ClientError::Io { side, .. }
-            | ClientError::Protocol { side, .. }
-            | ClientError::Refused { side, .. } => *side,
-            ClientError::NoLeader(_) | ClientError::Stale { .. } => ErrorSource::Meta,
-            ClientError::Invalid(_) => ErrorSource::Caller,
+            CallError::Server { side, .. }
+            | CallError::Timeout { side, .. }
+            | CallError::Io { side, .. }
+            | CallError::Protocol { side, .. }
+            | CallError::Refused { side, .. } => *side,
+            CallError::NoLeader(_) | CallError::Stale { .. } => ErrorSource::Meta,
+            CallError::Invalid(_) => ErrorSource::Caller,
         }
     }
 
     /// The server's error code, when a server answered with one.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            ClientError::Server { code, .. } => Some(*code),
-            ClientError::Timeout { .. } => Some(ErrorCode::Timeout),
-            ClientError::Refused { .. } => Some(ErrorCode::Unauthorized),
+            CallError::Server { code, .. } => Some(*code),
+            CallError::Timeout { .. } => Some(ErrorCode::Timeout),
+            CallError::Refused { .. } => Some(ErrorCode::Unauthorized),
             _ => None,
         }
     }

@@ -6,17 +6,14 @@
 //! - `regions`: where pool bytes lie in a daemon's registered regions.
 //! - `registered`: caller memory registered once, read into and written
 //!   from with no copy.
-//! - `link`: the client's data path to one daemon (one-sided reads and
-//!   writes of leased pool bytes; control messages on TCP).
 //!
-//! The daemon's side is `store/src/rdma.rs`.
+//! The client's data path over RDMA is `client/src/transport/rdma.rs`; the
+//! daemon's side is `store/src/rdma.rs`.
 
-pub mod link;
 pub mod nic;
 pub mod regions;
 pub mod registered;
 
-pub use link::RdmaLink;
 pub use nic::{MemoryRegion, Nic, NicChoice, Queue};
 pub use registered::Registered;
 

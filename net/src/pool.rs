@@ -13,8 +13,8 @@ use mooncake_proto::transport::TransportKind;
 use mooncake_proto::Opcode;
 
 use crate::conn::Connection;
-use crate::error::{ClientError, ErrorSource};
-use crate::transport::quic::QuicConnector;
+use crate::error::{CallError, ErrorSource};
+use crate::quic::QuicConnector;
 
 /// How a pool opens a new connection.
 #[derive(Clone)]
@@ -79,7 +79,7 @@ impl ConnPool {
     /// An idle connection (`true`: reused; one its peer is seen to have
     /// closed is dropped, but a close not seen yet can still fail the next
     /// call) or a new one.
-    pub async fn get(&self) -> Result<(Connection, bool), ClientError> {
+    pub async fn get(&self) -> Result<(Connection, bool), CallError> {
         loop {
             let Some(mut conn) = self.idle.lock().pop() else {
                 break;
@@ -111,7 +111,7 @@ impl ConnPool {
         op: Opcode,
         req: &impl Body,
         name: &'static str,
-    ) -> Result<Resp, ClientError> {
+    ) -> Result<Resp, CallError> {
         let mut retried = false;
         loop {
             let (mut conn, reused) = self.get().await?;
@@ -120,11 +120,11 @@ impl ConnPool {
                     self.put_back(conn);
                     return Ok(resp);
                 }
-                Err(err @ ClientError::Server { .. }) => {
+                Err(err @ CallError::Server { .. }) => {
                     self.put_back(conn);
                     return Err(err);
                 }
-                Err(ClientError::Io { .. }) if reused && !retried => {
+                Err(CallError::Io { .. }) if reused && !retried => {
                     self.clear();
                     retried = true;
                 }

@@ -11,7 +11,7 @@ use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 
-use crate::error::{ClientError, ErrorSource};
+use crate::error::{CallError, ErrorSource};
 
 const IO_BUFFER: usize = 64 << 10;
 
@@ -47,18 +47,18 @@ impl Connection {
         addr: &str,
         side: ErrorSource,
         timeout: Duration,
-    ) -> Result<Self, ClientError> {
+    ) -> Result<Self, CallError> {
         let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(err)) => {
-                return Err(ClientError::Io {
+                return Err(CallError::Io {
                     side,
                     addr: addr.to_string(),
                     err,
                 })
             }
             Err(_) => {
-                return Err(ClientError::Timeout {
+                return Err(CallError::Timeout {
                     side,
                     addr: addr.to_string(),
                     op: "connect",
@@ -66,7 +66,7 @@ impl Connection {
                 })
             }
         };
-        stream.set_nodelay(true).map_err(|err| ClientError::Io {
+        stream.set_nodelay(true).map_err(|err| CallError::Io {
             side,
             addr: addr.to_string(),
             err,
@@ -126,7 +126,7 @@ impl Connection {
 
     /// Presents a token (`Opcode::Auth`), as the first request on a
     /// connection to a server that requires one.
-    pub async fn authenticate(&mut self, token: &str) -> Result<(), ClientError> {
+    pub async fn authenticate(&mut self, token: &str) -> Result<(), CallError> {
         let req = mooncake_proto::auth::AuthRequest {
             token: token.to_string(),
         };
@@ -141,7 +141,7 @@ impl Connection {
         op: Opcode,
         req: &impl Body,
         name: &'static str,
-    ) -> Result<Resp, ClientError> {
+    ) -> Result<Resp, CallError> {
         let body = req.to_bytes();
         self.writer
             .send(op, &body, &[])
@@ -153,15 +153,15 @@ impl Connection {
         if header.status != ErrorCode::Ok as u16 {
             return Err(self.reader.status_error(header.status, name));
         }
-        Resp::from_bytes(&bytes).map_err(|err| ClientError::Protocol {
+        Resp::from_bytes(&bytes).map_err(|err| CallError::Protocol {
             side: self.side,
             addr: self.addr.clone(),
             err,
         })
     }
 
-    fn io(&self, err: io::Error) -> ClientError {
-        ClientError::io(self.side, &self.addr, err)
+    fn io(&self, err: io::Error) -> CallError {
+        CallError::io(self.side, &self.addr, err)
     }
 }
 
@@ -191,12 +191,12 @@ impl FrameWriter {
 impl FrameReader {
     /// Reads the next response header and checks it answers the oldest
     /// request in flight.
-    pub async fn next_header(&mut self, op: Opcode) -> Result<Header, ClientError> {
+    pub async fn next_header(&mut self, op: Opcode) -> Result<Header, CallError> {
         let id = self.next_id;
         let mut raw = [0u8; HEADER_LEN];
         self.rd.read_exact(&mut raw).await.map_err(|e| self.io(e))?;
         let header = Header::parse(&raw)
-            .map_err(|err| ClientError::Protocol {
+            .map_err(|err| CallError::Protocol {
                 side: self.ctx.1,
                 addr: self.ctx.0.clone(),
                 err,
@@ -214,21 +214,21 @@ impl FrameReader {
     }
 
     /// Reads a whole control body (bounded by the header's checked limit).
-    pub async fn body(&mut self, len: usize) -> Result<Vec<u8>, ClientError> {
+    pub async fn body(&mut self, len: usize) -> Result<Vec<u8>, CallError> {
         let mut buf = vec![0u8; len];
         self.rd.read_exact(&mut buf).await.map_err(|e| self.io(e))?;
         Ok(buf)
     }
 
     /// Reads exactly `buf.len()` bytes into the caller's buffer.
-    pub async fn read_into(&mut self, buf: &mut [u8]) -> Result<(), ClientError> {
+    pub async fn read_into(&mut self, buf: &mut [u8]) -> Result<(), CallError> {
         self.rd.read_exact(buf).await.map_err(|e| self.io(e))?;
         Ok(())
     }
 
     /// Reads exactly `buf.len()` bytes into the caller's buffer and returns
     /// their checksum, hashing each piece as it lands (still in cache).
-    pub async fn read_into_hashed(&mut self, buf: &mut [u8]) -> Result<u64, ClientError> {
+    pub async fn read_into_hashed(&mut self, buf: &mut [u8]) -> Result<u64, CallError> {
         let mut running = mooncake_proto::checksum::Running::default();
         for piece in buf.chunks_mut(mooncake_proto::checksum::CHUNK) {
             self.rd.read_exact(piece).await.map_err(|e| self.io(e))?;
@@ -238,7 +238,7 @@ impl FrameReader {
     }
 
     /// Reads and drops `len` bytes (a response the caller cannot take).
-    pub async fn discard(&mut self, mut len: usize) -> Result<(), ClientError> {
+    pub async fn discard(&mut self, mut len: usize) -> Result<(), CallError> {
         let mut scratch = [0u8; 8192];
         while len > 0 {
             let n = len.min(scratch.len());
@@ -251,8 +251,8 @@ impl FrameReader {
         Ok(())
     }
 
-    pub fn status_error(&self, status: u16, op: &'static str) -> ClientError {
-        ClientError::Server {
+    pub fn status_error(&self, status: u16, op: &'static str) -> CallError {
+        CallError::Server {
             side: self.ctx.1,
             addr: self.ctx.0.clone(),
             op,
@@ -260,8 +260,8 @@ impl FrameReader {
         }
     }
 
-    pub fn protocol(&self, why: &str) -> ClientError {
-        ClientError::Protocol {
+    pub fn protocol(&self, why: &str) -> CallError {
+        CallError::Protocol {
             side: self.ctx.1,
             addr: self.ctx.0.clone(),
             err: ProtoError::Invalid {
@@ -271,7 +271,7 @@ impl FrameReader {
         }
     }
 
-    fn io(&self, err: io::Error) -> ClientError {
-        ClientError::io(self.ctx.1, &self.ctx.0, err)
+    fn io(&self, err: io::Error) -> CallError {
+        CallError::io(self.ctx.1, &self.ctx.0, err)
     }
 }
