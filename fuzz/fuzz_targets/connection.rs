@@ -8,7 +8,7 @@
 #![no_main]
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
@@ -53,7 +53,6 @@ fn servers() -> &'static Servers {
             .unwrap();
         let (daemon, meta) = rt.block_on(async {
             let registry = prometheus::Registry::new();
-            let stop = tokio_util::sync::CancellationToken::new();
             let meta_cfg = mooncake_meta::MetaConfig {
                 auth: Some(tokens.clone()),
                 token: Some(CLUSTER.into()),
@@ -62,16 +61,10 @@ fn servers() -> &'static Servers {
                 auth_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
                 ..mooncake_meta::MetaConfig::default()
             };
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let coordinator = Arc::new(mooncake_meta::EmbeddedCoordinator::new());
-            let meta = mooncake_meta::start(meta_cfg, listener, coordinator, &registry, stop.clone())
-                .await
-                .unwrap();
             let daemon_cfg = mooncake_daemon::DaemonConfig {
                 auth: Some(tokens.clone()),
                 token: Some(CLUSTER.into()),
                 admin: String::new(),
-                meta: Some(meta.addr.to_string()),
                 dram: mooncake_proto::units::ByteSize(16 << 20),
                 hugepages: false,
                 prefault: false,
@@ -80,12 +73,20 @@ fn servers() -> &'static Servers {
                 put_stall_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(200)),
                 ..mooncake_daemon::DaemonConfig::default()
             };
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let daemon = mooncake_daemon::start(daemon_cfg, listener, None, &registry, stop.clone())
-                .await
-                .unwrap();
-            std::mem::forget(stop);
-            (daemon.addr, meta.addr)
+            let store = mooncake_local::LocalStore::start(
+                meta_cfg,
+                TcpListener::bind("127.0.0.1:0").await.unwrap(),
+                daemon_cfg,
+                TcpListener::bind("127.0.0.1:0").await.unwrap(),
+                &registry,
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+            let addrs = (store.daemon.handle.addr, store.meta.addr);
+            // Serves until the process ends.
+            std::mem::forget(store);
+            addrs
         });
         Servers { rt, daemon, meta }
     })

@@ -14,6 +14,7 @@ mod daemons;
 mod index;
 pub mod metrics;
 mod removals;
+mod replica;
 mod server;
 mod table;
 
@@ -29,9 +30,8 @@ pub use clients::Client;
 pub use config::MetaConfig;
 pub use index::{Index, PrefixStats};
 pub use metrics::MetaMetrics;
-pub use mooncake_coord::{
-    Coordinator, CoordinatorError, EmbeddedCoordinator, Leadership, MemberKind,
-};
+pub use mooncake_coord::{Coordinator, CoordinatorError, Leadership};
+pub use replica::{run_replica, ReplicaView};
 
 /// Why a meta service could not start.
 #[derive(Debug, thiserror::Error)]

@@ -1,12 +1,13 @@
 //! Test harness: a whole store (meta service and daemons) started in this
-//! process on `127.0.0.1:0`, exactly as `mooncake-store up` starts it.
+//! process on `127.0.0.1:0`, by the composition `mooncake-store up` uses
+//! (`mooncake-local`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_client::{Client, ClientConfig};
-use mooncake_daemon::{DaemonConfig, DaemonHandle};
-use mooncake_meta::{EmbeddedCoordinator, MetaConfig};
+use mooncake_daemon::DaemonConfig;
+use mooncake_meta::MetaConfig;
 use mooncake_proto::units::{ByteSize, HumanDuration};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -19,10 +20,8 @@ pub struct TestCluster {
     pub token: Option<Arc<str>>,
 }
 
-pub struct TestDaemon {
-    pub handle: DaemonHandle,
-    pub stop: CancellationToken,
-}
+/// A daemon of the test's store, and what stops it.
+pub type TestDaemon = mooncake_local::LocalDaemon;
 
 /// Meta settings that make timeouts observable within a test.
 pub fn fast_meta() -> MetaConfig {
@@ -61,10 +60,9 @@ impl TestCluster {
     ) -> TestCluster {
         let shutdown = CancellationToken::new();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let handle = mooncake_meta::start(
+        let handle = mooncake_local::start_meta(
             meta,
             listener,
-            Arc::new(EmbeddedCoordinator::new()),
             &prometheus::Registry::new(),
             shutdown.clone(),
         )
@@ -88,16 +86,9 @@ impl TestCluster {
         let stop = self.shutdown.child_token();
         cfg.meta = Some(self.meta_addr.clone());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let handle = mooncake_daemon::start(
-            cfg,
-            listener,
-            None,
-            &prometheus::Registry::new(),
-            stop.clone(),
-        )
-        .await
-        .unwrap();
-        TestDaemon { handle, stop }
+        TestDaemon::launch(cfg, listener, &prometheus::Registry::new(), stop)
+            .await
+            .unwrap()
     }
 
     /// Starts one more daemon and waits until the meta service lists it.

@@ -309,7 +309,8 @@ impl mooncake_client::MetaResolver for SetLeader {
 
 #[tokio::test]
 async fn a_client_refuses_a_leader_older_than_one_it_has_seen() {
-    use mooncake_meta::{EmbeddedCoordinator, Leadership, MetaMetrics};
+    use mooncake_coord::{EmbeddedCoordinator, Leadership};
+    use mooncake_meta::MetaMetrics;
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
 

@@ -38,7 +38,7 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ),
     (
         "mooncake-local",
-        &["mooncake-proto", "mooncake-daemon", "mooncake-meta"],
+        &["mooncake-coord", "mooncake-daemon", "mooncake-meta"],
         &[],
     ),
     (

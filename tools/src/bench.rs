@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use mooncake_client::{Client, ClientConfig, GetOutcome, PutOutcome};
+use mooncake_local::LocalStore;
 use mooncake_proto::units::ByteSize;
 use mooncake_proto::{BlockHash, Namespace};
 use serde::Serialize;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use crate::exit::Failure;
 use crate::Target;
@@ -74,12 +74,15 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             "--concurrency, --batch and --ops must be at least 1",
         ));
     }
-    let shutdown = CancellationToken::new();
-    let client = Arc::new(if args.embedded {
-        let meta_addr = start_embedded(args.dram, &shutdown).await?;
-        Client::new(ClientConfig::new(meta_addr).with_timeout(args.target.timeout))
-    } else {
-        crate::blocks::client(&args.target).await?
+    let embedded = match args.embedded {
+        true => Some(start_embedded(args.dram).await?),
+        false => None,
+    };
+    let client = Arc::new(match &embedded {
+        Some(store) => {
+            Client::new(ClientConfig::new(store.meta_addr()).with_timeout(args.target.timeout))
+        }
+        None => crate::blocks::client(&args.target).await?,
     });
     if client.config().shm_socket.is_some() {
         // Timed calls should not share a core with setting up the link.
@@ -163,7 +166,9 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         rows.push(put);
         rows.push(get);
     }
-    shutdown.cancel();
+    if let Some(store) = embedded {
+        store.stop(Duration::from_secs(10)).await;
+    }
     print_rows(&args, &rows);
     // Which paths the blocks really took (a path asked for and not
     // available falls back, and its rows measure the fallback).
@@ -171,47 +176,24 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn start_embedded(dram: ByteSize, shutdown: &CancellationToken) -> Result<String, Failure> {
+/// A store of its own in this process, on loopback ports.
+async fn start_embedded(dram: ByteSize) -> Result<LocalStore, Failure> {
     let meta_listener = TcpListener::bind("127.0.0.1:0").await?;
     let daemon_listener = TcpListener::bind("127.0.0.1:0").await?;
-    let meta = mooncake_meta::start(
-        mooncake_meta::MetaConfig::default(),
-        meta_listener,
-        Arc::new(mooncake_meta::EmbeddedCoordinator::new()),
-        &prometheus::Registry::new(),
-        shutdown.clone(),
-    )
-    .await
-    .map_err(|e| Failure::other(e.into()))?;
-    let cfg = mooncake_daemon::DaemonConfig {
+    let daemon = mooncake_daemon::DaemonConfig {
         dram,
-        meta: Some(meta.addr.to_string()),
         ..Default::default()
     };
-    mooncake_daemon::start(
-        cfg,
+    LocalStore::start(
+        mooncake_meta::MetaConfig::default(),
+        meta_listener,
+        daemon,
         daemon_listener,
-        None,
         &prometheus::Registry::new(),
-        shutdown.clone(),
+        Duration::from_secs(10),
     )
     .await
-    .map_err(|e| Failure::other(e.into()))?;
-    // Wait until the daemon has registered.
-    let client = Client::new(ClientConfig::new(meta.addr.to_string()));
-    for _ in 0..100 {
-        if client
-            .cluster_stats()
-            .await
-            .is_ok_and(|s| !s.daemons.is_empty())
-        {
-            return Ok(meta.addr.to_string());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Err(Failure::other(anyhow::anyhow!(
-        "embedded daemon did not register"
-    )))
+    .map_err(|e| Failure::other(e.into()))
 }
 
 fn progress(args: &BenchArgs, total: usize, size: usize) -> ProgressBar {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use mooncake_coord::{Coordinator, EtcdConfig, EtcdCoordinator, MemberKind};
-use mooncake_meta::EmbeddedCoordinator;
+use mooncake_local::LocalStore;
 use mooncake_proto::units::{parse_duration, ByteSize, HumanDuration};
 use prometheus::Registry;
 use tokio::net::TcpListener;
@@ -320,67 +320,44 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     if let Some(a) = args.admin {
         cfg.meta.admin = a;
     }
-    let shutdown = CancellationToken::new();
     let registry = Registry::new();
     let meta_listener = bind(&cfg.meta.listen, "meta service").await?;
     let daemon_listener = bind(&cfg.daemon.listen, "daemon").await?;
     let admin_addr = (cfg.meta.admin.clone(), cfg.meta.metrics_token.clone());
-    let coordinator = Arc::new(EmbeddedCoordinator::new());
-    let meta = mooncake_meta::start(
+    let dram = cfg.daemon.dram;
+    // Ready means a put succeeds: the daemon is registered.
+    let store = LocalStore::start(
         cfg.meta,
         meta_listener,
-        coordinator,
-        &registry,
-        shutdown.clone(),
-    )
-    .await
-    .map_err(|e| Failure::other(e.into()))?;
-    cfg.daemon.meta = Some(meta.addr.to_string());
-    let dram = cfg.daemon.dram;
-    // The daemon stops first, and leaves the meta service while it still
-    // answers.
-    let daemon_stop = CancellationToken::new();
-    let daemon = mooncake_daemon::start(
         cfg.daemon,
         daemon_listener,
-        None,
         &registry,
-        daemon_stop.clone(),
+        REGISTER_WITHIN,
     )
     .await
     .map_err(|e| Failure::other(e.into()))?;
-    // Ready means a put succeeds: the daemon is registered.
-    if !daemon.registered(REGISTER_WITHIN).await {
-        daemon_stop.cancel();
-        shutdown.cancel();
-        return Err(Failure::other(anyhow::anyhow!(
-            "the daemon did not register with the meta service within {REGISTER_WITHIN:?}"
-        )));
-    }
     let health: Health = Arc::new(|| (true, "ok: meta service and daemon serving".into()));
     let views = Views {
         health,
-        segments: Some(meta.live_daemons()),
+        segments: Some(store.meta.live_daemons()),
     };
-    let admin = start_admin((&admin_addr.0, admin_addr.1), registry, views, &shutdown).await?;
+    // The admin endpoint stops last: it answers while the store stops.
+    let admin_stop = CancellationToken::new();
+    let admin = start_admin((&admin_addr.0, admin_addr.1), registry, views, &admin_stop).await?;
     println!(
         "mooncake-store up: meta service on {}, daemon on {} with {} of DRAM{}. Ctrl-C stops it.",
-        meta.addr,
-        daemon.addr,
+        store.meta.addr,
+        store.daemon.handle.addr,
         dram,
         admin_note(admin)
     );
     wait_for_signal().await;
     println!("stopping: finishing in-flight requests");
-    daemon_stop.cancel();
-    let stopped = async {
-        daemon.join().await;
-        shutdown.cancel();
-        meta.join().await;
-    };
-    if tokio::time::timeout(STOP_GRACE, stopped).await.is_err() {
+    // The daemon leaves the meta service while it still answers.
+    if !store.stop(STOP_GRACE).await {
         eprintln!("warning: stop took over {STOP_GRACE:?}; exiting anyway");
     }
+    admin_stop.cancel();
     Ok(())
 }
 
@@ -411,9 +388,8 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
     let registry = Registry::new();
     let Some(etcd) = args.etcd.connect().await? else {
         let listener = bind(&cfg.listen, "meta service").await?;
-        let coordinator = Arc::new(EmbeddedCoordinator::new());
         let admin_addr = (cfg.admin.clone(), cfg.metrics_token.clone());
-        let meta = mooncake_meta::start(cfg, listener, coordinator, &registry, stop.clone())
+        let meta = mooncake_local::start_meta(cfg, listener, &registry, stop.clone())
             .await
             .map_err(|e| Failure::other(e.into()))?;
         let views = Views {
@@ -438,11 +414,11 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::connection(e.to_string()))?;
     let metrics =
         mooncake_meta::MetaMetrics::new(&registry).map_err(|e| Failure::other(e.into()))?;
-    let leading = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let view = mooncake_meta::ReplicaView::default();
     let health: Health = {
-        let leading = leading.clone();
+        let view = view.clone();
         Arc::new(move || {
-            let role = if leading.load(std::sync::atomic::Ordering::Relaxed) {
+            let role = if view.is_leading() {
                 "leader"
             } else {
                 "standby"
@@ -450,11 +426,9 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
             (true, format!("ok: {role}"))
         })
     };
-    // The daemons of the term this replica leads; none while it stands by.
-    let term_daemons: Arc<parking_lot::Mutex<Option<mooncake_meta::LiveDaemons>>> = Arc::default();
     let segments: admin::Segments = {
-        let term = term_daemons.clone();
-        Arc::new(move || term.lock().as_ref().map_or_else(Vec::new, |list| list()))
+        let view = view.clone();
+        Arc::new(move || view.live_daemons())
     };
     let views = Views {
         health,
@@ -470,49 +444,10 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
     if let Some(a) = admin {
         println!("meta replica {advertise}: metrics on http://{a}/metrics");
     }
-    while !stop.is_cancelled() {
-        println!("meta replica {advertise}: standing by");
-        let leadership = tokio::select! {
-            won = etcd.campaign(advertise.clone()) => won,
-            _ = stop.cancelled() => break,
-        };
-        let leadership = match leadership {
-            Ok(l) => l,
-            Err(err) => {
-                eprintln!("warning: campaign failed ({err}); retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        let listener = bind(&cfg.listen, "meta service").await?;
-        let term = stop.child_token();
-        let meta = mooncake_meta::serve(
-            cfg.clone(),
-            listener,
-            leadership,
-            etcd.clone(),
-            metrics.clone(),
-            term.clone(),
-        )
-        .map_err(|e| Failure::other(e.into()))?;
-        leading.store(true, std::sync::atomic::Ordering::Relaxed);
-        *term_daemons.lock() = Some(meta.live_daemons());
-        println!(
-            "meta replica {advertise}: leading on {} (revision {})",
-            meta.addr, meta.leadership.revision
-        );
-        let lost = meta.leadership.lost.clone();
-        tokio::select! {
-            _ = lost.cancelled() => {}
-            _ = stop.cancelled() => {}
-        }
-        term.cancel();
-        leading.store(false, std::sync::atomic::Ordering::Relaxed);
-        *term_daemons.lock() = None;
-        let _ = tokio::time::timeout(STOP_GRACE, meta.join()).await;
-    }
+    println!("meta replica {advertise}: standing by, leading when elected");
+    let ran = mooncake_meta::run_replica(cfg, advertise, etcd.clone(), metrics, view, stop).await;
     etcd.close().await;
-    Ok(())
+    ran.map_err(|e| Failure::other(e.into()))
 }
 
 pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {

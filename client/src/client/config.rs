@@ -1,0 +1,155 @@
+//! What a client is configured with: where the meta service is, the
+//! deadlines, the token, and which data paths it may use.
+
+use super::*;
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("meta_addr", &self.meta_addr)
+            .field("follows_leader", &self.resolver.is_some())
+            .field("metrics", &self.metrics.is_some())
+            .field("timeout", &self.timeout)
+            .field("quic", &self.quic.is_some())
+            .field("rdma", &self.rdma)
+            .finish()
+    }
+}
+
+/// How a client reaches the cluster and how long it waits.
+#[derive(Clone)]
+pub struct ClientConfig {
+    /// The meta service's address, e.g. `127.0.0.1:7070` (the first one to
+    /// try, when a resolver is set).
+    pub meta_addr: String,
+    /// Finds the current meta leader when the meta service is unreachable
+    /// (e.g. through etcd); without one the client keeps `meta_addr`.
+    pub resolver: Option<Arc<dyn MetaResolver>>,
+    /// Client-side metrics, in a registry the application exposes. Default
+    /// none.
+    pub metrics: Option<Arc<ClientMetrics>>,
+    /// This host's name, as its daemon registers it: new blocks go to the
+    /// daemon on the same host first. Default: the hostname.
+    pub node: String,
+    /// Deadline of every call, end to end. Default 5s.
+    pub timeout: Duration,
+    /// Deadline of opening one connection. Default 1s.
+    pub connect_timeout: Duration,
+    /// Idle connections kept per peer. Default 64.
+    pub max_idle_per_peer: usize,
+    /// Block locations remembered, so that gets of known blocks skip the
+    /// meta lookup (0 disables). Default 1M (about 100 MiB at most).
+    pub location_cache: usize,
+    /// Token presented to servers that require authentication (its tenant
+    /// decides which namespaces this client may use). Default none.
+    pub token: Option<Arc<str>>,
+    /// The Unix socket of the daemon on this host (its `shm_socket`): its
+    /// blocks are then copied straight out of its shared pool. Default
+    /// none.
+    pub shm_socket: Option<std::path::PathBuf>,
+    /// Threads that copy one large same-host batch (8 MiB or more) out of
+    /// the shared pool side by side: one core copies and checks about
+    /// 7 GB/s. Default a quarter of the cores, 1 to 8.
+    pub copy_threads: usize,
+    /// Talks to the meta service and moves blocks over QUIC with these TLS
+    /// settings (see [`ClientConfig::with_quic`]); daemons that serve no
+    /// QUIC are refused, never reached over plain TCP. Default none: TCP.
+    pub quic: Option<Arc<QuicConnector>>,
+    /// Moves blocks over RDMA (one-sided reads and writes of the daemon's
+    /// pool) to daemons that serve it, when this host has an RDMA NIC and
+    /// the client is built with the `rdma` feature. Otherwise, and for
+    /// blocks a daemon holds only on NVMe, blocks go over QUIC or TCP, and
+    /// each fallback is counted. Default false.
+    pub rdma: bool,
+    /// The RDMA NIC to use (e.g. `mlx5_0`). Default: the first with an
+    /// active port.
+    pub rdma_device: Option<String>,
+    /// The GID index to use on it. Default: its first routable RoCE v2
+    /// GID (InfiniBand: 0).
+    pub rdma_gid_index: Option<u32>,
+    /// Most connections (or QUIC streams) one large batch to one daemon is
+    /// spread over, 8 MiB or more each. Default 4; 1 keeps every batch on
+    /// one connection.
+    pub stripes: usize,
+}
+
+impl ClientConfig {
+    pub fn new(meta_addr: impl Into<String>) -> Self {
+        ClientConfig {
+            meta_addr: meta_addr.into(),
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
+            max_idle_per_peer: 64,
+            location_cache: 1 << 20,
+            resolver: None,
+            metrics: None,
+            node: hostname(),
+            token: None,
+            shm_socket: None,
+            copy_threads: (std::thread::available_parallelism().map_or(1, |n| n.get()) / 4)
+                .clamp(1, 8),
+            quic: None,
+            rdma: false,
+            rdma_device: None,
+            rdma_gid_index: None,
+            stripes: 4,
+        }
+    }
+
+    /// Authenticates with `token` (see `docs/security.md`).
+    pub fn with_token(mut self, token: impl Into<Arc<str>>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Records latency, hits and misses in `registry` (which the
+    /// application serves on its own /metrics).
+    pub fn with_metrics(mut self, registry: &prometheus::Registry) -> prometheus::Result<Self> {
+        self.metrics = Some(ClientMetrics::new(registry)?);
+        Ok(self)
+    }
+
+    /// Follows the meta leader through `resolver`, starting from the
+    /// address it names now.
+    pub async fn with_resolver(
+        mut self,
+        resolver: Arc<dyn MetaResolver>,
+    ) -> Result<Self, ClientError> {
+        self.meta_addr = resolver.resolve().await.map_err(ClientError::NoLeader)?;
+        self.resolver = Some(resolver);
+        Ok(self)
+    }
+
+    /// Sends blocks over QUIC, trusting daemons whose certificates `tls.ca`
+    /// signed (and presenting `tls.identity` for mutual TLS). Fails, in
+    /// one line naming the file, if a certificate or key does not load.
+    pub fn with_quic(mut self, tls: &ClientTls) -> Result<Self, ClientError> {
+        let connector =
+            QuicConnector::new(tls).map_err(|err| ClientError::Invalid(err.to_string()))?;
+        self.quic = Some(Arc::new(connector));
+        Ok(self)
+    }
+
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// A connection pool to `addr` with the client's limits and token. A
+/// client set up for QUIC reaches the meta service over QUIC too (UDP, at
+/// the meta address), so that keys and tokens never travel in clear.
+pub(super) fn pool_for(cfg: &ClientConfig, addr: String, side: ErrorSource) -> ConnPool {
+    let pool = ConnPool::new(addr, side, cfg.connect_timeout, cfg.max_idle_per_peer)
+        .with_token(cfg.token.clone());
+    match (&cfg.quic, side) {
+        (Some(quic), ErrorSource::Meta) => pool.with_dialer(Dialer::Quic(quic.clone())),
+        _ => pool,
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}

@@ -1,0 +1,179 @@
+//! Bodies of a daemon's calls to the meta service: register, inventory,
+//! heartbeats, events (blocks it dropped) and leaving.
+
+use super::*;
+
+/// A daemon that stops, by the id it was given and the address it
+/// registered (so that a stale id never takes another daemon out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaveRequest {
+    pub daemon: u32,
+    pub addr: String,
+}
+
+impl Body for LeaveRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+        w.str(&self.addr);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(LeaveRequest {
+            daemon: r.u32()?,
+            addr: r.str()?.to_string(),
+        })
+    }
+}
+
+/// A daemon joins the cluster (or joins a new leader). Its blocks follow
+/// in `Inventory` messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisterRequest {
+    pub node: String,
+    pub addr: String,
+    pub capacity: u64,
+    /// The id an earlier leader gave this daemon (0: none), kept if free,
+    /// so that locations cached by clients stay meaningful across failover.
+    pub id_hint: u32,
+    /// Transports served besides TCP at `addr`.
+    pub endpoints: Vec<Endpoint>,
+    /// Whether the daemon requires a token of its clients: a meta service
+    /// that requires one refuses a daemon that does not, whose blocks any
+    /// peer could read.
+    pub requires_auth: bool,
+}
+
+impl Body for RegisterRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.str(&self.node);
+        w.str(&self.addr);
+        w.u64(self.capacity);
+        w.u32(self.id_hint);
+        encode_endpoints(w, &self.endpoints);
+        w.u8(u8::from(self.requires_auth));
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(RegisterRequest {
+            node: r.str()?.to_string(),
+            addr: r.str()?.to_string(),
+            capacity: r.u64()?,
+            id_hint: r.u32()?,
+            endpoints: decode_endpoints(r)?,
+            requires_auth: match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => {
+                    return Err(ProtoError::Invalid {
+                        field: "requires_auth",
+                        why: "neither 0 nor 1".into(),
+                    })
+                }
+            },
+        })
+    }
+}
+
+/// The id the meta service gave a daemon, and the leader's election
+/// revision: a daemon refuses a leader older than one it has seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegisterResponse {
+    pub daemon: u32,
+    pub revision: u64,
+}
+
+impl Body for RegisterResponse {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+        w.u64(self.revision);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(RegisterResponse {
+            daemon: r.u32()?,
+            revision: r.u64()?,
+        })
+    }
+}
+
+/// One stored block, as a daemon reports it to a (new) leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryItem {
+    pub key: BlockKey,
+    pub size: u32,
+    pub checksum: u64,
+}
+
+/// A batch of the blocks a daemon holds, sent after it registers, so that
+/// a new leader rebuilds its index from the daemons.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryRequest {
+    pub daemon: u32,
+    pub items: Vec<InventoryItem>,
+}
+
+impl Body for InventoryRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+        w.count(self.items.len());
+        for it in &self.items {
+            encode_key(w, &it.key);
+            w.u32(it.size);
+            w.u64(it.checksum);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let daemon = r.u32()?;
+        let n = r.count(2 + 1 + 32 + 12)?;
+        let items = (0..n)
+            .map(|_| {
+                Ok(InventoryItem {
+                    key: decode_key(r)?,
+                    size: r.u32()?,
+                    checksum: r.u64()?,
+                })
+            })
+            .collect::<Result<_, ProtoError>>()?;
+        Ok(InventoryRequest { daemon, items })
+    }
+}
+
+/// A daemon's periodic report: alive, and how full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatRequest {
+    pub daemon: u32,
+    pub stats: PoolStats,
+}
+
+impl Body for HeartbeatRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+        self.stats.encode(w);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(HeartbeatRequest {
+            daemon: r.u32()?,
+            stats: PoolStats::decode(r)?,
+        })
+    }
+}
+
+/// Blocks a daemon dropped on its own (evicted, or found corrupt).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventsRequest {
+    pub daemon: u32,
+    pub removed: Vec<BlockKey>,
+}
+
+impl Body for EventsRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.daemon);
+        w.count(self.removed.len());
+        for k in &self.removed {
+            encode_key(w, k);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let daemon = r.u32()?;
+        let n = r.count(2 + 1 + 32)?;
+        let removed = (0..n).map(|_| decode_key(r)).collect::<Result<_, _>>()?;
+        Ok(EventsRequest { daemon, removed })
+    }
+}

@@ -1,0 +1,154 @@
+//! Bodies of the same-host path (a Unix socket beside the shared pool):
+//! leases on blocks read in place, and puts written in place.
+
+use super::*;
+
+/// Where a leased block lies in the daemon's shared pool (`ShmGet`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmLease {
+    pub lease: u64,
+    pub offset: u64,
+    pub len: u32,
+    pub checksum: u64,
+}
+
+impl Body for ShmLease {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.lease);
+        w.u64(self.offset);
+        w.u32(self.len);
+        w.u64(self.checksum);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmLease {
+            lease: r.u64()?,
+            offset: r.u64()?,
+            len: r.u32()?,
+            checksum: r.u64()?,
+        })
+    }
+}
+
+/// Leases to end (`ShmRelease`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmRelease {
+    pub leases: Vec<u64>,
+}
+
+impl Body for ShmRelease {
+    fn encode(&self, w: &mut Writer) {
+        w.count(self.leases.len());
+        for l in &self.leases {
+            w.u64(*l);
+        }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let n = r.count(8)?;
+        let leases = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+        Ok(ShmRelease { leases })
+    }
+}
+
+/// The first message on a daemon's Unix socket, sent with the pool's file
+/// descriptor: the pool's size and the daemon's TCP address (which client
+/// locations name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmHello {
+    pub len: u64,
+    pub addr: String,
+    /// Bytes of the daemon's block index (`shm_index`), sent as a second
+    /// descriptor; 0 when it publishes none.
+    pub index_len: u64,
+}
+
+impl Body for ShmHello {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.len);
+        w.str(&self.addr);
+        w.u64(self.index_len);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmHello {
+            len: r.u64()?,
+            addr: r.str()?.to_string(),
+            index_len: r.u64()?,
+        })
+    }
+}
+
+/// Blocks a same-host client read through the daemon's index, without a
+/// lease (`ShmTouch`): the daemon counts them as hits and as recent uses,
+/// as if they had been leased.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmTouch {
+    pub keys: Vec<BlockKey>,
+}
+
+impl Body for ShmTouch {
+    fn encode(&self, w: &mut Writer) {
+        w.count(self.keys.len());
+        for key in &self.keys {
+            encode_key(w, key);
+        }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let n = r.count(35)?;
+        let keys = (0..n).map(|_| decode_key(r)).collect::<Result<_, _>>()?;
+        Ok(ShmTouch { keys })
+    }
+}
+
+/// A block a same-host client is about to write into the shared pool
+/// (`ShmPut`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmPutRequest {
+    pub key: BlockKey,
+    pub len: u64,
+    pub checksum: u64,
+    /// As in `PutHead`.
+    pub parent: Option<BlockHash>,
+}
+
+impl Body for ShmPutRequest {
+    fn encode(&self, w: &mut Writer) {
+        encode_key(w, &self.key);
+        w.u64(self.len);
+        w.u64(self.checksum);
+        encode_parent(w, &self.parent);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmPutRequest {
+            key: decode_key(r)?,
+            len: r.u64()?,
+            checksum: r.u64()?,
+            parent: decode_parent(r)?,
+        })
+    }
+}
+
+/// Where to write a reserved block (`ShmPut`'s answer), and the slot to
+/// commit (`ShmCommit`'s request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmSlot {
+    pub slot: u64,
+    pub offset: u64,
+}
+
+impl Body for ShmSlot {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.slot);
+        w.u64(self.offset);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmSlot {
+            slot: r.u64()?,
+            offset: r.u64()?,
+        })
+    }
+}

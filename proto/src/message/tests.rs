@@ -1,0 +1,185 @@
+//! Round trips and refusals of the bodies.
+
+use super::*;
+
+fn ns() -> Namespace {
+    Namespace::new("t/m").unwrap()
+}
+
+fn round_trip<T: Body + PartialEq + std::fmt::Debug>(v: T) {
+    let bytes = v.to_bytes();
+    assert_eq!(T::from_bytes(&bytes).unwrap(), v);
+    // Every strict prefix is refused, never misparsed.
+    for n in 0..bytes.len() {
+        assert!(T::from_bytes(&bytes[..n]).is_err(), "prefix {n} accepted");
+    }
+}
+
+#[test]
+fn every_body_round_trips_and_refuses_truncation() {
+    let h = BlockHash([3; 32]);
+    round_trip(KeyRequest {
+        key: BlockKey::new(ns(), h),
+    });
+    round_trip(PutHead {
+        key: BlockKey::new(ns(), h),
+        checksum: 9,
+        parent: Some(BlockHash([4; 32])),
+    });
+    round_trip(PutHead {
+        key: BlockKey::new(ns(), h),
+        checksum: 9,
+        parent: None,
+    });
+    round_trip(KeysRequest {
+        namespace: ns(),
+        hashes: vec![h, h],
+    });
+    round_trip(PinRequest {
+        keys: KeysRequest {
+            namespace: ns(),
+            hashes: vec![h],
+        },
+        pin: true,
+    });
+    round_trip(Locations {
+        items: vec![
+            None,
+            Some(Location {
+                daemon: 1,
+                size: 2,
+                checksum: 3,
+            }),
+        ],
+        daemons: vec![DaemonAddr {
+            id: 1,
+            addr: "127.0.0.1:1".into(),
+            endpoints: vec![Endpoint {
+                kind: crate::transport::TransportKind::Quic,
+                addr: "127.0.0.1:2".into(),
+            }],
+        }],
+    });
+    round_trip(PutStartRequest {
+        namespace: ns(),
+        node: "gpu-1".into(),
+        items: vec![(h, 10)],
+    });
+    round_trip(PutStartResponse {
+        slots: vec![Slot::Place(4), Slot::Skip(ErrorCode::AlreadyExists)],
+        daemons: vec![],
+    });
+    round_trip(PutCommitRequest {
+        namespace: ns(),
+        items: vec![CommitItem {
+            hash: h,
+            daemon: 1,
+            size: 5,
+            checksum: 6,
+            stored: true,
+        }],
+    });
+    round_trip(Statuses {
+        codes: vec![ErrorCode::Ok, ErrorCode::NotFound],
+    });
+    round_trip(ClusterStats {
+        leader: "l".into(),
+        revision: 9,
+        standbys: vec!["s".into()],
+        blocks: 1,
+        bytes: 2,
+        pending: 3,
+        daemons: vec![DaemonInfo {
+            id: 1,
+            node: "n".into(),
+            addr: "a".into(),
+            alive: true,
+            draining: false,
+            capacity: 4,
+            used: 5,
+            blocks: 6,
+            hits: 7,
+            misses: 8,
+            endpoints: vec![],
+        }],
+        errors: vec![ErrorCount {
+            op: "put_commit".into(),
+            code: "no_reservation".into(),
+            count: 3,
+        }],
+    });
+    round_trip(EvictRequest { bytes: 9 });
+    round_trip(EvictResponse {
+        bytes: 9,
+        blocks: 1,
+    });
+    round_trip(DrainRequest {
+        daemon: 2,
+        drain: true,
+    });
+    round_trip(LeaveRequest {
+        daemon: 3,
+        addr: "10.0.0.3:7071".into(),
+    });
+    round_trip(ListRequest {
+        namespace: Some(ns()),
+        after: Some(BlockKey::new(ns(), h)),
+        prefix: vec![3, 3],
+        daemon: 1,
+        limit: 7,
+    });
+    round_trip(ListResponse {
+        entries: vec![ListEntry {
+            key: BlockKey::new(ns(), h),
+            location: Location {
+                daemon: 1,
+                size: 2,
+                checksum: 3,
+            },
+        }],
+        more: true,
+    });
+    round_trip(RegisterRequest {
+        node: "n".into(),
+        addr: "a".into(),
+        capacity: 1,
+        id_hint: 3,
+        endpoints: vec![],
+        requires_auth: true,
+    });
+    round_trip(RegisterResponse {
+        daemon: 3,
+        revision: 77,
+    });
+    round_trip(InventoryRequest {
+        daemon: 3,
+        items: vec![InventoryItem {
+            key: BlockKey::new(ns(), h),
+            size: 5,
+            checksum: 6,
+        }],
+    });
+    round_trip(HeartbeatRequest {
+        daemon: 1,
+        stats: PoolStats::default(),
+    });
+    round_trip(EventsRequest {
+        daemon: 2,
+        removed: vec![BlockKey::new(ns(), h)],
+    });
+}
+
+#[test]
+fn put_head_refuses_long_namespace_length() {
+    assert!(PutHead::rest_len(129).is_err());
+    assert_eq!(2 + PutHead::rest_len(128).unwrap(), PutHead::MAX_LEN);
+    assert_eq!(PutHead::rest_len(3).unwrap(), 3 + 32 + 8 + 32);
+}
+
+#[test]
+fn bad_namespace_on_the_wire_is_refused() {
+    let mut w = Writer::new();
+    w.str("bad space");
+    w.hash(&BlockHash([0; 32]));
+    assert!(KeyRequest::from_bytes(&w.buf).is_err());
+}

@@ -1,0 +1,684 @@
+//! The DRAM pool: a region carved by an offset allocator, an index of the
+//! blocks in it, and LRU eviction between a high and a low watermark.
+//!
+//! A block is written through a [`WriteSlot`] (invisible until its checksum
+//! verifies) and read through a [`ReadLease`] (which keeps its bytes in
+//! place until dropped). Only blocks that are complete, unpinned and not
+//! leased can be evicted. The lock is never held while bytes are copied or
+//! hashed: the allocator guarantees slots and leases never overlap.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use mooncake_proto::message::PoolStats;
+use mooncake_proto::shm_index::{self, Digest, Entry, IndexTable};
+use mooncake_proto::{checksum, BlockKey, ErrorCode};
+use offset_allocator::{Allocation, Allocator};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::quota::Quotas;
+use crate::region::Region;
+
+mod demotion;
+mod evict;
+mod lease;
+#[cfg(test)]
+mod props;
+mod shared;
+#[cfg(test)]
+mod tests;
+
+pub use demotion::Demoted;
+use evict::Lru;
+pub use lease::{ReadLease, WriteSlot};
+use shared::SharedIndex;
+
+/// Allocation granularity: small enough for 1 KiB blocks, large enough that
+/// a u32 of units spans a 1 TiB pool.
+const UNIT: u64 = 256;
+/// Keys dropped on the pool's own initiative, kept for the meta service
+/// until it collects them; past this many, the oldest reports are lost
+/// (the meta service then learns of those blocks by a miss).
+const MAX_PENDING_REMOVALS: usize = 1 << 20;
+/// Bytes of evicted blocks waiting in memory to be written to the next
+/// tier that writers wait for (see `Tiers::room_to_demote`).
+const DEMOTION_BYTES: u64 = 256 << 20;
+/// The hard limit: past it an evicted block is dropped unless the next tier
+/// has it. The slack over `DEMOTION_BYTES` absorbs evictions that writers
+/// did not wait for (promotions, fragmentation).
+const DEMOTION_BYTES_MAX: u64 = 2 * DEMOTION_BYTES;
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub capacity: u64,
+    pub max_block: u64,
+    pub high_watermark: f64,
+    pub low_watermark: f64,
+    pub hugepages: bool,
+    pub prefault: bool,
+    /// Tenants with a share of the pool: a tenant's blocks never take more
+    /// than its share; past it, its own coldest blocks go first.
+    pub quotas: Quotas,
+    /// Keep the pool in a memfd that same-host clients can map.
+    pub shared: bool,
+}
+
+impl PoolConfig {
+    /// A small pool for tests.
+    pub fn with_capacity(capacity: u64) -> Self {
+        PoolConfig {
+            capacity,
+            max_block: capacity,
+            high_watermark: 0.95,
+            low_watermark: 0.85,
+            hugepages: false,
+            prefault: false,
+            quotas: Quotas::default(),
+            shared: false,
+        }
+    }
+}
+
+/// The share of the pool that puts still receiving their bytes may hold.
+pub const PENDING_SHARE: f64 = 0.25;
+/// The share of that room one tenant's puts in progress may hold, so that
+/// another tenant's puts always find some.
+pub const TENANT_PENDING_SHARE: f64 = 0.5;
+
+/// Why a block could not be stored, read or changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// The pool holds these very bytes (same length and checksum).
+    #[error("block is already stored")]
+    AlreadyExists,
+    /// Another put of the key is writing it now.
+    #[error("block is being stored by another put")]
+    Busy,
+    #[error("block of {0} bytes exceeds the largest block accepted")]
+    TooLarge(u64),
+    #[error("no space: the rest of the pool is pinned, leased or being written")]
+    NoSpace,
+    #[error("bytes do not match the writer's checksum")]
+    ChecksumMismatch,
+    #[error("no such block")]
+    NotFound,
+    #[error("the block is pinned as many times as a pin count holds")]
+    TooManyPins,
+}
+
+impl PoolError {
+    pub fn code(self) -> ErrorCode {
+        match self {
+            PoolError::AlreadyExists => ErrorCode::AlreadyExists,
+            PoolError::Busy => ErrorCode::Busy,
+            PoolError::TooLarge(_) => ErrorCode::TooLarge,
+            PoolError::NoSpace => ErrorCode::NoSpace,
+            PoolError::ChecksumMismatch => ErrorCode::ChecksumMismatch,
+            PoolError::NotFound => ErrorCode::NotFound,
+            PoolError::TooManyPins => ErrorCode::TooLarge,
+        }
+    }
+}
+
+pub struct DramPool {
+    region: Region,
+    /// Where each ready block lies, for same-host readers (shared pools).
+    index: Option<SharedIndex>,
+    cfg: PoolConfig,
+    inner: Mutex<Inner>,
+    removed: Mutex<Vec<BlockKey>>,
+    removed_notify: Notify,
+    evictions: AtomicU64,
+    corrupt: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    /// Where evicted blocks go instead of away (the NVMe tier), if set.
+    demote: std::sync::OnceLock<tokio::sync::mpsc::Sender<Demoted>>,
+    demotions: AtomicU64,
+    /// Blocks evicted because their tenant was over its share.
+    quota_evictions: AtomicU64,
+    /// Evicted while the demotion queue was full: gone from DRAM, perhaps
+    /// still on the next tier; the tiers decide whether to report them.
+    overflow: Mutex<Vec<BlockKey>>,
+    /// Bytes copied into the demotion queue and not yet written.
+    demote_queued: AtomicU64,
+}
+
+struct Inner {
+    alloc: Allocator,
+    blocks: HashMap<BlockKey, Block>,
+    /// Units held by each tenant of `PoolConfig::quotas`, in its order.
+    tenant_used: Vec<u64>,
+    /// Evictable blocks (ready, unpinned, unleased) by last access.
+    lru: Lru,
+    /// Stored (ready) blocks per parent key: a parent with any is not a
+    /// chain tail. The parent itself need not be stored.
+    children: HashMap<BlockKey, u32>,
+    /// Removed blocks whose bytes are still leased by readers, by offset.
+    doomed: HashMap<u32, Doomed>,
+    clock: u64,
+    used_units: u64,
+    /// Units reserved by puts not committed yet (part of `used_units`).
+    pending_units: u64,
+    /// The same per tenant (part of `tenant_used`).
+    tenant_pending: Vec<u64>,
+    pinned: u64,
+}
+
+struct Block {
+    alloc: Allocation,
+    /// Index of its tenant in `PoolConfig::quotas`, if it has a quota.
+    tenant: Option<u16>,
+    len: u32,
+    checksum: u64,
+    ready: bool,
+    leases: u32,
+    pins: u32,
+    stamp: u64,
+    /// The block whose prefix this one extends (same namespace), if the
+    /// writer said.
+    parent: Option<mooncake_proto::BlockHash>,
+}
+
+impl Block {
+    fn evictable(&self) -> bool {
+        self.ready && self.leases == 0 && self.pins == 0
+    }
+}
+
+struct Doomed {
+    alloc: Allocation,
+    tenant: Option<u16>,
+    leases: u32,
+}
+
+impl DramPool {
+    pub fn new(cfg: PoolConfig) -> std::io::Result<Self> {
+        let units = (cfg.capacity / UNIT).min(u32::MAX as u64) as u32;
+        let len = (units as u64 * UNIT) as usize;
+        let region = if cfg.shared {
+            Region::shared(len, cfg.hugepages, cfg.prefault)?
+        } else {
+            Region::new(len, cfg.hugepages, cfg.prefault)?
+        };
+        // One allocation per block of at least 1 KiB, at most 4M of them.
+        let max_allocs = (cfg.capacity / 1024).clamp(1024, 4 << 20) as u32;
+        let tenants = cfg.quotas.len();
+        let index = if cfg.shared {
+            Some(SharedIndex::new(region.len() as u64)?)
+        } else {
+            None
+        };
+        Ok(DramPool {
+            region,
+            index,
+            cfg,
+            inner: Mutex::new(Inner {
+                alloc: Allocator::with_max_allocs(units, max_allocs),
+                blocks: HashMap::new(),
+                tenant_used: vec![0; tenants],
+                lru: Lru::new(tenants),
+                children: HashMap::new(),
+                doomed: HashMap::new(),
+                clock: 0,
+                used_units: 0,
+                pending_units: 0,
+                tenant_pending: vec![0; tenants],
+                pinned: 0,
+            }),
+            removed: Mutex::new(Vec::new()),
+            removed_notify: Notify::new(),
+            evictions: AtomicU64::new(0),
+            corrupt: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            demote: std::sync::OnceLock::new(),
+            demotions: AtomicU64::new(0),
+            quota_evictions: AtomicU64::new(0),
+            overflow: Mutex::new(Vec::new()),
+            demote_queued: AtomicU64::new(0),
+        })
+    }
+
+    /// Where the pool's memory starts and its length in bytes (what an RDMA
+    /// NIC registers); block offsets count from its start.
+    pub fn memory(&self) -> (std::ptr::NonNull<u8>, usize) {
+        (self.region.ptr(), self.region.len())
+    }
+
+    pub fn uses_hugepages(&self) -> bool {
+        self.region.uses_hugepages()
+    }
+
+    pub fn max_block(&self) -> u64 {
+        self.cfg.max_block
+    }
+
+    /// Reserves room for a block; the block stays invisible until the
+    /// slot's bytes are written and `commit` verifies them. Evicts least
+    /// recently used blocks when the pool is past its high watermark.
+    ///
+    /// A put is the key's current version: bytes still held under the key
+    /// that differ from it (a removal that never reached this daemon, a
+    /// block that outlived its meta entry) are stale and are replaced.
+    /// `AlreadyExists` means exactly these bytes are stored; a put of the
+    /// key still being written by another is `Busy`.
+    pub fn reserve(
+        self: &Arc<Self>,
+        key: BlockKey,
+        len: u64,
+        checksum: u64,
+    ) -> Result<WriteSlot, PoolError> {
+        if len > self.cfg.max_block {
+            return Err(PoolError::TooLarge(len));
+        }
+        let units = len.div_ceil(UNIT).max(1) as u32;
+        let mut inner = self.inner.lock();
+        let capacity_units = self.region.len() as u64 / UNIT;
+        // Room held by puts whose bytes have not all arrived is capped, so
+        // that headers without values cannot push out the stored blocks:
+        // past the cap a put waits its turn (`Busy`) instead of evicting.
+        // The first put in progress always gets room.
+        let pending_cap = (capacity_units as f64 * PENDING_SHARE) as u64;
+        if inner.pending_units > 0 && inner.pending_units + u64::from(units) > pending_cap {
+            return Err(PoolError::Busy);
+        }
+        // And one tenant's at most a share of that room: its first put in
+        // progress always gets room too.
+        let tenant = self.cfg.quotas.tenant_of(&key.namespace);
+        if let Some(t) = tenant {
+            let held = inner.tenant_pending[t as usize];
+            let cap = (pending_cap as f64 * TENANT_PENDING_SHARE) as u64;
+            if held > 0 && held + u64::from(units) > cap {
+                return Err(PoolError::Busy);
+            }
+        }
+        if let Some(held) = inner.blocks.get(&key) {
+            if !held.ready {
+                return Err(PoolError::Busy);
+            }
+            if u64::from(held.len) == len && held.checksum == checksum {
+                return Err(PoolError::AlreadyExists);
+            }
+            // Not reported as removed: the meta service already has this
+            // put as the key's version here, and must keep it.
+            let stale = inner.blocks.remove(&key).expect("just found");
+            self.discard(&mut inner, &key, stale);
+            tracing::info!(%key, "put replaces other bytes held under its key");
+        }
+        let high = (capacity_units as f64 * self.cfg.high_watermark) as u64;
+        let low = (capacity_units as f64 * self.cfg.low_watermark) as u64;
+        // With a next tier, evict only what this block needs: every evicted
+        // block is copied to the demotion queue, and a burst down to the low
+        // watermark would overflow it.
+        let target = if self.demote.get().is_some() {
+            high
+        } else {
+            low
+        };
+        if inner.used_units + units as u64 > high {
+            while inner.used_units + units as u64 > target {
+                if !self.evict_one(&mut inner) {
+                    break;
+                }
+            }
+        }
+        if let Some(t) = tenant {
+            // Over its share, a tenant makes room from its own blocks.
+            let limit = self.cfg.quotas.limit(t, capacity_units);
+            if units as u64 > limit {
+                return Err(PoolError::NoSpace);
+            }
+            while inner.tenant_used[t as usize] + units as u64 > limit {
+                if !self.evict_tenant_one(&mut inner, t) {
+                    return Err(PoolError::NoSpace);
+                }
+            }
+        }
+        let alloc = loop {
+            if let Some(a) = inner.alloc.allocate(units) {
+                break a;
+            }
+            // Fragmentation or watermark slack: make more room, one block
+            // at a time, until it fits or nothing more can go.
+            if !self.evict_one(&mut inner) {
+                return Err(PoolError::NoSpace);
+            }
+        };
+        let size = inner.alloc.allocation_size(alloc) as u64;
+        inner.used_units += size;
+        inner.pending_units += size;
+        if let Some(t) = tenant {
+            inner.tenant_used[t as usize] += size;
+            inner.tenant_pending[t as usize] += size;
+        }
+        inner.blocks.insert(
+            key.clone(),
+            Block {
+                alloc,
+                tenant,
+                len: len as u32,
+                checksum,
+                ready: false,
+                leases: 0,
+                pins: 0,
+                stamp: 0,
+                parent: None,
+            },
+        );
+        Ok(WriteSlot {
+            pool: self.clone(),
+            parent: None,
+            key,
+            offset: alloc.offset as u64 * UNIT,
+            len: len as usize,
+            checksum,
+            committed: false,
+        })
+    }
+
+    /// A put is no longer in progress: committed, or dropped.
+    fn written(inner: &mut Inner, alloc: Allocation, tenant: Option<u16>) {
+        let size = inner.alloc.allocation_size(alloc) as u64;
+        inner.pending_units -= size;
+        if let Some(t) = tenant {
+            inner.tenant_pending[t as usize] -= size;
+        }
+    }
+
+    /// Frees a block's space (and its tenant's share).
+    fn free(inner: &mut Inner, alloc: Allocation, tenant: Option<u16>) {
+        let size = inner.alloc.allocation_size(alloc) as u64;
+        inner.used_units -= size;
+        if let Some(t) = tenant {
+            inner.tenant_used[t as usize] -= size;
+        }
+        inner.alloc.free(alloc);
+    }
+
+    /// Each tenant with a quota: (tenant, bytes used, bytes allowed).
+    pub fn tenant_usage(&self) -> Vec<(Arc<str>, u64, u64)> {
+        let inner = self.inner.lock();
+        let capacity = self.region.len() as u64;
+        (0..self.cfg.quotas.len() as u16)
+            .map(|t| {
+                let used = inner.tenant_used[t as usize] * UNIT;
+                (
+                    self.cfg.quotas.name(t).clone(),
+                    used,
+                    self.cfg.quotas.limit(t, capacity),
+                )
+            })
+            .collect()
+    }
+
+    /// Blocks evicted because their tenant was over its share.
+    pub fn quota_evictions(&self) -> u64 {
+        self.quota_evictions.load(Ordering::Relaxed)
+    }
+
+    /// Tells the meta service (with the next report) that a block is gone
+    /// from this daemon.
+    pub fn report_removed(&self, key: BlockKey) {
+        let mut removed = self.removed.lock();
+        if removed.len() >= MAX_PENDING_REMOVALS {
+            removed.remove(0);
+        }
+        removed.push(key);
+        drop(removed);
+        self.removed_notify.notify_one();
+    }
+
+    /// Keys dropped by eviction or corruption since the last call.
+    pub fn take_removed(&self) -> Vec<BlockKey> {
+        std::mem::take(&mut *self.removed.lock())
+    }
+
+    /// Resolves when `take_removed` has something to return.
+    pub async fn removed_ready(&self) {
+        self.removed_notify.notified().await
+    }
+
+    /// A lease on a stored block: its bytes stay in place, and it is not
+    /// evicted, until the lease is dropped. Counts as an access for LRU.
+    pub fn get(self: &Arc<Self>, key: &BlockKey) -> Option<ReadLease> {
+        let mut inner = self.inner.lock();
+        inner.clock += 1;
+        let clock = inner.clock;
+        let block = inner.blocks.get_mut(key)?;
+        if !block.ready {
+            return None;
+        }
+        let was_evictable = block.evictable();
+        let old_stamp = block.stamp;
+        block.leases += 1;
+        block.stamp = clock;
+        let lease = ReadLease {
+            pool: self.clone(),
+            key: key.clone(),
+            offset: block.alloc.offset,
+            len: block.len as usize,
+            checksum: block.checksum,
+        };
+        if was_evictable {
+            inner.lru.remove(old_stamp);
+        }
+        Some(lease)
+    }
+
+    fn release(&self, key: &BlockKey, offset: u32) {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        if let Some(block) = inner.blocks.get_mut(key) {
+            if block.alloc.offset == offset {
+                block.leases -= 1;
+                if block.evictable() {
+                    let (stamp, tenant) = (block.stamp, block.tenant);
+                    Self::lru_insert(inner, stamp, key, tenant);
+                }
+                return;
+            }
+        }
+        let doomed = inner
+            .doomed
+            .get_mut(&offset)
+            .expect("a lease whose block left the index is doomed");
+        doomed.leases -= 1;
+        if doomed.leases == 0 {
+            let doomed = inner.doomed.remove(&offset).expect("just found");
+            Self::free(inner, doomed.alloc, doomed.tenant);
+        }
+    }
+
+    /// Drops a stored block. Its space comes back once no reader holds it.
+    pub fn remove(&self, key: &BlockKey) -> Result<(), PoolError> {
+        let mut inner = self.inner.lock();
+        match inner.blocks.get(key) {
+            Some(b) if b.ready => {}
+            _ => return Err(PoolError::NotFound),
+        }
+        let block = inner.blocks.remove(key).expect("just found");
+        self.discard(&mut inner, key, block);
+        Ok(())
+    }
+
+    /// Lets go of a stored block taken out of the index.
+    fn discard(&self, inner: &mut Inner, key: &BlockKey, block: Block) {
+        self.unpublish(key);
+        if block.evictable() {
+            inner.lru.remove(block.stamp);
+        }
+        if let Some(parent) = block.parent {
+            Self::remove_child(inner, key, parent);
+        }
+        if block.pins > 0 {
+            inner.pinned -= 1;
+        }
+        if block.leases > 0 {
+            inner.doomed.insert(
+                block.alloc.offset,
+                Doomed {
+                    alloc: block.alloc,
+                    tenant: block.tenant,
+                    leases: block.leases,
+                },
+            );
+        } else {
+            Self::free(inner, block.alloc, block.tenant);
+        }
+    }
+
+    /// Drops a block whose bytes failed their checksum, and reports it.
+    pub fn drop_corrupt(&self, lease: &ReadLease) {
+        self.corrupt.fetch_add(1, Ordering::Relaxed);
+        let mut inner = self.inner.lock();
+        let matches = inner
+            .blocks
+            .get(&lease.key)
+            .is_some_and(|b| b.alloc.offset == lease.offset);
+        if matches {
+            let block = inner.blocks.remove(&lease.key).expect("just found");
+            self.discard(&mut inner, &lease.key, block);
+            drop(inner);
+            tracing::error!(key = %lease.key, "block failed its checksum in DRAM; dropped");
+            self.report_removed(lease.key.clone());
+        }
+    }
+
+    /// Keeps a block from eviction until as many `unpin`s.
+    pub fn pin(&self, key: &BlockKey) -> Result<(), PoolError> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let block = inner
+            .blocks
+            .get_mut(key)
+            .filter(|b| b.ready)
+            .ok_or(PoolError::NotFound)?;
+        // Pins nest; past u32::MAX of them a pin is refused, not wrapped
+        // (which would make a pinned block evictable).
+        let pins = block.pins.checked_add(1).ok_or(PoolError::TooManyPins)?;
+        if block.evictable() {
+            inner.lru.remove(block.stamp);
+        }
+        if block.pins == 0 {
+            inner.pinned += 1;
+        }
+        block.pins = pins;
+        Ok(())
+    }
+
+    /// Undoes one `pin`; unpinning an unpinned block is a no-op.
+    pub fn unpin(&self, key: &BlockKey) -> Result<(), PoolError> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let block = inner
+            .blocks
+            .get_mut(key)
+            .filter(|b| b.ready)
+            .ok_or(PoolError::NotFound)?;
+        if block.pins == 0 {
+            return Ok(());
+        }
+        block.pins -= 1;
+        if block.pins == 0 {
+            inner.pinned -= 1;
+            if block.evictable() {
+                let (stamp, tenant) = (block.stamp, block.tenant);
+                Self::lru_insert(inner, stamp, key, tenant);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every stored block, as the meta service needs it to rebuild its
+    /// index: (key, size, checksum).
+    pub fn inventory(&self) -> Vec<(BlockKey, u32, u64)> {
+        let inner = self.inner.lock();
+        inner
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.ready)
+            .map(|(k, b)| (k.clone(), b.len, b.checksum))
+            .collect()
+    }
+
+    pub fn contains(&self, key: &BlockKey) -> bool {
+        self.inner.lock().blocks.get(key).is_some_and(|b| b.ready)
+    }
+
+    /// The parent a stored block names (prefix-aware eviction keeps it
+    /// from being evicted before this block).
+    pub fn parent_of(&self, key: &BlockKey) -> Option<mooncake_proto::BlockHash> {
+        let inner = self.inner.lock();
+        inner
+            .blocks
+            .get(key)
+            .filter(|b| b.ready)
+            .and_then(|b| b.parent)
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let inner = self.inner.lock();
+        PoolStats {
+            capacity: self.region.len() as u64,
+            used: inner.used_units * UNIT,
+            blocks: inner.blocks.values().filter(|b| b.ready).count() as u64,
+            pinned: inner.pinned,
+            evictions: self.evictions.load(Ordering::Relaxed),
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A same-host client read the block through the shared index: it
+    /// counts as a use for LRU, as a leased read does. `false` if the
+    /// block is gone.
+    pub fn touch(&self, key: &BlockKey) -> bool {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        inner.clock += 1;
+        let clock = inner.clock;
+        let Some(block) = inner.blocks.get_mut(key).filter(|b| b.ready) else {
+            return false;
+        };
+        let (old, tenant, evictable) = (block.stamp, block.tenant, block.evictable());
+        block.stamp = clock;
+        if evictable {
+            inner.lru.remove(old);
+            Self::lru_insert(inner, clock, key, tenant);
+        }
+        true
+    }
+
+    /// Counts a client's get as a hit or a miss (for stats and metrics).
+    pub fn note_get(&self, hit: bool) {
+        let counter = if hit { &self.hits } else { &self.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Blocks found corrupt on read since start.
+    pub fn corrupt_blocks(&self) -> u64 {
+        self.corrupt.load(Ordering::Relaxed)
+    }
+
+    /// Flips one byte of a stored block in place, to prove that corruption
+    /// is caught on read. Only for fault-injection tests.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn flip_byte_for_test(&self, key: &BlockKey, index: usize) -> bool {
+        let inner = self.inner.lock();
+        let Some(block) = inner.blocks.get(key) else {
+            return false;
+        };
+        if index >= block.len as usize {
+            return false;
+        }
+        let offset = block.alloc.offset as u64 * UNIT;
+        // SAFETY: the block is inside the region; a racing reader sees
+        // either byte, and the checksum catches the flip either way.
+        let bytes = unsafe { self.region.slice_mut(offset as usize, block.len as usize) };
+        bytes[index] ^= 0xff;
+        true
+    }
+}

@@ -1,0 +1,330 @@
+use super::*;
+use mooncake_proto::{BlockHash, Namespace};
+
+fn key(i: u32) -> BlockKey {
+    in_ns("test", i)
+}
+
+fn in_ns(ns: &str, i: u32) -> BlockKey {
+    let mut h = [0u8; 32];
+    h[..4].copy_from_slice(&i.to_le_bytes());
+    BlockKey::new(Namespace::new(ns).unwrap(), BlockHash(h))
+}
+
+fn pool(capacity: u64) -> Arc<DramPool> {
+    Arc::new(DramPool::new(PoolConfig::with_capacity(capacity)).unwrap())
+}
+
+fn put(pool: &Arc<DramPool>, k: BlockKey, fill: u8, len: usize) -> Result<(), PoolError> {
+    let value = vec![fill; len];
+    let mut slot = pool.reserve(k, len as u64, checksum(&value))?;
+    slot.buf_mut().copy_from_slice(&value);
+    slot.commit()
+}
+
+#[test]
+fn a_tenant_over_its_share_evicts_its_own_blocks_first() {
+    let cfg = PoolConfig {
+        quotas: Quotas::new([("acme".into(), 0.25)]),
+        ..PoolConfig::with_capacity(1 << 20)
+    };
+    let p = Arc::new(DramPool::new(cfg).unwrap());
+    // Another tenant's blocks, colder than all of acme's.
+    for i in 0..4 {
+        put(&p, in_ns("globex", i), 1, 64 << 10).unwrap();
+    }
+    // Acme writes twice its share (256 KiB) of 32 KiB blocks.
+    for i in 0..16 {
+        put(&p, in_ns("acme/llama", i), 2, 32 << 10).unwrap();
+        let (_, used, limit) = p.tenant_usage()[0].clone();
+        assert!(used <= limit, "acme at {used} of {limit}");
+    }
+    for i in 0..4 {
+        assert!(
+            p.contains(&in_ns("globex", i)),
+            "globex's block {i} was evicted for acme"
+        );
+    }
+    assert!(
+        !p.contains(&in_ns("acme/llama", 0)),
+        "acme's coldest went first"
+    );
+    assert!(p.contains(&in_ns("acme/llama", 15)));
+    assert_eq!(p.quota_evictions(), 8);
+    // A block larger than the whole share is refused.
+    assert_eq!(
+        put(&p, in_ns("acme", 99), 3, 300 << 10),
+        Err(PoolError::NoSpace)
+    );
+}
+
+#[test]
+fn one_tenants_puts_in_progress_leave_room_for_anothers() {
+    let cfg = PoolConfig {
+        quotas: Quotas::new([("acme".into(), 1.0), ("globex".into(), 1.0)]),
+        ..PoolConfig::with_capacity(1 << 20)
+    };
+    let p = Arc::new(DramPool::new(cfg).unwrap());
+    // Headers without values, 16 KiB each: acme may hold half of the
+    // quarter of the pool that puts in progress may hold (128 KiB).
+    let mut held = Vec::new();
+    let refused = loop {
+        match p.reserve(in_ns("acme", held.len() as u32), 16 << 10, 0) {
+            Ok(slot) => held.push(slot),
+            Err(err) => break err,
+        }
+    };
+    assert_eq!(refused, PoolError::Busy);
+    assert_eq!(held.len(), 8, "acme's puts in progress: 128 KiB");
+    // Globex's puts still find room, up to the rest of the quarter.
+    let globex: Vec<_> = (0..8)
+        .map(|i| p.reserve(in_ns("globex", i), 16 << 10, 0))
+        .collect::<Result<_, _>>()
+        .expect("the rest of the room is globex's to take");
+    assert_eq!(
+        p.reserve(in_ns("globex", 99), 16 << 10, 0).err(),
+        Some(PoolError::Busy),
+        "and no more than the whole quarter"
+    );
+    drop(held);
+    put(&p, in_ns("acme", 100), 1, 16 << 10).expect("room again once acme's heads go");
+    drop(globex);
+    assert_eq!(p.inner.lock().tenant_pending, vec![0, 0]);
+}
+
+#[test]
+fn put_then_get_returns_the_same_bytes() {
+    let p = pool(1 << 20);
+    put(&p, key(1), 7, 5000).unwrap();
+    let lease = p.get(&key(1)).unwrap();
+    assert_eq!(lease.bytes(), &vec![7u8; 5000][..]);
+    assert!(lease.verify());
+    assert_eq!(put(&p, key(1), 7, 5000), Err(PoolError::AlreadyExists));
+}
+
+#[test]
+fn a_pin_count_never_wraps() {
+    let p = pool(1 << 20);
+    put(&p, key(1), 7, 100).unwrap();
+    p.pin(&key(1)).unwrap();
+    p.inner.lock().blocks.get_mut(&key(1)).unwrap().pins = u32::MAX;
+    assert_eq!(p.pin(&key(1)), Err(PoolError::TooManyPins));
+    assert_eq!(
+        p.inner.lock().blocks[&key(1)].pins,
+        u32::MAX,
+        "not wrapped to 0"
+    );
+    assert_eq!(p.evict_bytes(1 << 20).1, 0, "still pinned: nothing evicted");
+    assert!(p.contains(&key(1)));
+}
+
+#[test]
+fn a_put_of_other_bytes_replaces_what_the_key_held() {
+    let p = pool(1 << 20);
+    put(&p, key(1), 7, 5000).unwrap();
+    let old_reader = p.get(&key(1)).unwrap();
+    put(&p, key(1), 8, 10).unwrap();
+    let lease = p.get(&key(1)).unwrap();
+    assert_eq!(lease.bytes(), &[8u8; 10][..], "the new bytes, not the old");
+    assert!(lease.verify());
+    assert_eq!(
+        old_reader.bytes(),
+        &vec![7u8; 5000][..],
+        "a reader of the old block keeps its bytes until it lets go"
+    );
+    assert!(
+        p.take_removed().is_empty(),
+        "not a removal for the meta service: the key lives on, with new bytes"
+    );
+    let writing = p.reserve(key(2), 100, 0).unwrap();
+    assert_eq!(
+        p.reserve(key(2), 100, 0).err(),
+        Some(PoolError::Busy),
+        "a put in progress is neither replaced nor reported stored"
+    );
+    drop(writing);
+}
+
+#[test]
+fn uncommitted_slot_is_invisible_and_its_space_comes_back() {
+    let p = pool(1 << 20);
+    let slot = p.reserve(key(1), 4096, 0).unwrap();
+    assert!(p.get(&key(1)).is_none());
+    assert!(p.stats().used >= 4096);
+    drop(slot);
+    assert_eq!(p.stats().used, 0);
+    assert!(p.get(&key(1)).is_none());
+}
+
+#[test]
+fn wrong_checksum_is_refused_and_frees_space() {
+    let p = pool(1 << 20);
+    let mut slot = p.reserve(key(1), 100, 12345).unwrap();
+    slot.buf_mut().fill(1);
+    assert_eq!(slot.commit(), Err(PoolError::ChecksumMismatch));
+    assert!(!p.contains(&key(1)));
+    assert_eq!(p.stats().used, 0);
+}
+
+#[test]
+fn full_pool_evicts_least_recently_used_first() {
+    let p = pool(64 << 10);
+    // 56 KiB: under the high watermark (95% of 64 KiB).
+    for i in 0..7 {
+        put(&p, key(i), i as u8, 8 << 10).unwrap();
+    }
+    // Touch block 0 so that block 1 is now the coldest.
+    drop(p.get(&key(0)).unwrap());
+    put(&p, key(100), 1, 8 << 10).unwrap();
+    assert!(p.contains(&key(0)), "recently read block survived");
+    assert!(!p.contains(&key(1)), "coldest block was evicted");
+    assert!(p.stats().evictions >= 1);
+    assert!(p.take_removed().contains(&key(1)));
+    assert!(p.stats().used <= p.stats().capacity);
+}
+
+#[test]
+fn chain_tails_are_evicted_before_the_blocks_they_extend() {
+    // Room for 4 blocks of 64 KiB (and the watermarks leave 3).
+    let p = pool(4 * (64 << 10));
+    let put_child = |k: u32, parent: Option<u32>| {
+        let value = vec![k as u8; 64 << 10];
+        let mut slot = p
+            .reserve(key(k), value.len() as u64, checksum(&value))
+            .unwrap();
+        slot.buf_mut().copy_from_slice(&value);
+        slot.set_parent(parent.map(|q| key(q).hash));
+        slot.commit().unwrap();
+    };
+    // A chain 1 <- 2 <- 3, oldest first: plain LRU would evict 1, the
+    // head every prefix match needs, and strand 2 and 3.
+    put_child(1, None);
+    put_child(2, Some(1));
+    put_child(3, Some(2));
+    put_child(4, None);
+    assert!(
+        p.contains(&key(1)) && p.contains(&key(2)),
+        "the chain's head and middle stay"
+    );
+    assert!(!p.contains(&key(3)), "the chain's tail went first");
+    // With 3 gone, 2 is the chain's tail, and colder than 4.
+    put_child(5, None);
+    assert!(!p.contains(&key(2)));
+    assert!(
+        p.contains(&key(1)) && p.contains(&key(4)),
+        "the head outlives its tail"
+    );
+}
+
+#[test]
+fn pinned_and_leased_blocks_are_never_evicted() {
+    let p = pool(64 << 10);
+    put(&p, key(0), 0, 16 << 10).unwrap();
+    put(&p, key(1), 1, 16 << 10).unwrap();
+    p.pin(&key(0)).unwrap();
+    let lease = p.get(&key(1)).unwrap();
+    for i in 10..30 {
+        let _ = put(&p, key(i), 2, 8 << 10);
+    }
+    assert!(p.contains(&key(0)));
+    assert!(p.contains(&key(1)));
+    assert_eq!(lease.bytes(), &vec![1u8; 16 << 10][..]);
+    // With everything else pinned or leased, a block that needs their
+    // space gets a clean NoSpace.
+    assert_eq!(put(&p, key(99), 3, 60 << 10), Err(PoolError::NoSpace));
+    drop(lease);
+    p.unpin(&key(0)).unwrap();
+    put(&p, key(99), 3, 40 << 10).unwrap();
+    assert!(!p.contains(&key(0)) || !p.contains(&key(1)));
+}
+
+#[test]
+fn removed_block_stays_readable_while_leased() {
+    let p = pool(1 << 20);
+    put(&p, key(1), 9, 4096).unwrap();
+    let lease = p.get(&key(1)).unwrap();
+    p.remove(&key(1)).unwrap();
+    assert!(p.get(&key(1)).is_none());
+    // Its space is still held: a new block cannot overwrite the bytes.
+    put(&p, key(2), 1, 4096).unwrap();
+    assert_eq!(lease.bytes(), &vec![9u8; 4096][..]);
+    drop(lease);
+    p.remove(&key(2)).unwrap();
+    assert_eq!(p.stats().used, 0);
+}
+
+#[test]
+fn flipped_byte_fails_verification_and_is_dropped() {
+    let p = pool(1 << 20);
+    put(&p, key(1), 5, 2048).unwrap();
+    assert!(p.flip_byte_for_test(&key(1), 100));
+    let lease = p.get(&key(1)).unwrap();
+    assert!(!lease.verify());
+    p.drop_corrupt(&lease);
+    drop(lease);
+    assert!(!p.contains(&key(1)));
+    assert_eq!(p.corrupt_blocks(), 1);
+    assert_eq!(p.stats().used, 0);
+}
+
+#[test]
+fn inventory_lists_only_committed_blocks() {
+    let p = pool(1 << 20);
+    put(&p, key(1), 1, 100).unwrap();
+    let _writing = p.reserve(key(2), 100, 0).unwrap();
+    let inv = p.inventory();
+    assert_eq!(inv.len(), 1);
+    assert_eq!((inv[0].0.clone(), inv[0].1), (key(1), 100));
+}
+
+#[test]
+fn evict_bytes_frees_the_coldest_first_and_reports_them() {
+    let p = pool(1 << 20);
+    for i in 0..4 {
+        put(&p, key(i), 0, 10 << 10).unwrap();
+    }
+    let (freed, blocks) = p.evict_bytes(15 << 10);
+    assert_eq!(blocks, 2);
+    assert!(freed >= 15 << 10);
+    assert!(!p.contains(&key(0)) && !p.contains(&key(1)) && p.contains(&key(2)));
+    assert_eq!(p.take_removed(), vec![key(0), key(1)]);
+}
+
+#[test]
+fn oversized_block_is_refused_without_allocating() {
+    let p = pool(1 << 20);
+    assert_eq!(
+        put(&p, key(1), 0, 2 << 20),
+        Err(PoolError::TooLarge(2 << 20))
+    );
+    assert_eq!(p.stats().used, 0);
+}
+
+#[test]
+fn random_workload_never_overlaps_or_leaks() {
+    use rand::{Rng, SeedableRng};
+    let p = pool(1 << 20);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for i in 0..3000u32 {
+        let len = rng.gen_range(1..64 << 10);
+        let fill = (i % 251) as u8;
+        let _ = put(&p, key(i), fill, len);
+        if rng.gen_bool(0.1) {
+            let _ = p.remove(&key(rng.gen_range(0..=i)));
+        }
+        let probe = key(rng.gen_range(0..=i));
+        if let Some(lease) = p.get(&probe) {
+            let expect = (u32::from_le_bytes(probe.hash.0[..4].try_into().unwrap()) % 251) as u8;
+            assert!(
+                lease.bytes().iter().all(|b| *b == expect),
+                "overlap detected"
+            );
+        }
+        assert!(p.stats().used <= p.stats().capacity);
+    }
+    for i in 0..3000 {
+        let _ = p.remove(&key(i));
+    }
+    assert_eq!(p.stats().used, 0, "space leaked");
+    assert_eq!(p.stats().blocks, 0);
+}
