@@ -25,10 +25,10 @@ fi
 # its lints; its tests run: on a host without RDMA they check that a daemon
 # asked for RDMA serves TCP only and that opening a NIC fails in one line;
 # with MOONCAKE_EXPECT_RDMA=1 on a host with a NIC they move real blocks.
-cargo clippy --workspace --all-targets --features mooncake-cli/rdma -- -D warnings
+cargo clippy --workspace --all-targets --features mooncake-tools/rdma -- -D warnings
 cargo test -q -p mooncake-net --features rdma --lib rdma::
-cargo test -q -p mooncake-client --features rdma --lib transport::
-cargo test -q -p mooncake-daemon --features rdma --lib -- rdma leases config
+cargo test -q -p mooncake-toolsent --features rdma --lib transport::
+cargo test -q -p mooncake-store-daemon --features rdma --lib -- rdma leases config
 
 # The Python SDK, built and installed the way the README says (pip), in the
 # virtual environment that tools/setup.sh made, tested against the CLI's store.

@@ -8,7 +8,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    if let Ok(cfg) = toml::from_str::<mooncake_daemon::DaemonConfig>(text) {
+    if let Ok(cfg) = toml::from_str::<mooncake_store_daemon::DaemonConfig>(text) {
         let _ = cfg.validate();
     }
     if let Ok(cfg) = toml::from_str::<mooncake_meta::MetaConfig>(text) {

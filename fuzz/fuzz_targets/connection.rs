@@ -61,7 +61,7 @@ fn servers() -> &'static Servers {
                 auth_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
                 ..mooncake_meta::MetaConfig::default()
             };
-            let daemon_cfg = mooncake_daemon::DaemonConfig {
+            let daemon_cfg = mooncake_store_daemon::DaemonConfig {
                 auth: Some(tokens.clone()),
                 token: Some(CLUSTER.into()),
                 admin: String::new(),
@@ -71,7 +71,7 @@ fn servers() -> &'static Servers {
                 request_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
                 auth_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
                 put_stall_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(200)),
-                ..mooncake_daemon::DaemonConfig::default()
+                ..mooncake_store_daemon::DaemonConfig::default()
             };
             let store = mooncake_local::LocalStore::start(
                 meta_cfg,

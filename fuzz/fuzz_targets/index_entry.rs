@@ -10,7 +10,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let split = data[0] as usize % data.len();
     let (key, value) = data[1..].split_at(split.min(data.len() - 1));
-    if let Some((k, _offset, _len, _sum)) = mooncake_daemon::nvme::decode_index_entry(key, value) {
+    if let Some((k, _offset, _len, _sum)) = mooncake_store_daemon::nvme::decode_index_entry(key, value) {
         assert!(!k.namespace.as_str().is_empty());
     }
 });

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_coord::EmbeddedCoordinator;
-use mooncake_daemon::{DaemonConfig, DaemonError, DaemonHandle};
 use mooncake_meta::{MetaConfig, MetaError, MetaHandle};
+use mooncake_store_daemon::{DaemonConfig, DaemonError, DaemonHandle};
 use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -50,7 +50,8 @@ impl LocalDaemon {
         registry: &Registry,
         stop: CancellationToken,
     ) -> Result<LocalDaemon, LocalError> {
-        let handle = mooncake_daemon::start(cfg, listener, None, registry, stop.clone()).await?;
+        let handle =
+            mooncake_store_daemon::start(cfg, listener, None, registry, stop.clone()).await?;
         Ok(LocalDaemon { handle, stop })
     }
 

@@ -246,7 +246,7 @@ impl DaemonConfig {
         }
         if self.rdma_listen.is_some() && !cfg!(feature = "rdma") {
             return Err(
-                "rdma_listen needs a daemon built with the `rdma` feature (cargo build --features mooncake-cli/rdma)"
+                "rdma_listen needs a daemon built with the `rdma` feature (cargo build --features mooncake-tools/rdma)"
                     .into(),
             );
         }

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_client::{Client, ClientConfig};
-use mooncake_daemon::DaemonConfig;
 use mooncake_meta::MetaConfig;
 use mooncake_proto::units::{ByteSize, HumanDuration};
+use mooncake_store_daemon::DaemonConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

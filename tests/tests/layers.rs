@@ -17,7 +17,7 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("mooncake-client", &["mooncake-proto", "mooncake-net"], &[]),
     ("mooncake-server", &["mooncake-proto", "mooncake-net"], &[]),
     (
-        "mooncake-daemon",
+        "mooncake-store-daemon",
         &[
             "mooncake-proto",
             "mooncake-net",
@@ -38,13 +38,13 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ),
     (
         "mooncake-local",
-        &["mooncake-coord", "mooncake-daemon", "mooncake-meta"],
+        &["mooncake-coord", "mooncake-store-daemon", "mooncake-meta"],
         &[],
     ),
     (
         "mooncake-py",
         &["mooncake-proto", "mooncake-net", "mooncake-client"],
-        &["mooncake-coord", "mooncake-daemon"],
+        &["mooncake-coord", "mooncake-store-daemon"],
     ),
     (
         "mooncake-capi",
@@ -52,14 +52,14 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
         &[],
     ),
     (
-        "mooncake-cli",
+        "mooncake-tools",
         &[
             "mooncake-proto",
             "mooncake-net",
             "mooncake-client",
             "mooncake-coord",
             "mooncake-server",
-            "mooncake-daemon",
+            "mooncake-store-daemon",
             "mooncake-meta",
             "mooncake-local",
         ],
@@ -72,7 +72,7 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
             "mooncake-net",
             "mooncake-client",
             "mooncake-coord",
-            "mooncake-daemon",
+            "mooncake-store-daemon",
             "mooncake-meta",
             "mooncake-local",
         ],
@@ -168,7 +168,7 @@ fn no_server_crate_and_no_coordinator_builds_on_the_client_sdk() {
         "mooncake-net",
         "mooncake-coord",
         "mooncake-server",
-        "mooncake-daemon",
+        "mooncake-store-daemon",
         "mooncake-meta",
     ] {
         let Some(edges) = graph.get(server) else {

@@ -29,7 +29,7 @@ async fn a_working_set_four_times_dram_is_served_from_nvme_and_survives_a_restar
         format!("{}:32MiB", dir.join("drive0.bin").display()),
         format!("{}:48MiB", dir.join("drive1.bin").display()),
     ];
-    cfg.nvme_engine = mooncake_daemon::io::EngineKind::Uring;
+    cfg.nvme_engine = mooncake_store_daemon::io::EngineKind::Uring;
     let mut cluster = TestCluster::start_with(fast_meta(), vec![cfg.clone()]).await;
     let client = cluster.client();
     let block = 1 << 20;
@@ -198,7 +198,7 @@ async fn a_stopped_daemon_releases_its_drive_while_its_metrics_registry_lives_on
         let cfg = cfg.clone();
         async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            mooncake_daemon::start(cfg, listener, None, &registry, stop).await
+            mooncake_store_daemon::start(cfg, listener, None, &registry, stop).await
         }
     };
     // Kept to the end of the test, as an admin endpoint keeps its own.

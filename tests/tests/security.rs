@@ -204,9 +204,10 @@ async fn operator_calls_need_the_admin_role_and_daemons_a_cluster_token() {
     rogue.meta = Some(cluster.meta_addr.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let rogue_addr = listener.local_addr().unwrap().to_string();
-    let _handle = mooncake_daemon::start(rogue, listener, None, &prometheus::Registry::new(), stop)
-        .await
-        .unwrap();
+    let _handle =
+        mooncake_store_daemon::start(rogue, listener, None, &prometheus::Registry::new(), stop)
+            .await
+            .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let st = admin.cluster_stats().await.unwrap();
     assert!(

@@ -509,7 +509,7 @@ async fn a_client_that_prefers_rdma_counts_its_fallback_to_tcp() {
 
 /// A daemon set up like `setup`'s mutual-TLS one, reaching the meta
 /// service over QUIC when `peer_ca` names a CA.
-fn quic_daemon(dir: &Path, peer_ca: Option<PathBuf>) -> mooncake_daemon::DaemonConfig {
+fn quic_daemon(dir: &Path, peer_ca: Option<PathBuf>) -> mooncake_store_daemon::DaemonConfig {
     let tls = DevCerts::server_tls(dir, true);
     let mut cfg = daemon_config(16 << 20);
     cfg.quic_listen = Some("127.0.0.1:0".into());

@@ -4,7 +4,7 @@
 # 8 and 64 requests in flight, beside the two ceilings: iperf3's single
 # TCP stream on loopback (what TCP can carry) and one core's memcpy of the
 # same block sizes (what a same-host copy can reach). With
-# MOONCAKE_FEATURES=mooncake-cli/rdma on a host with an RDMA NIC, RDMA too
+# MOONCAKE_FEATURES=mooncake-tools/rdma on a host with an RDMA NIC, RDMA too
 # (through the NIC's loopback; its rows have no ceiling here).
 # Usage: tools/bench/transports.sh [SIZES] [OPS] [CLIENT_THREADS]
 set -euo pipefail

@@ -180,7 +180,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
 async fn start_embedded(dram: ByteSize) -> Result<LocalStore, Failure> {
     let meta_listener = TcpListener::bind("127.0.0.1:0").await?;
     let daemon_listener = TcpListener::bind("127.0.0.1:0").await?;
-    let daemon = mooncake_daemon::DaemonConfig {
+    let daemon = mooncake_store_daemon::DaemonConfig {
         dram,
         ..Default::default()
     };

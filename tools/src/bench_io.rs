@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use mooncake_daemon::io::{self, AlignedBuf, EngineKind, IoKind, IoRequest};
 use mooncake_proto::units::{parse_duration, ByteSize};
+use mooncake_store_daemon::io::{self, AlignedBuf, EngineKind, IoKind, IoRequest};
 use serde_json::json;
 
 use crate::exit::Failure;

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use mooncake_daemon::DaemonConfig;
 use mooncake_meta::MetaConfig;
+use mooncake_store_daemon::DaemonConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::exit::Failure;

@@ -19,6 +19,7 @@ mod simulate;
 mod svg;
 mod token;
 mod trace;
+mod transports;
 
 use std::time::Duration;
 
@@ -141,7 +142,7 @@ enum Command {
     /// Make a development CA and certificates for QUIC (mutual) TLS.
     Certs(certs::CertsArgs),
     /// What data paths this host offers: RDMA devices, QUIC, shared memory.
-    Transports(certs::TransportsArgs),
+    Transports(transports::TransportsArgs),
 }
 
 fn main() {
@@ -188,7 +189,7 @@ fn main() {
             Command::Config(c) => config::run(c),
             Command::Token(c) => token::run(c),
             Command::Certs(a) => certs::run(a),
-            Command::Transports(a) => certs::transports(a),
+            Command::Transports(a) => transports::run(a),
         }
     });
     if let Err(failure) = result {

@@ -193,7 +193,7 @@ pub struct RdmaArgs {
 }
 
 impl RdmaArgs {
-    fn apply(self, cfg: &mut mooncake_daemon::config::DaemonConfig) {
+    fn apply(self, cfg: &mut mooncake_store_daemon::config::DaemonConfig) {
         cfg.rdma_listen = self.rdma_listen.or(cfg.rdma_listen.take());
         cfg.rdma_advertise = self.rdma_advertise.or(cfg.rdma_advertise.take());
         cfg.rdma_device = self.rdma_device.or(cfg.rdma_device.take());
@@ -236,7 +236,7 @@ impl TlsArgs {
 }
 
 impl QuicArgs {
-    fn apply(self, cfg: &mut mooncake_daemon::config::DaemonConfig) {
+    fn apply(self, cfg: &mut mooncake_store_daemon::config::DaemonConfig) {
         cfg.quic_listen = self.quic_listen.or(cfg.quic_listen.take());
         cfg.quic_advertise = self.quic_advertise.or(cfg.quic_advertise.take());
         self.tls.apply(
@@ -493,7 +493,7 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     let coordinator = etcd.clone().map(|c| c as Arc<dyn Coordinator>);
     let registry = Registry::new();
     let admin_addr = (cfg.admin.clone(), cfg.metrics_token.clone());
-    let daemon = mooncake_daemon::start(cfg, listener, coordinator, &registry, stop.clone())
+    let daemon = mooncake_store_daemon::start(cfg, listener, coordinator, &registry, stop.clone())
         .await
         .map_err(|e| Failure::other(e.into()))?;
     let health: Health = Arc::new(|| (true, "ok: daemon serving".into()));

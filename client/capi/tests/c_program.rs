@@ -12,14 +12,14 @@ fn static_lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
     [
-        deps.join("libmooncake_store.a"),
-        deps.join("../libmooncake_store.a"),
+        deps.join("libmooncake_client.a"),
+        deps.join("../libmooncake_client.a"),
     ]
     .into_iter()
     .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
     .max()
     .map(|(_, p)| p)
-    .expect("libmooncake_store.a next to the test binary")
+    .expect("libmooncake_client.a next to the test binary")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -153,3 +153,56 @@ fn hostname() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_debug_form_never_shows_the_token() {
+        let cfg = ClientConfig::new("10.0.0.1:7070").with_token("s3cret-token");
+        let shown = format!("{cfg:?}");
+        assert!(shown.contains("10.0.0.1:7070"), "{shown}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn a_resolver_is_any_function_and_names_the_first_address() {
+        let resolver = || -> futures::future::BoxFuture<'static, Result<String, String>> {
+            Box::pin(async { Ok("10.0.0.9:7070".to_string()) })
+        };
+        let cfg = ClientConfig::new("unused:1")
+            .with_resolver(Arc::new(resolver))
+            .await
+            .unwrap();
+        assert_eq!(cfg.meta_addr, "10.0.0.9:7070");
+        assert!(cfg.resolver.is_some());
+        let failing = || -> futures::future::BoxFuture<'static, Result<String, String>> {
+            Box::pin(async { Err("no meta leader is elected".to_string()) })
+        };
+        let err = ClientConfig::new("unused:1")
+            .with_resolver(Arc::new(failing))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ClientError::NoLeader(_)), "{err}");
+        assert!(err.is_retryable());
+    }
+
+    #[test]
+    fn meta_calls_go_over_quic_when_the_client_does_and_daemons_stay_on_their_own_dialer() {
+        let dir = std::env::temp_dir().join(format!("mc-client-cfg-{}", std::process::id()));
+        let certs = mooncake_net::DevCerts::generate(&["127.0.0.1".into()], "client").unwrap();
+        certs.write(&dir).unwrap();
+        let cfg = ClientConfig::new("127.0.0.1:7070")
+            .with_quic(&mooncake_net::DevCerts::client_tls(&dir, false))
+            .unwrap();
+        let meta = pool_for(&cfg, cfg.meta_addr.clone(), ErrorSource::Meta);
+        assert_eq!(meta.kind(), TransportKind::Quic);
+        let daemon = pool_for(&cfg, "127.0.0.1:7071".into(), ErrorSource::Daemon);
+        assert_eq!(daemon.kind(), TransportKind::Tcp);
+        let plain = ClientConfig::new("127.0.0.1:7070");
+        let meta = pool_for(&plain, plain.meta_addr.clone(), ErrorSource::Meta);
+        assert_eq!(meta.kind(), TransportKind::Tcp);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
