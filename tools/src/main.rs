@@ -19,6 +19,7 @@ mod simulate;
 mod svg;
 mod token;
 mod trace;
+mod trace_gen;
 mod transports;
 
 use std::time::Duration;
@@ -123,8 +124,12 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Replay a serving trace against the store and report its hit rates.
     Replay(replay::ReplayArgs),
-    /// Hit rate against cache size for a trace, offline: LRU and prefix-aware.
+    /// Hit rate against cache size for a trace, offline: LRU, prefix-aware
+    /// and Belady's MIN.
     Simulate(simulate::SimulateArgs),
+    /// Write a synthetic serving trace (chat, agents, shared-prompt) in
+    /// the format `simulate` and `replay` read
+    GenTrace(trace_gen::GenTraceArgs),
     /// The same load as `bench`, against redis-server or memcached.
     BenchPeer(bench_peer::BenchPeerArgs),
     /// Random direct reads through the NVMe tier's I/O engines (vs fio).
@@ -186,6 +191,7 @@ fn main() {
             Command::BenchMemcpy(a) => bench_memcpy::run(a),
             Command::Replay(a) => replay::run(a).await,
             Command::Simulate(a) => simulate::run(a),
+            Command::GenTrace(a) => trace_gen::run(a),
             Command::Config(c) => config::run(c),
             Command::Token(c) => token::run(c),
             Command::Certs(a) => certs::run(a),

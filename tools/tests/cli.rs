@@ -504,11 +504,15 @@ fn simulate_sweeps_cache_sizes_and_plots_them() {
         .nth(1)
         .unwrap();
     let max: f64 = max.split([',', '}']).next().unwrap().parse().unwrap();
-    let last = json.rsplit("\"lru_token_hit_rate\":").next().unwrap();
-    let last: f64 = last.split([',', '}']).next().unwrap().parse().unwrap();
-    assert!((last - max).abs() < 1e-12, "{last} vs {max}");
+    for policy in ["lru", "min", "prefix_aware"] {
+        let key = format!("\"{policy}_token_hit_rate\":");
+        let last = json.rsplit(key.as_str()).next().unwrap();
+        let last: f64 = last.split([',', '}']).next().unwrap().parse().unwrap();
+        assert!((last - max).abs() < 1e-12, "{policy}: {last} vs {max}");
+    }
+    // Belady's MIN is drawn beside the two policies and the maximum.
     let plot = std::fs::read_to_string(&svg).unwrap();
-    assert!(plot.starts_with("<svg") && plot.matches("<polyline").count() == 3);
+    assert!(plot.starts_with("<svg") && plot.matches("<polyline").count() == 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
