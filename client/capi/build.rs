@@ -1,5 +1,5 @@
 //! Generates the C header from the exported functions into OUT_DIR; a test
-//! checks that the committed `include/mooncake_client.h` is the same.
+//! checks that the committed `include/mooncake.h` is the same.
 
 fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo");
@@ -11,7 +11,7 @@ fn main() {
         .with_config(config)
         .generate()
         .expect("the C header")
-        .write_to_file(out.join("mooncake_client.h"));
+        .write_to_file(out.join("mooncake.h"));
     println!("cargo:rerun-if-changed=src/lib.rs");
     println!("cargo:rerun-if-changed=cbindgen.toml");
 }

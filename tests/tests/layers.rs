@@ -90,8 +90,8 @@ struct Edge {
     kind: Option<String>,
 }
 
-/// Workspace crates and their edges to other workspace crates.
-fn workspace_graph() -> BTreeMap<String, Vec<Edge>> {
+/// `cargo metadata` of the workspace (its own packages only).
+fn metadata() -> serde_json::Value {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = Command::new(env!("CARGO"))
         .args([
@@ -110,7 +110,12 @@ fn workspace_graph() -> BTreeMap<String, Vec<Edge>> {
         "cargo metadata: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Workspace crates and their edges to other workspace crates.
+fn workspace_graph() -> BTreeMap<String, Vec<Edge>> {
+    let meta = metadata();
     let packages = meta["packages"].as_array().unwrap();
     let names: Vec<&str> = packages
         .iter()
@@ -179,6 +184,33 @@ fn no_server_crate_and_no_coordinator_builds_on_the_client_sdk() {
                 edge.to, "mooncake-client",
                 "{server} depends on the client SDK"
             );
+        }
+    }
+}
+
+#[test]
+fn no_two_crates_build_a_library_of_the_same_name() {
+    // Two `libX.rlib` of one name in the target folder make every build
+    // that links both ambiguous (rustdoc's doctests of the C library met
+    // the SDK's `mooncake_client` so).
+    let meta = metadata();
+    let mut names: BTreeMap<String, String> = BTreeMap::new();
+    for package in meta["packages"].as_array().unwrap() {
+        for target in package["targets"].as_array().unwrap() {
+            let kinds: Vec<&str> = target["kind"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| k.as_str().unwrap())
+                .collect();
+            if !kinds.iter().any(|k| k.ends_with("lib")) {
+                continue;
+            }
+            let lib = target["name"].as_str().unwrap().replace('-', "_");
+            let crate_name = package["name"].as_str().unwrap().to_string();
+            if let Some(other) = names.insert(lib.clone(), crate_name.clone()) {
+                panic!("{crate_name} and {other} both build a library named {lib}");
+            }
         }
     }
 }

@@ -418,15 +418,15 @@ mod tests {
 
     #[test]
     fn the_committed_header_is_the_generated_one() {
-        let generated = include_str!(concat!(env!("OUT_DIR"), "/mooncake_client.h"));
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/mooncake.h"));
         let committed = std::fs::read_to_string(
             std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap())
-                .join("include/mooncake_client.h"),
+                .join("include/mooncake.h"),
         )
         .unwrap_or_default();
         assert!(
             committed == generated,
-            "include/mooncake_client.h is stale: copy it from {}/mooncake_client.h",
+            "include/mooncake.h is stale: copy it from {}/mooncake.h",
             env!("OUT_DIR")
         );
     }

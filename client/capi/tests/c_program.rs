@@ -11,15 +11,12 @@ use mooncake_tests::TestCluster;
 fn static_lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
-    [
-        deps.join("libmooncake_client.a"),
-        deps.join("../libmooncake_client.a"),
-    ]
-    .into_iter()
-    .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
-    .max()
-    .map(|(_, p)| p)
-    .expect("libmooncake_client.a next to the test binary")
+    [deps.join("libmooncake.a"), deps.join("../libmooncake.a")]
+        .into_iter()
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
+        .expect("libmooncake.a next to the test binary")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

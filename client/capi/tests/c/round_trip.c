@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mooncake_client.h"
+#include "mooncake.h"
 
 #define CHECK(cond)                                                         \
     do {                                                                    \
