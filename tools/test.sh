@@ -27,7 +27,7 @@ fi
 # with MOONCAKE_EXPECT_RDMA=1 on a host with a NIC they move real blocks.
 cargo clippy --workspace --all-targets --features mooncake-tools/rdma -- -D warnings
 cargo test -q -p mooncake-net --features rdma --lib rdma::
-cargo test -q -p mooncake-toolsent --features rdma --lib transport::
+cargo test -q -p mooncake-client --features rdma --lib transport::
 cargo test -q -p mooncake-store-daemon --features rdma --lib -- rdma leases config
 
 # The Python SDK, built and installed the way the README says (pip), in the
