@@ -8,6 +8,10 @@ use mooncake_proto::message::{DaemonAddr, DaemonInfo, PoolStats, RegisterRequest
 use mooncake_proto::transport::Endpoint;
 use parking_lot::RwLock;
 
+/// A daemon with less than this share of its pool free is full (see
+/// `Daemons::place`).
+pub const FULL_MARGIN: f64 = 0.05;
+
 struct Member {
     node: String,
     addr: String,
@@ -110,29 +114,49 @@ impl Daemons {
     }
 
     /// Where a new block of `size` bytes from a writer on `node` goes: a
-    /// daemon on the writer's own host if one has free room for it (the
-    /// worker that computed a block is the likeliest to read it again, and
-    /// a same-host read crosses no network), else the live daemon with the
-    /// most free room (a daemon evicts to make room, so a full one is still
-    /// a valid last choice). Draining daemons take nothing.
+    /// daemon on the writer's own host if one has room for it (the worker
+    /// that computed a block is the likeliest to read it again, and a
+    /// same-host read crosses no network), else the live daemon with the
+    /// most room. A daemon evicts only what a put needs, so in a busy
+    /// cluster every pool is full: one with less than `FULL_MARGIN` of its
+    /// pool free is full, and among full daemons new blocks go to the one
+    /// given the least of its capacity since its last report, so that they
+    /// spread evenly instead of following the last few free bytes. Draining
+    /// daemons take nothing.
     pub fn place(&self, size: u64, node: &str) -> Option<u32> {
         let mut members = self.members.write();
-        let free = |m: &Member| m.stats.capacity.saturating_sub(m.stats.used + m.placed);
+        let room = |m: &Member| {
+            i128::from(m.stats.capacity) - i128::from(m.stats.used) - i128::from(m.placed)
+        };
+        let roomy = |m: &Member| {
+            room(m) >= i128::from(size) + (m.stats.capacity as f64 * FULL_MARGIN) as i128
+        };
+        let open = |m: &Member| m.alive && !m.draining && m.stats.capacity >= size;
         let local = members
             .iter()
-            .filter(|(_, m)| {
-                m.alive && !m.draining && !node.is_empty() && m.node == node && free(m) >= size
-            })
-            .max_by_key(|(id, m)| (free(m), std::cmp::Reverse(**id)))
+            .filter(|(_, m)| open(m) && !node.is_empty() && m.node == node && roomy(m))
+            .max_by_key(|(id, m)| (room(m), std::cmp::Reverse(**id)))
             .map(|(id, _)| *id);
-        let id = match local {
-            Some(id) => id,
-            None => members
+        let roomiest = || {
+            members
                 .iter()
-                .filter(|(_, m)| m.alive && !m.draining && m.stats.capacity >= size)
-                .max_by_key(|(id, m)| (free(m), std::cmp::Reverse(**id)))
-                .map(|(id, _)| *id)?,
+                .filter(|(_, m)| open(m) && roomy(m))
+                .max_by_key(|(id, m)| (room(m), std::cmp::Reverse(**id)))
+                .map(|(id, _)| *id)
         };
+        let least_loaded = || {
+            members
+                .iter()
+                .filter(|(_, m)| open(m))
+                .min_by(|(a, x), (b, y)| {
+                    // placed / capacity, compared without division.
+                    let l = u128::from(x.placed) * u128::from(y.stats.capacity);
+                    let r = u128::from(y.placed) * u128::from(x.stats.capacity);
+                    l.cmp(&r).then(a.cmp(b))
+                })
+                .map(|(id, _)| *id)
+        };
+        let id = local.or_else(roomiest).or_else(least_loaded)?;
         members.get_mut(&id).expect("just chosen").placed += size;
         Some(id)
     }
@@ -306,5 +330,30 @@ mod tests {
         let b = d.register(req("n2", "b:1", 100, 0), t);
         let picks: Vec<u32> = (0..4).map(|_| d.place(30, "").unwrap()).collect();
         assert!(picks.contains(&a) && picks.contains(&b), "{picks:?}");
+    }
+
+    #[test]
+    fn full_daemons_still_share_new_blocks_whatever_their_last_free_bytes() {
+        // Three pools filled to the brim (daemons evict only what a put
+        // needs, so a busy cluster is always full): new blocks go round.
+        let d = Daemons::default();
+        let t = Instant::now();
+        let ids: Vec<u32> = ["a:1", "b:1", "c:1"]
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| d.register(req(&format!("n{i}"), addr, 100, 0), t))
+            .collect();
+        for (id, used) in ids.iter().zip([100, 99, 97]) {
+            let full = PoolStats {
+                capacity: 100,
+                used,
+                ..Default::default()
+            };
+            d.heartbeat(*id, full, t);
+        }
+        let picks: Vec<u32> = (0..6).map(|_| d.place(10, "").unwrap()).collect();
+        for id in &ids {
+            assert_eq!(picks.iter().filter(|p| *p == id).count(), 2, "{picks:?}");
+        }
     }
 }

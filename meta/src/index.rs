@@ -40,8 +40,17 @@ impl TableKey for IdxKey {
 /// bytes).
 #[derive(Clone, Copy)]
 enum State {
-    Pending { since: Instant, client: Client },
-    Visible { checksum: u64 },
+    /// `evicted`: the daemon evicted the block before the put committed
+    /// (a pool of 2Q lets a long new chain pass through its probation
+    /// while it is still being written).
+    Pending {
+        since: Instant,
+        client: Client,
+        evicted: bool,
+    },
+    Visible {
+        checksum: u64,
+    },
 }
 
 #[derive(Clone, Copy)]
@@ -397,7 +406,11 @@ impl Index {
             Entry {
                 daemon,
                 size,
-                state: State::Pending { since: now, client },
+                state: State::Pending {
+                    since: now,
+                    client,
+                    evicted: false,
+                },
             },
         );
         shard.reservations.lock().push_back((key, now));
@@ -447,7 +460,8 @@ impl Index {
         let mut shard = self.shard(&key).write(self);
         match shard.get(&key).copied() {
             Some(e) if matches!(e.state, State::Pending { .. }) && e.daemon == item.daemon => {
-                if item.stored {
+                let evicted = matches!(e.state, State::Pending { evicted: true, .. });
+                if item.stored && !evicted {
                     let visible = Entry {
                         state: State::Visible {
                             checksum: item.checksum,
@@ -535,7 +549,10 @@ impl Index {
     }
 
     /// Drops a key if (and only if) it lives on `daemon`: a daemon's report
-    /// that it evicted a block must not remove a newer copy elsewhere.
+    /// that it evicted a block must not remove a newer copy elsewhere. A
+    /// put of it not committed yet stays reserved, marked evicted: its
+    /// commit then succeeds (the block was stored, and evicted as any
+    /// block may be) without making it visible.
     pub fn remove_at(&self, key: &BlockKey, daemon: u32) -> bool {
         let names = self.names();
         let Some(&ns) = names.ids.get(&key.namespace) else {
@@ -543,12 +560,20 @@ impl Index {
         };
         let key = IdxKey { ns, hash: key.hash };
         let mut shard = self.shard(&key).write(self);
-        if shard.get(&key).is_some_and(|e| e.daemon == daemon) {
-            shard.remove(&key);
-            true
+        let Some(e) = shard.get(&key).copied().filter(|e| e.daemon == daemon) else {
+            return false;
+        };
+        if let State::Pending { since, client, .. } = e.state {
+            let state = State::Pending {
+                since,
+                client,
+                evicted: true,
+            };
+            shard.insert(key, Entry { state, ..e });
         } else {
-            false
+            shard.remove(&key);
         }
+        true
     }
 
     /// Drops every entry of a dead daemon; returns how many.
@@ -811,6 +836,25 @@ mod tests {
     }
 
     #[test]
+    fn a_block_evicted_before_its_commit_commits_as_stored_but_stays_invisible() {
+        let idx = Index::new();
+        idx.reserve(&ns(), h(1), (10, 4), me(), Instant::now());
+        // The daemon's eviction report comes before the writer's commit.
+        assert!(idx.remove_at(&BlockKey::new(ns(), h(1)), 4));
+        assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
+        assert_eq!(commit(&idx, 1, 4), ErrorCode::Ok);
+        assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
+        assert_eq!(idx.stats(), PrefixStats::default(), "nothing left");
+        // A new put of the key is a put like any other.
+        assert_eq!(
+            idx.reserve(&ns(), h(1), (10, 4), me(), Instant::now()),
+            Reservation::Reserved
+        );
+        assert_eq!(commit(&idx, 1, 4), ErrorCode::Ok);
+        assert!(idx.lookup(&ns(), &[h(1)])[0].is_some());
+    }
+
+    #[test]
     fn dead_daemon_and_evictions_remove_only_their_blocks() {
         let idx = Index::new();
         for (i, d) in [(1, 1), (2, 1), (3, 2)] {
@@ -965,6 +1009,8 @@ mod props {
         since: u64,
         /// Who reserved it, while pending.
         client: u8,
+        /// Evicted by its daemon while pending.
+        evicted: bool,
     }
 
     fn client_of(i: u8) -> Client {
@@ -998,7 +1044,7 @@ mod props {
                         let exists = model.contains_key(&(ns, h));
                         prop_assert_eq!(r == Reservation::Exists, exists);
                         if !exists {
-                            model.insert((ns, h), Model { daemon, size, visible: false, since: step, client });
+                            model.insert((ns, h), Model { daemon, size, visible: false, since: step, client, evicted: false });
                         }
                     }
                     Op::Commit { ns, h, daemon, stored, size } => {
@@ -1007,8 +1053,8 @@ mod props {
                         match model.get(&(ns, h)).copied() {
                             Some(m) if !m.visible && m.daemon == daemon => {
                                 prop_assert_eq!(code, ErrorCode::Ok);
-                                if stored {
-                                    model.insert((ns, h), Model { daemon, size, visible: true, since: 0, client: 0 });
+                                if stored && !m.evicted {
+                                    model.insert((ns, h), Model { daemon, size, visible: true, since: 0, client: 0, evicted: false });
                                 } else {
                                     model.remove(&(ns, h));
                                 }
@@ -1021,7 +1067,7 @@ mod props {
                     }
                     Op::Report { ns, h, daemon, size } => {
                         index.insert_visible(&BlockKey::new(name(ns), hash(h)), daemon, size, 7);
-                        model.insert((ns, h), Model { daemon, size, visible: true, since: 0, client: 0 });
+                        model.insert((ns, h), Model { daemon, size, visible: true, since: 0, client: 0, evicted: false });
                     }
                     Op::Remove { ns, h } => {
                         let got = index.remove(&name(ns), &[hash(h)]);
@@ -1035,8 +1081,12 @@ mod props {
                         let removed = index.remove_at(&BlockKey::new(name(ns), hash(h)), daemon);
                         let want = model.get(&(ns, h)).is_some_and(|m| m.daemon == daemon);
                         prop_assert_eq!(removed, want);
-                        if want {
-                            model.remove(&(ns, h));
+                        match model.get_mut(&(ns, h)) {
+                            Some(m) if want && !m.visible => m.evicted = true,
+                            _ if want => {
+                                model.remove(&(ns, h));
+                            }
+                            _ => {}
                         }
                     }
                     Op::DaemonDied { daemon } => {

@@ -6,7 +6,7 @@ use mooncake_proto::units::{ByteSize, HumanDuration};
 use mooncake_server::{Deadlines, Limits, TlsFiles};
 use serde::{Deserialize, Serialize};
 
-use crate::pool::PoolConfig;
+use crate::pool::{Eviction, PoolConfig, PROBATION_SHARE};
 use crate::server::DataConfig;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -31,10 +31,20 @@ pub struct DaemonConfig {
     pub dram: ByteSize,
     /// Largest block accepted. Default 256MiB (and never more than the pool).
     pub max_block: ByteSize,
-    /// Eviction starts when the pool is this full. Default 0.95.
+    /// A put that would fill the pool past this share evicts what it
+    /// needs first. Default 1.0: all of the pool holds blocks.
     pub high_watermark: f64,
-    /// Eviction frees down to this fill. Default 0.85.
-    pub low_watermark: f64,
+    /// Ignored (eviction now frees only what a put needs); still accepted
+    /// so that older config files load.
+    pub low_watermark: Option<f64>,
+    /// Which blocks go first when room is needed: "2q" (default: new
+    /// blocks wait in probation until read again, reused ones stay in
+    /// main; see docs/operations.md) or "lru" (least recently used chain
+    /// tail first).
+    pub eviction: Eviction,
+    /// Under "2q", the share of the pool that new blocks, not yet read
+    /// again, may hold. Default 0.05.
+    pub probation_share: f64,
     /// Back the pool with huge pages when the host has them. Default true.
     pub hugepages: bool,
     /// Touch every page of the pool at start, so that no request pays for
@@ -152,8 +162,10 @@ impl Default for DaemonConfig {
             node: hostname(),
             dram: ByteSize(default_dram()),
             max_block: ByteSize(256 << 20),
-            high_watermark: 0.95,
-            low_watermark: 0.85,
+            high_watermark: 1.0,
+            low_watermark: None,
+            eviction: Eviction::default(),
+            probation_share: PROBATION_SHARE,
             hugepages: true,
             prefault: true,
             verify_on_read: false,
@@ -214,13 +226,16 @@ impl DaemonConfig {
                 ByteSize(mooncake_proto::MAX_VALUE_LEN as u64)
             ));
         }
-        if !(0.0 < self.low_watermark
-            && self.low_watermark < self.high_watermark
-            && self.high_watermark <= 1.0)
-        {
+        if !(0.5..=1.0).contains(&self.high_watermark) {
             return Err(format!(
-                "watermarks must satisfy 0 < low ({}) < high ({}) <= 1",
-                self.low_watermark, self.high_watermark
+                "high_watermark = {} must be between 0.5 and 1",
+                self.high_watermark
+            ));
+        }
+        if !(self.probation_share > 0.0 && self.probation_share < 1.0) {
+            return Err(format!(
+                "probation_share = {} must be above 0 and below 1",
+                self.probation_share
             ));
         }
         if self.max_connections == 0 || self.max_connections_per_client == 0 {
@@ -299,11 +314,15 @@ impl DaemonConfig {
     }
 
     pub(crate) fn pool(&self) -> PoolConfig {
+        if self.low_watermark.is_some() {
+            tracing::warn!("low_watermark is ignored: eviction frees only what a put needs");
+        }
         PoolConfig {
             capacity: self.dram.0,
             max_block: self.max_block.0.min(self.dram.0),
             high_watermark: self.high_watermark,
-            low_watermark: self.low_watermark,
+            eviction: self.eviction,
+            probation_share: self.probation_share,
             hugepages: self.hugepages,
             prefault: self.prefault,
             quotas: quotas(&self.dram_quota),
@@ -463,8 +482,12 @@ mod tests {
     #[test]
     fn bad_watermarks_and_tiny_pools_are_refused() {
         let mut cfg = DaemonConfig {
-            low_watermark: 0.9,
-            high_watermark: 0.8,
+            high_watermark: 1.2,
+            ..Default::default()
+        };
+        assert!(cfg.validate().is_err());
+        cfg = DaemonConfig {
+            probation_share: 1.0,
             ..Default::default()
         };
         assert!(cfg.validate().is_err());

@@ -103,6 +103,10 @@ struct PoolCollector {
     tenant_used: IntGaugeVec,
     tenant_quota: IntGaugeVec,
     quota_evictions: IntCounter,
+    /// What 2Q did (`EvictionEvents`), by event.
+    eviction_events: IntCounterVec,
+    /// 2Q's probation: bytes held, and the most it holds now.
+    probation: IntGaugeVec,
     unindexed: IntCounter,
     corrupt: IntCounter,
     descs: Vec<Desc>,
@@ -190,6 +194,29 @@ impl PoolCollector {
             descs.extend(c.desc().into_iter().cloned());
         }
         descs.extend(quota_evictions.desc().into_iter().cloned());
+        let eviction_events = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_eviction_events_total",
+                "What the 2q eviction order did in DRAM: new blocks put in probation \
+                 (probation_admitted), evicted from it unread (probation_evicted), \
+                 promoted to main when read again (promoted), stored again soon after \
+                 their eviction (ghost_hit), admitted to main as a branch that comes \
+                 back (branch_admitted), read after probation evicted it, growing \
+                 probation (early_eviction_read).",
+            ),
+            &["event"],
+        )?;
+        descs.extend(eviction_events.desc().into_iter().cloned());
+        let probation = IntGaugeVec::new(
+            Opts::new(
+                "mooncake_daemon_probation_bytes",
+                "Under 2q: bytes of new blocks not read again yet (held), and the most \
+                 probation holds before its own blocks go first (limit; grows past \
+                 probation_share when readers come back for blocks it let go).",
+            ),
+            &["state"],
+        )?;
+        descs.extend(probation.desc().into_iter().cloned());
         let unindexed = IntCounter::new(
             "mooncake_daemon_shm_unindexed_blocks_total",
             "Blocks the same-host index had no room for (same-host clients lease those).",
@@ -199,6 +226,8 @@ impl PoolCollector {
             tenant_used,
             tenant_quota,
             quota_evictions,
+            eviction_events,
+            probation,
             unindexed,
             tiers: Arc::downgrade(&tiers),
             moves,
@@ -290,6 +319,22 @@ impl Collector for PoolCollector {
             }
         }
         bump(self.quota_evictions.clone(), pool.quota_evictions());
+        let ev = pool.eviction_events();
+        for (event, n) in [
+            ("probation_admitted", ev.probation_admitted),
+            ("probation_evicted", ev.probation_evicted),
+            ("promoted", ev.promoted),
+            ("ghost_hit", ev.ghost_hits),
+            ("branch_admitted", ev.branch_admitted),
+            ("early_eviction_read", ev.early_eviction_reads),
+        ] {
+            bump(self.eviction_events.with_label_values(&[event]), n);
+        }
+        let (held, limit) = pool.probation();
+        self.probation.with_label_values(&["held"]).set(held as i64);
+        self.probation
+            .with_label_values(&["limit"])
+            .set(limit as i64);
         bump(self.unindexed.clone(), pool.unindexed_blocks());
         let mut out = Vec::new();
         for c in [
@@ -302,6 +347,10 @@ impl Collector for PoolCollector {
             out.extend(c.collect());
         }
         out.extend(self.evictions.collect());
+        if pool.eviction() == crate::pool::Eviction::TwoQ {
+            out.extend(self.eviction_events.collect());
+            out.extend(self.probation.collect());
+        }
         out.extend(self.gets.collect());
         out.extend(self.moves.collect());
         if tiers.nvme_totals().is_some() {
@@ -363,6 +412,8 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("mooncake_daemon_request_duration_seconds_bucket{op=\"get\""));
+        // An LRU pool has no 2Q events to show.
+        assert!(!text.contains("mooncake_daemon_eviction_events_total"));
         // Once the daemon has let go of its tiers, the pool is not reported.
         drop(tiers);
         let text = render(&registry);
@@ -371,5 +422,46 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("mooncake_daemon_requests_total"));
+    }
+
+    #[test]
+    fn a_two_q_pool_reports_what_its_eviction_order_did() {
+        let cfg = PoolConfig {
+            eviction: crate::pool::Eviction::TwoQ,
+            high_watermark: 1.0,
+            ..PoolConfig::with_capacity(1 << 20)
+        };
+        let pool = Arc::new(DramPool::new(cfg).unwrap());
+        // Eight 256 KiB blocks through a 1 MiB pool (room for four), the
+        // first read once: it is promoted and stays, and the others pass
+        // through probation.
+        let value = vec![7u8; 256 << 10];
+        let sum = mooncake_proto::checksum(&value);
+        let key = |i: u8| {
+            mooncake_proto::BlockKey::new(
+                mooncake_proto::Namespace::new("m").unwrap(),
+                mooncake_proto::BlockHash::from_opaque(&[i]),
+            )
+        };
+        for i in 0..8 {
+            let mut slot = pool.reserve(key(i), value.len() as u64, sum).unwrap();
+            slot.buf_mut().copy_from_slice(&value);
+            slot.commit().unwrap();
+            if i == 0 {
+                drop(pool.get(&key(0)));
+            }
+        }
+        let registry = Registry::new();
+        let tiers = Tiers::dram_only(pool);
+        let _m = DaemonMetrics::new(&registry, tiers.clone()).unwrap();
+        let text = render(&registry);
+        for line in [
+            "mooncake_daemon_eviction_events_total{event=\"probation_admitted\"} 8",
+            "mooncake_daemon_eviction_events_total{event=\"promoted\"} 1",
+            "mooncake_daemon_eviction_events_total{event=\"probation_evicted\"} 4",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(tiers.dram.contains(&key(0)), "the block read again stays");
     }
 }

@@ -47,6 +47,17 @@ impl TestCluster {
         Self::start_with(fast_meta(), vec![daemon_config(dram)]).await
     }
 
+    /// The same, its daemon evicting least recently used first: for tests
+    /// of what that order promises (a block put last outlives older ones
+    /// read before; 2Q, the default, keeps the read ones).
+    pub async fn start_lru(dram: u64) -> TestCluster {
+        let cfg = DaemonConfig {
+            eviction: mooncake_store_daemon::pool::Eviction::Lru,
+            ..daemon_config(dram)
+        };
+        Self::start_with(fast_meta(), vec![cfg]).await
+    }
+
     pub async fn start_with(meta: MetaConfig, daemons: Vec<DaemonConfig>) -> TestCluster {
         Self::start_as(meta, daemons, None).await
     }

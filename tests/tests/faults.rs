@@ -110,7 +110,7 @@ async fn a_stale_location_hint_costs_a_lookup_not_a_wrong_block() {
 
 #[tokio::test]
 async fn a_full_pool_evicts_the_coldest_blocks_but_never_pinned_ones() {
-    let cluster = TestCluster::start(8 << 20).await;
+    let cluster = TestCluster::start_lru(8 << 20).await;
     let client = cluster.client();
     let value = vec![5u8; 1 << 20];
     client.put(&ns(), &[(hash(0), &value)]).await.unwrap();

@@ -23,7 +23,9 @@ fn random_size(rng: &mut impl Rng) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_random_sized_blocks_round_trip_byte_for_byte() {
-    let cluster = TestCluster::start(256 << 20).await;
+    // LRU: each round's blocks are read right after their put, and under
+    // 2Q older rounds' blocks, read already, would outrank them.
+    let cluster = TestCluster::start_lru(256 << 20).await;
     let client = cluster.client();
     let ns = ns("t/round-trip");
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
@@ -282,10 +284,11 @@ async fn client_metrics_count_what_the_worker_saw() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chain_put_through_the_client_is_evicted_from_its_tail() {
-    let cluster = TestCluster::start(1 << 20).await;
+    let cluster = TestCluster::start_lru(1 << 20).await;
     let client = cluster.client();
     let pool = cluster.daemons[0].handle.pool.clone();
-    let value = |i: u64| block_bytes(i, 200 << 10);
+    // Five blocks of 256 KiB: one more than a 1 MiB pool holds.
+    let value = |i: u64| block_bytes(i, 256 << 10);
     let (a, b) = ([hash(301), hash(302), hash(303)], [hash(304), hash(305)]);
     let chain: Vec<Vec<u8>> = (301..304).map(value).collect();
     let blocks: Vec<(BlockHash, &[u8])> = a.iter().zip(&chain).map(|(h, v)| (*h, &v[..])).collect();
@@ -294,8 +297,8 @@ async fn a_chain_put_through_the_client_is_evicted_from_its_tail() {
         .await
         .unwrap();
     assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
-    // Two unrelated blocks fill the pool past its high watermark: one
-    // block must go. Plain LRU would take the chain's head (the coldest);
+    // Two unrelated blocks fill the pool past its capacity: one block
+    // must go. Plain LRU would take the chain's head (the coldest);
     // prefix-aware eviction takes its tail.
     for (h, i) in b.iter().zip(304..) {
         let out = client

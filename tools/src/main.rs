@@ -7,6 +7,7 @@ mod bench_io;
 mod bench_memcpy;
 mod bench_meta;
 mod bench_peer;
+mod bench_pool;
 mod blocks;
 mod certs;
 mod config;
@@ -124,8 +125,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Replay a serving trace against the store and report its hit rates.
     Replay(replay::ReplayArgs),
-    /// Hit rate against cache size for a trace, offline: LRU, prefix-aware
-    /// and Belady's MIN.
+    /// Hit rate against cache size for a trace, offline: exact LRU, the
+    /// daemon's eviction orders (its own pool) and Belady's MIN.
     Simulate(simulate::SimulateArgs),
     /// Write a synthetic serving trace (chat, agents, shared-prompt) in
     /// the format `simulate` and `replay` read
@@ -136,6 +137,9 @@ enum Command {
     BenchIo(bench_io::BenchIoArgs),
     /// One core copying blocks: the same-host ceiling for a get.
     BenchMemcpy(bench_memcpy::BenchMemcpyArgs),
+    /// What each DRAM eviction order costs: pool operations per second
+    /// over a trace.
+    BenchPool(bench_pool::BenchPoolArgs),
     /// Measure the meta service alone: prefix matches and two-phase puts.
     BenchMeta(bench_meta::BenchMetaArgs),
     /// Show the configuration.
@@ -189,6 +193,7 @@ fn main() {
             Command::BenchIo(a) => bench_io::run(a).await,
             Command::BenchPeer(a) => bench_peer::run(a).await,
             Command::BenchMemcpy(a) => bench_memcpy::run(a),
+            Command::BenchPool(a) => bench_pool::run(a),
             Command::Replay(a) => replay::run(a).await,
             Command::Simulate(a) => simulate::run(a),
             Command::GenTrace(a) => trace_gen::run(a),

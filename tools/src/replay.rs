@@ -13,6 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use mooncake_client::{Client, GetOutcome, PutOutcome};
 use mooncake_proto::units::ByteSize;
 use mooncake_proto::{BlockHash, Namespace};
+use mooncake_store_daemon::pool::Eviction;
 use parking_lot::Mutex;
 use serde_json::json;
 
@@ -180,9 +181,17 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
     bar.finish_and_clear();
 
     let theoretical = trace::simulate_lru(&requests, None, args.block_tokens);
-    let capacity_blocks = (capacity as f64 * 0.95 / block_size as f64) as usize;
+    // What the store should give: its pool holds this many blocks (the
+    // default high watermark fills all of it), and `simulate` runs the
+    // daemon's own pool at that size under each eviction order.
+    let capacity_blocks = (capacity / block_size as u64) as usize;
     let lru = trace::simulate_lru(&requests, Some(capacity_blocks), args.block_tokens);
-    let aware = trace::simulate_prefix_aware(&requests, capacity_blocks, args.block_tokens);
+    let mut daemon = Vec::new();
+    for order in Eviction::ALL {
+        let pool = trace::Pool::new(capacity_blocks.max(1), order);
+        let r = trace::simulate_pool(&requests, pool, args.block_tokens).map_err(Failure::other)?;
+        daemon.push((order, r));
+    }
     let footprint = trace::footprint(&requests);
     if !args.keep {
         let mut ids: Vec<u64> = requests
@@ -200,9 +209,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
     let lat = latencies.lock();
     let q = |h: &Histogram<u64>, p: f64| h.value_at_quantile(p);
     if args.json {
-        println!(
-            "{}",
-            json!({
+        let mut out = json!({
                 "requests": requests.len(), "workers": args.workers, "speed": args.speed,
                 "block_bytes": block_size, "seconds": elapsed,
                 "requests_per_sec": requests.len() as f64 / elapsed,
@@ -212,16 +219,18 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
                 "theoretical_hit_tokens": theoretical.hit_tokens,
                 "lru_capacity_blocks": capacity_blocks, "footprint_blocks": footprint,
                 "lru_token_hit_rate": lru.token_hit_rate(), "lru_block_hit_rate": lru.block_hit_rate(),
-                "prefix_aware_token_hit_rate": aware.token_hit_rate(),
-                "prefix_aware_block_hit_rate": aware.block_hit_rate(),
                 "bytes_read": t(&totals.read), "bytes_written": t(&totals.written),
                 "lost_after_match": t(&totals.lost_after_match), "wrong_bytes": t(&totals.wrong),
                 "errors": t(&totals.errors),
                 "match_p50_us": q(&lat.matches, 0.5), "match_p99_us": q(&lat.matches, 0.99),
                 "get_p50_us": q(&lat.gets, 0.5), "get_p99_us": q(&lat.gets, 0.99),
                 "put_p50_us": q(&lat.puts, 0.5), "put_p99_us": q(&lat.puts, 0.99),
-            })
-        );
+        });
+        for (order, r) in &daemon {
+            out[format!("simulated_{order}_token_hit_rate")] = json!(r.token_hit_rate());
+            out[format!("simulated_{order}_block_hit_rate")] = json!(r.block_hit_rate());
+        }
+        println!("{out}");
         return Ok(());
     }
     let moved = t(&totals.read) + t(&totals.written);
@@ -235,21 +244,27 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
         t(&totals.blocks),
         ByteSize(block_size as u64)
     );
+    let simulated = |rate: fn(&trace::SimResult) -> f64| {
+        daemon
+            .iter()
+            .map(|(order, r)| format!("   daemon {order} {:>6.2}%", 100.0 * rate(r)))
+            .collect::<String>()
+    };
     println!(
-        "token hit rate  {:>6.2}%   theoretical max {:>6.2}%   exact LRU of {} blocks {:>6.2}%   exact prefix-aware {:>6.2}%   (footprint {} blocks)",
+        "token hit rate  {:>6.2}%   theoretical max {:>6.2}%   exact LRU of {} blocks {:>6.2}%{}   (simulated; footprint {} blocks)",
         100.0 * token_rate,
         100.0 * theoretical.token_hit_rate(),
         capacity_blocks,
         100.0 * lru.token_hit_rate(),
-        100.0 * aware.token_hit_rate(),
+        simulated(trace::SimResult::token_hit_rate),
         footprint
     );
     println!(
-        "block hit rate  {:>6.2}%   theoretical max {:>6.2}%   exact LRU {:>6.2}%   exact prefix-aware {:>6.2}%",
+        "block hit rate  {:>6.2}%   theoretical max {:>6.2}%   exact LRU {:>6.2}%{}",
         100.0 * block_rate,
         100.0 * theoretical.block_hit_rate(),
         100.0 * lru.block_hit_rate(),
-        100.0 * aware.block_hit_rate()
+        simulated(trace::SimResult::block_hit_rate)
     );
     if args.workers > 1 && footprint <= capacity_blocks && token_rate < theoretical.token_hit_rate()
     {

@@ -1,12 +1,15 @@
-//! `simulate TRACE`: offline hit rates of a trace against cache size, for
-//! exact LRU and the prefix-aware policy (tails first), beside Belady's MIN
-//! (the farthest next use evicted: what knowing the future would keep) and
-//! the trace's theoretical maximum, as a table and an SVG plot. No store
-//! needed: it answers "how much cache does this traffic need, and how far
-//! is each policy from the best possible".
+//! `simulate TRACE`: offline hit rates of a trace against cache size: an
+//! exact LRU, the daemon's own DRAM pool under each of its eviction orders
+//! (`lru`, `2q`: the daemon's code, so what it predicts is what a daemon of
+//! that size does), and Belady's MIN (the farthest next use evicted: what
+//! knowing the future would keep), with the trace's theoretical maximum,
+//! as a table and an SVG plot. No store needed: it answers "how much cache
+//! does this traffic need, and how far is each order from the best".
 
 use std::path::PathBuf;
 
+use indicatif::{ProgressBar, ProgressStyle};
+use mooncake_store_daemon::pool::{Eviction, PROBATION_SHARE};
 use serde_json::json;
 
 use crate::exit::Failure;
@@ -27,6 +30,10 @@ pub struct SimulateArgs {
     /// 2000,4000,8000,16000.
     #[arg(long, value_delimiter = ',')]
     capacities: Vec<usize>,
+    /// The daemon's `probation_share` under 2Q (what one would set in its
+    /// config).
+    #[arg(long, default_value_t = PROBATION_SHARE)]
+    probation_share: f64,
     /// Write the curves here as an SVG plot.
     #[arg(long)]
     svg: Option<PathBuf>,
@@ -38,8 +45,16 @@ pub struct SimulateArgs {
 struct Row {
     cap: usize,
     lru: f64,
-    aware: f64,
+    /// The daemon's pool, in the order of `Eviction::ALL`.
+    pool: Vec<f64>,
     min: f64,
+}
+
+impl Row {
+    fn pool(&self, order: Eviction) -> f64 {
+        let i = Eviction::ALL.iter().position(|o| *o == order);
+        self.pool[i.expect("every order is simulated")]
+    }
 }
 
 pub fn run(args: SimulateArgs) -> Result<(), Failure> {
@@ -58,18 +73,43 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
     } else {
         args.capacities.clone()
     };
+    if !(args.probation_share > 0.0 && args.probation_share < 1.0) {
+        return Err(Failure::usage(
+            "--probation-share must be above 0 and below 1",
+        ));
+    }
     if capacities.contains(&0) {
         return Err(Failure::usage("--capacities must be at least 1 block each"));
     }
-    let rows: Vec<Row> = capacities
-        .iter()
-        .map(|&cap| Row {
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(capacities.len() as u64).with_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} cache sizes {elapsed}")
+                .expect("a valid template"),
+        )
+    };
+    let mut rows = Vec::with_capacity(capacities.len());
+    for &cap in &capacities {
+        let mut rates = Vec::new();
+        for order in Eviction::ALL {
+            let pool = trace::Pool {
+                probation_share: args.probation_share,
+                ..trace::Pool::new(cap, order)
+            };
+            let r =
+                trace::simulate_pool(&requests, pool, args.block_tokens).map_err(Failure::other)?;
+            rates.push(r.token_hit_rate());
+        }
+        rows.push(Row {
             cap,
             lru: trace::simulate_lru(&requests, Some(cap), args.block_tokens).token_hit_rate(),
-            aware: trace::simulate_prefix_aware(&requests, cap, args.block_tokens).token_hit_rate(),
+            pool: rates,
             min: trace::simulate_belady(&requests, cap, args.block_tokens).token_hit_rate(),
-        })
-        .collect();
+        });
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
     if let Some(path) = &args.svg {
         let svg = line_chart(
             &format!(
@@ -85,9 +125,20 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
                     points: rows.iter().map(|r| (r.cap as f64, r.min)).collect(),
                 },
                 Series {
-                    name: "prefix-aware (tails first)",
+                    name: "daemon, eviction = \"2q\"",
                     color: "#1f77b4",
-                    points: rows.iter().map(|r| (r.cap as f64, r.aware)).collect(),
+                    points: rows
+                        .iter()
+                        .map(|r| (r.cap as f64, r.pool(Eviction::TwoQ)))
+                        .collect(),
+                },
+                Series {
+                    name: "daemon, eviction = \"lru\" (tails first)",
+                    color: "#ff7f0e",
+                    points: rows
+                        .iter()
+                        .map(|r| (r.cap as f64, r.pool(Eviction::Lru)))
+                        .collect(),
                 },
                 Series {
                     name: "exact LRU",
@@ -108,8 +159,12 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
         let points: Vec<_> = rows
             .iter()
             .map(|r| {
-                json!({"capacity_blocks": r.cap, "lru_token_hit_rate": r.lru,
-                            "prefix_aware_token_hit_rate": r.aware, "min_token_hit_rate": r.min})
+                let mut point = json!({"capacity_blocks": r.cap, "lru_token_hit_rate": r.lru,
+                                       "min_token_hit_rate": r.min});
+                for order in Eviction::ALL {
+                    point[format!("daemon_{order}_token_hit_rate")] = json!(r.pool(order));
+                }
+                point
             })
             .collect();
         println!(
@@ -126,23 +181,26 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
         100.0 * max
     );
     println!(
-        "{:>10} {:>8} {:>10} {:>14} {:>12} {:>12}",
-        "blocks", "of max", "LRU", "prefix-aware", "Belady MIN", "gap closed"
+        "{:>10} {:>8} {:>10} {:>12} {:>11} {:>12} {:>12}",
+        "blocks", "of max", "exact LRU", "daemon lru", "daemon 2q", "Belady MIN", "2q closes"
     );
     for r in &rows {
-        // How much of the distance from LRU to MIN the prefix-aware policy
-        // covers.
+        // How much of the distance from exact LRU to MIN 2Q covers.
         let closed = if r.min > r.lru {
-            format!("{:.0}%", 100.0 * (r.aware - r.lru) / (r.min - r.lru))
+            format!(
+                "{:.0}%",
+                100.0 * (r.pool(Eviction::TwoQ) - r.lru) / (r.min - r.lru)
+            )
         } else {
             "-".into()
         };
         println!(
-            "{:>10} {:>7.0}% {:>9.2}% {:>13.2}% {:>11.2}% {:>12}",
+            "{:>10} {:>7.0}% {:>9.2}% {:>11.2}% {:>10.2}% {:>11.2}% {:>12}",
             r.cap,
             100.0 * r.cap as f64 / footprint as f64,
             100.0 * r.lru,
-            100.0 * r.aware,
+            100.0 * r.pool(Eviction::Lru),
+            100.0 * r.pool(Eviction::TwoQ),
             100.0 * r.min,
             closed
         );

@@ -6,8 +6,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Context;
+use mooncake_proto::{BlockHash, BlockKey, Namespace};
+use mooncake_store_daemon::pool::{Eviction, PoolConfig, PROBATION_SHARE};
+use mooncake_store_daemon::{DramPool, PoolError};
 use serde::Deserialize;
 
 /// One request of a trace.
@@ -113,72 +117,81 @@ pub fn simulate_lru(trace: &[Request], capacity: Option<usize>, block_tokens: u6
     r
 }
 
-/// Replays the trace through a prefix-aware cache of `capacity` blocks:
-/// only chain tails (blocks no cached block continues) are evicted, least
-/// recently used first. A block whose parent is gone can never be matched
-/// again, so keeping it wastes room; evicting tails first never creates
-/// one.
-pub fn simulate_prefix_aware(trace: &[Request], capacity: usize, block_tokens: u64) -> SimResult {
-    struct Node {
-        parent: Option<u64>,
-        children: u32,
-        stamp: u64,
+/// A daemon's DRAM pool, as `simulate_pool` runs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Pool {
+    /// Blocks it holds.
+    pub capacity: usize,
+    pub order: Eviction,
+    pub probation_share: f64,
+    /// Bytes of each block (the pool holds `capacity` of them).
+    pub block_bytes: usize,
+}
+
+impl Pool {
+    /// A pool of `capacity` blocks with the daemon's default settings.
+    pub fn new(capacity: usize, order: Eviction) -> Pool {
+        Pool {
+            capacity,
+            order,
+            probation_share: PROBATION_SHARE,
+            block_bytes: 1024,
+        }
     }
-    let mut nodes: HashMap<u64, Node> = HashMap::new();
-    // Evictable blocks (no cached child), by last use.
-    let mut tails: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut clock = 0u64;
+}
+
+/// Replays the trace through the daemon's own DRAM pool, holding
+/// `capacity` blocks and evicting in `order`, driven as `replay` drives a
+/// daemon: each request reads its longest stored prefix, then puts the
+/// rest of its chain, each block naming its parent. What this predicts is
+/// what a daemon of that capacity does: it is the daemon's code.
+pub fn simulate_pool(
+    trace: &[Request],
+    pool: Pool,
+    block_tokens: u64,
+) -> anyhow::Result<SimResult> {
+    // At least 1 KiB: the smallest block the pool gives one allocation.
+    let block = pool.block_bytes.max(1024);
+    let cfg = PoolConfig {
+        eviction: pool.order,
+        probation_share: pool.probation_share,
+        high_watermark: 1.0,
+        ..PoolConfig::with_capacity((pool.capacity * block) as u64)
+    };
+    let pool = Arc::new(DramPool::new(cfg)?);
+    // Slots are written as the daemon writes them, so that a put costs
+    // its copy and checksum.
+    let value: Vec<u8> = (0..block).map(|i| i as u8).collect();
+    let sum = mooncake_proto::checksum(&value);
+    let ns = Namespace::new("simulate").expect("a valid namespace");
+    let key = |id: u64| BlockKey::new(ns.clone(), BlockHash::from_opaque(&id.to_le_bytes()));
     let mut r = SimResult::default();
     for req in trace {
         let matched = req
             .hash_ids
             .iter()
-            .take_while(|id| nodes.contains_key(id))
+            .take_while(|id| pool.contains(&key(**id)))
             .count();
+        for id in &req.hash_ids[..matched] {
+            drop(pool.get(&key(*id)));
+        }
         r.count(req, matched, block_tokens);
-        let mut parent = None;
-        for id in &req.hash_ids {
-            clock += 1;
-            match nodes.get_mut(id) {
-                Some(node) => {
-                    if node.children == 0 {
-                        tails.remove(&node.stamp);
-                        tails.insert(clock, *id);
-                    }
-                    node.stamp = clock;
+        let mut parent = matched.checked_sub(1).map(|i| key(req.hash_ids[i]).hash);
+        for id in &req.hash_ids[matched..] {
+            let k = key(*id);
+            match pool.reserve(k.clone(), block as u64, sum) {
+                Ok(mut slot) => {
+                    slot.buf_mut().copy_from_slice(&value);
+                    slot.set_parent(parent);
+                    slot.commit()?;
                 }
-                None => {
-                    if let Some(p) = parent.and_then(|p| nodes.get_mut(&p)) {
-                        if p.children == 0 {
-                            tails.remove(&p.stamp);
-                        }
-                        p.children += 1;
-                    }
-                    nodes.insert(
-                        *id,
-                        Node {
-                            parent,
-                            children: 0,
-                            stamp: clock,
-                        },
-                    );
-                    tails.insert(clock, *id);
-                }
+                Err(PoolError::AlreadyExists) => {}
+                Err(e) => anyhow::bail!("the pool refused a block: {e}"),
             }
-            parent = Some(*id);
-            while nodes.len() > capacity {
-                let (_, victim) = tails.pop_first().expect("a full cache has a tail");
-                let gone = nodes.remove(&victim).expect("tails are cached");
-                if let Some(p) = gone.parent.and_then(|p| nodes.get_mut(&p)) {
-                    p.children -= 1;
-                    if p.children == 0 {
-                        tails.insert(p.stamp, gone.parent.expect("has a parent"));
-                    }
-                }
-            }
+            parent = Some(k.hash);
         }
     }
-    r
+    Ok(r)
 }
 
 /// Belady's MIN: with the whole future known, a full cache evicts the
@@ -274,23 +287,54 @@ mod tests {
     }
 
     #[test]
-    fn prefix_aware_keeps_shared_heads_that_lru_drops() {
-        // A hot two-block head (1, 2) followed by ever new tails: LRU with
-        // room for 3 keeps evicting the head; tails-first keeps it.
+    fn the_daemons_orders_keep_shared_heads_that_lru_drops() {
+        // A hot two-block head (1, 2) followed by ever new tails, between
+        // one-off requests: LRU with room for 3 keeps evicting the head;
+        // tails first keeps it, and so does 2Q once the head is read again.
         let mut trace = Vec::new();
         for i in 0..20u64 {
             trace.push(req(&[1, 2, 100 + i], 1536));
             trace.push(req(&[50 + i], 512));
         }
         let lru = simulate_lru(&trace, Some(3), 512);
-        let aware = simulate_prefix_aware(&trace, 3, 512);
-        assert!(aware.hit_tokens > lru.hit_tokens, "{aware:?} vs {lru:?}");
-        // With room for everything, both equal the theoretical maximum.
         let all = footprint(&trace);
-        assert_eq!(
-            simulate_prefix_aware(&trace, all, 512),
-            simulate_lru(&trace, None, 512)
-        );
+        for order in Eviction::ALL {
+            let pool = simulate_pool(&trace, Pool::new(3, order), 512).unwrap();
+            assert!(
+                pool.hit_tokens > lru.hit_tokens,
+                "{order}: {pool:?} vs {lru:?}"
+            );
+            // With room for everything, each equals the theoretical maximum.
+            assert_eq!(
+                simulate_pool(&trace, Pool::new(all, order), 512).unwrap(),
+                simulate_lru(&trace, None, 512),
+                "{order}"
+            );
+        }
+    }
+
+    #[test]
+    fn two_q_keeps_reused_blocks_that_one_off_requests_push_out_of_lru() {
+        // Three 4-block documents read in turn, two one-off 4-block
+        // requests after each: 32 other blocks between two reads of a
+        // document, room for 20. LRU and tails first never keep a document
+        // that long; 2Q lets the one-offs pass through probation and keeps
+        // the documents in main from their second read on.
+        let mut trace = Vec::new();
+        let mut fresh = 1000u64;
+        for round in 0..30u64 {
+            let doc = round % 3;
+            trace.push(req(&[doc * 4, doc * 4 + 1, doc * 4 + 2, doc * 4 + 3], 2048));
+            for _ in 0..2 {
+                trace.push(req(&[fresh, fresh + 1, fresh + 2, fresh + 3], 2048));
+                fresh += 4;
+            }
+        }
+        let lru = simulate_pool(&trace, Pool::new(20, Eviction::Lru), 512).unwrap();
+        assert_eq!(lru.hit_tokens, 0, "{lru:?}");
+        let two_q = simulate_pool(&trace, Pool::new(20, Eviction::TwoQ), 512).unwrap();
+        // Every document read from the third round of reads on hits whole.
+        assert_eq!(two_q.hit_tokens, 2048 * (30 - 6), "{two_q:?}");
     }
 
     #[test]

@@ -20,6 +20,11 @@ impl Store {
 
     /// `up` with more arguments.
     fn up_with(extra: &[&str]) -> Store {
+        Store::up_sized("64MiB", extra)
+    }
+
+    /// `up` with a DRAM pool of `dram`, and more arguments.
+    fn up_sized(dram: &str, extra: &[&str]) -> Store {
         let meta = format!("127.0.0.1:{}", free_port());
         let daemon = format!("127.0.0.1:{}", free_port());
         let child = Command::new(BIN)
@@ -30,7 +35,7 @@ impl Store {
                 "--listen",
                 &daemon,
                 "--dram",
-                "64MiB",
+                dram,
                 "--admin",
                 "",
             ])
@@ -472,6 +477,74 @@ fn replay_with_room_for_everything_hits_exactly_the_theoretical_maximum() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+fn json_f64(json: &str, field: &str) -> f64 {
+    let at = json
+        .find(&format!("\"{field}\":"))
+        .unwrap_or_else(|| panic!("no {field} in {json}"));
+    json[at + field.len() + 3..]
+        .split([',', '}'])
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_daemon_hits_what_simulate_predicts_for_its_eviction_order() {
+    // The Mooncake trace's first 1,500 requests through a pool of 2,048
+    // 1 KiB blocks (2 bytes a token, 512 tokens a block) under each order:
+    // the store's own hit rate is within half a point of what `simulate`
+    // (the daemon's pool driven offline) predicts, and 2Q's beats LRU's.
+    let shipped = common::repo("../shared/data/synthetic_trace.jsonl");
+    let dir = std::env::temp_dir().join(format!("mooncake-orders-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = if shipped.exists() {
+        shipped.to_path_buf()
+    } else {
+        let t = dir.join("trace.jsonl");
+        synthetic_trace(&t);
+        t
+    };
+    let mut rates = Vec::new();
+    for order in ["lru", "2q"] {
+        let config = dir.join(format!("{order}.toml"));
+        std::fs::write(&config, format!("[daemon]\neviction = \"{order}\"\n")).unwrap();
+        let store = Store::up_sized("2MiB", &["--config", config.to_str().unwrap()]);
+        let out = run(
+            &store.meta,
+            &[
+                "replay",
+                trace.to_str().unwrap(),
+                "--workers",
+                "1",
+                "--bytes-per-token",
+                "2",
+                "--limit",
+                "1500",
+                "--json",
+            ],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(json_u64(&json, "errors"), 0, "{json}");
+        assert_eq!(json_u64(&json, "wrong_bytes"), 0, "{json}");
+        let store_rate = json_f64(&json, "token_hit_rate");
+        let predicted = json_f64(&json, &format!("simulated_{order}_token_hit_rate"));
+        assert!(
+            (store_rate - predicted).abs() <= 0.005,
+            "{order}: store {store_rate} vs simulated {predicted}: {json}"
+        );
+        rates.push(store_rate);
+    }
+    assert!(rates[1] > rates[0], "2q {} vs lru {}", rates[1], rates[0]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn simulate_sweeps_cache_sizes_and_plots_them() {
     let dir = std::env::temp_dir().join(format!("mooncake-sim-{}", std::process::id()));
@@ -504,15 +577,16 @@ fn simulate_sweeps_cache_sizes_and_plots_them() {
         .nth(1)
         .unwrap();
     let max: f64 = max.split([',', '}']).next().unwrap().parse().unwrap();
-    for policy in ["lru", "min", "prefix_aware"] {
+    for policy in ["lru", "min", "daemon_lru", "daemon_2q"] {
         let key = format!("\"{policy}_token_hit_rate\":");
         let last = json.rsplit(key.as_str()).next().unwrap();
         let last: f64 = last.split([',', '}']).next().unwrap().parse().unwrap();
         assert!((last - max).abs() < 1e-12, "{policy}: {last} vs {max}");
     }
-    // Belady's MIN is drawn beside the two policies and the maximum.
+    // Belady's MIN is drawn beside LRU, the daemon's two orders and the
+    // maximum.
     let plot = std::fs::read_to_string(&svg).unwrap();
-    assert!(plot.starts_with("<svg") && plot.matches("<polyline").count() == 4);
+    assert!(plot.starts_with("<svg") && plot.matches("<polyline").count() == 5);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -138,7 +138,11 @@ async fn a_filesystem_that_fills_costs_misses_never_the_process_and_recovers() {
     );
     // The store runs with an 8 MiB drive on a 64 MiB filesystem (its data
     // space reserved, its index beside it). Another program then fills the
-    // filesystem, and later deletes what it wrote.
+    // filesystem, and later deletes what it wrote. DRAM evicts least
+    // recently used first, so that what it keeps is the last blocks put
+    // (2Q would keep the blocks read before the fill instead).
+    let config = dir.join("lru.toml");
+    std::fs::write(&config, "[daemon]\neviction = \"lru\"\n").unwrap();
     let script = format!(
         "( until [ -e \"$MNT/drive.bin.index/BALLAST\" ]; do sleep 0.05; done
            echo started
@@ -147,10 +151,11 @@ async fn a_filesystem_that_fills_costs_misses_never_the_process_and_recovers() {
            df -k \"$MNT\" | awk 'NR==2 {{print \"filled, free KiB:\", $4}}'
            until [ -e \"{release}\" ]; do sleep 0.05; done
            rm \"$MNT/filler\"; echo released ) &
-         exec \"$BIN\" up --meta-listen {meta} --listen {daemon} --admin '' \
+         exec \"$BIN\" up --config \"{config}\" --meta-listen {meta} --listen {daemon} --admin '' \
            --dram 4MiB --nvme \"$MNT/drive.bin:8MiB\" 2>\"{log}\" >/dev/null",
         fill = dir.join("fill").display(),
         release = dir.join("release").display(),
+        config = config.display(),
         log = log.display()
     );
     let mut child = in_small_fs(&dir, "64m", &script)

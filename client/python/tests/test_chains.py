@@ -14,7 +14,7 @@ from conftest import single_host_store
 def test_a_full_pool_evicts_a_chain_from_its_tail():
     with single_host_store("1MiB") as meta:
         client = mooncake_store.Client(meta, namespace="t/chains")
-        block = 200 << 10
+        block = 256 << 10  # five of them: one more than the pool holds
         chain = mooncake_store.block_hashes(list(range(48)), 16)
         values = [bytes([i]) * block for i in range(3)]
         assert client.put_chain(chain, values) == [0, 0, 0]
@@ -43,7 +43,7 @@ def test_a_chain_of_blocks_made_of_pieces_is_evicted_from_its_tail():
 
     with single_host_store("1MiB") as meta:
         client = mooncake_store.Client(meta, namespace="t/chains-pieces")
-        half = 100 << 10
+        half = 128 << 10
         pool = np.arange(6 * half, dtype=np.uint32).view(np.uint8)[: 6 * half].copy()
         client.register_buffer(pool.ctypes.data, pool.nbytes)
         base = pool.ctypes.data

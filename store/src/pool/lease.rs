@@ -50,6 +50,8 @@ impl WriteSlot {
         let mut inner = self.pool.inner.lock();
         let inner = &mut *inner;
         inner.clock += 1;
+        let admission = self.pool.admit(inner, &self.key, self.parent);
+        let queue = admission.queue;
         let block = inner
             .blocks
             .get_mut(&self.key)
@@ -57,12 +59,17 @@ impl WriteSlot {
         block.ready = true;
         block.stamp = inner.clock;
         block.parent = self.parent;
+        block.queue = queue;
+        block.continues = admission.continues;
         let (tenant, alloc) = (block.tenant, block.alloc);
+        if queue == Queue::Probation {
+            inner.probation_units += inner.alloc.allocation_size(alloc) as u64;
+        }
         DramPool::written(inner, alloc, tenant);
         if let Some(parent) = self.parent {
-            DramPool::add_child(inner, &self.key, parent);
+            DramPool::add_child(inner, &self.key, parent, admission.parent_stamp);
         }
-        DramPool::lru_insert(inner, inner.clock, &self.key, tenant);
+        DramPool::lru_insert(inner, inner.clock, &self.key, tenant, queue);
         if let Some(index) = &self.pool.index {
             let entry = Entry {
                 offset: self.offset,

@@ -31,9 +31,16 @@ mod shared;
 mod tests;
 
 pub use demotion::Demoted;
-use evict::Lru;
+pub use evict::{Eviction, EvictionEvents, PROBATION_SHARE};
+use evict::{Ghosts, Lru, Queue};
 pub use lease::{ReadLease, WriteSlot};
 use shared::SharedIndex;
+
+/// The pool's maps of keys. Keys come from clients, so the hash is
+/// seeded per process (foldhash's quality variant, as hashbrown's default
+/// hasher is); std's SipHash cost a fifth of the pool's time at 1 KiB
+/// blocks (`bench-pool`).
+type KeyMap<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 
 /// Allocation granularity: small enough for 1 KiB blocks, large enough that
 /// a u32 of units spans a 1 TiB pool.
@@ -54,8 +61,13 @@ const DEMOTION_BYTES_MAX: u64 = 2 * DEMOTION_BYTES;
 pub struct PoolConfig {
     pub capacity: u64,
     pub max_block: u64,
+    /// Eviction starts when a put would fill the pool past this share,
+    /// and frees only what the put needs.
     pub high_watermark: f64,
-    pub low_watermark: f64,
+    /// Which blocks go first (see `evict`).
+    pub eviction: Eviction,
+    /// Under 2Q, the share of the pool blocks not yet read again may hold.
+    pub probation_share: f64,
     pub hugepages: bool,
     pub prefault: bool,
     /// Tenants with a share of the pool: a tenant's blocks never take more
@@ -72,7 +84,8 @@ impl PoolConfig {
             capacity,
             max_block: capacity,
             high_watermark: 0.95,
-            low_watermark: 0.85,
+            eviction: Eviction::Lru,
+            probation_share: PROBATION_SHARE,
             hugepages: false,
             prefault: false,
             quotas: Quotas::default(),
@@ -148,14 +161,21 @@ pub struct DramPool {
 
 struct Inner {
     alloc: Allocator,
-    blocks: HashMap<BlockKey, Block>,
+    blocks: KeyMap<BlockKey, Block>,
     /// Units held by each tenant of `PoolConfig::quotas`, in its order.
     tenant_used: Vec<u64>,
     /// Evictable blocks (ready, unpinned, unleased) by last access.
     lru: Lru,
     /// Stored (ready) blocks per parent key: a parent with any is not a
     /// chain tail. The parent itself need not be stored.
-    children: HashMap<BlockKey, u32>,
+    children: KeyMap<BlockKey, u32>,
+    /// Units held by blocks in 2Q's probation queue, and the most it
+    /// holds before its own blocks go first (see `evict`).
+    probation_units: u64,
+    probation_target: u64,
+    /// Keys evicted recently (2Q).
+    ghosts: Ghosts,
+    events: EvictionEvents,
     /// Removed blocks whose bytes are still leased by readers, by offset.
     doomed: HashMap<u32, Doomed>,
     clock: u64,
@@ -180,6 +200,17 @@ struct Block {
     /// The block whose prefix this one extends (same namespace), if the
     /// writer said.
     parent: Option<mooncake_proto::BlockHash>,
+    /// 2Q's queue for it (main under LRU).
+    queue: Queue,
+    /// Read since it was stored.
+    read: bool,
+    /// Admitted to main as a branch whose branch point's branches come
+    /// back, or as the rest of such a branch (2Q).
+    continues: bool,
+    /// As a branch point (a prefix a reader matched): branches put after
+    /// it, and how many of those were read again.
+    branches: u32,
+    branch_hits: u32,
 }
 
 impl Block {
@@ -206,6 +237,8 @@ impl DramPool {
         // One allocation per block of at least 1 KiB, at most 4M of them.
         let max_allocs = (cfg.capacity / 1024).clamp(1024, 4 << 20) as u32;
         let tenants = cfg.quotas.len();
+        let probation_target = (region.len() as u64 / UNIT) as f64 * cfg.probation_share;
+        let probation_target = probation_target as u64;
         let index = if cfg.shared {
             Some(SharedIndex::new(region.len() as u64)?)
         } else {
@@ -217,10 +250,14 @@ impl DramPool {
             cfg,
             inner: Mutex::new(Inner {
                 alloc: Allocator::with_max_allocs(units, max_allocs),
-                blocks: HashMap::new(),
+                blocks: KeyMap::default(),
                 tenant_used: vec![0; tenants],
                 lru: Lru::new(tenants),
-                children: HashMap::new(),
+                children: KeyMap::default(),
+                probation_units: 0,
+                probation_target,
+                ghosts: Ghosts::default(),
+                events: EvictionEvents::default(),
                 doomed: HashMap::new(),
                 clock: 0,
                 used_units: 0,
@@ -308,21 +345,13 @@ impl DramPool {
             self.discard(&mut inner, &key, stale);
             tracing::info!(%key, "put replaces other bytes held under its key");
         }
+        // Evict only what this block needs: a burst down to a lower mark
+        // would leave memory empty that could hold blocks still to be hit
+        // (and, with a next tier, overflow the demotion queue).
         let high = (capacity_units as f64 * self.cfg.high_watermark) as u64;
-        let low = (capacity_units as f64 * self.cfg.low_watermark) as u64;
-        // With a next tier, evict only what this block needs: every evicted
-        // block is copied to the demotion queue, and a burst down to the low
-        // watermark would overflow it.
-        let target = if self.demote.get().is_some() {
-            high
-        } else {
-            low
-        };
-        if inner.used_units + units as u64 > high {
-            while inner.used_units + units as u64 > target {
-                if !self.evict_one(&mut inner) {
-                    break;
-                }
+        while inner.used_units + units as u64 > high {
+            if !self.evict_one(&mut inner) {
+                break;
             }
         }
         if let Some(t) = tenant {
@@ -366,6 +395,11 @@ impl DramPool {
                 pins: 0,
                 stamp: 0,
                 parent: None,
+                queue: Queue::Main,
+                read: false,
+                continues: false,
+                branches: 0,
+                branch_hits: 0,
             },
         );
         Ok(WriteSlot {
@@ -444,13 +478,14 @@ impl DramPool {
     /// A lease on a stored block: its bytes stay in place, and it is not
     /// evicted, until the lease is dropped. Counts as an access for LRU.
     pub fn get(self: &Arc<Self>, key: &BlockKey) -> Option<ReadLease> {
-        let mut inner = self.inner.lock();
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
         inner.clock += 1;
         let clock = inner.clock;
-        let block = inner.blocks.get_mut(key)?;
-        if !block.ready {
+        let Some(block) = inner.blocks.get_mut(key).filter(|b| b.ready) else {
+            self.note_miss(inner, key);
             return None;
-        }
+        };
         let was_evictable = block.evictable();
         let old_stamp = block.stamp;
         block.leases += 1;
@@ -462,8 +497,17 @@ impl DramPool {
             len: block.len as usize,
             checksum: block.checksum,
         };
+        let credit = self.mark_read(
+            block,
+            &mut inner.probation_units,
+            &mut inner.events,
+            &inner.alloc,
+        );
         if was_evictable {
             inner.lru.remove(old_stamp);
+        }
+        if let Some(parent) = credit {
+            Self::credit_branch(inner, key, parent);
         }
         Some(lease)
     }
@@ -475,8 +519,8 @@ impl DramPool {
             if block.alloc.offset == offset {
                 block.leases -= 1;
                 if block.evictable() {
-                    let (stamp, tenant) = (block.stamp, block.tenant);
-                    Self::lru_insert(inner, stamp, key, tenant);
+                    let (stamp, tenant, queue) = (block.stamp, block.tenant, block.queue);
+                    Self::lru_insert(inner, stamp, key, tenant, queue);
                 }
                 return;
             }
@@ -507,6 +551,7 @@ impl DramPool {
     /// Lets go of a stored block taken out of the index.
     fn discard(&self, inner: &mut Inner, key: &BlockKey, block: Block) {
         self.unpublish(key);
+        Self::leave_queue(inner, &block);
         if block.evictable() {
             inner.lru.remove(block.stamp);
         }
@@ -585,8 +630,8 @@ impl DramPool {
         if block.pins == 0 {
             inner.pinned -= 1;
             if block.evictable() {
-                let (stamp, tenant) = (block.stamp, block.tenant);
-                Self::lru_insert(inner, stamp, key, tenant);
+                let (stamp, tenant, queue) = (block.stamp, block.tenant, block.queue);
+                Self::lru_insert(inner, stamp, key, tenant, queue);
             }
         }
         Ok(())
@@ -645,9 +690,19 @@ impl DramPool {
         };
         let (old, tenant, evictable) = (block.stamp, block.tenant, block.evictable());
         block.stamp = clock;
+        let credit = self.mark_read(
+            block,
+            &mut inner.probation_units,
+            &mut inner.events,
+            &inner.alloc,
+        );
+        let queue = block.queue;
         if evictable {
             inner.lru.remove(old);
-            Self::lru_insert(inner, clock, key, tenant);
+            Self::lru_insert(inner, clock, key, tenant, queue);
+        }
+        if let Some(parent) = credit {
+            Self::credit_branch(inner, key, parent);
         }
         true
     }

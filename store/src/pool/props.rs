@@ -147,7 +147,7 @@ fn check(pool: &DramPool) {
     );
     let pinned = inner.blocks.values().filter(|b| b.pins > 0).count() as u64;
     assert_eq!(pinned, inner.pinned);
-    let mut children: HashMap<BlockKey, u32> = HashMap::new();
+    let mut children: KeyMap<BlockKey, u32> = KeyMap::default();
     for (k, b) in inner.blocks.iter().filter(|(_, b)| b.ready) {
         if let Some(p) = b.parent {
             *children
@@ -159,6 +159,33 @@ fn check(pool: &DramPool) {
         children, inner.children,
         "children counts differ from the blocks"
     );
+    // 2Q: each evictable block in its queue's set, and probation's room
+    // is what its blocks hold.
+    for (stamp, k) in inner.lru.iter() {
+        let in_probation = inner.lru.probation.all.contains(stamp);
+        assert_eq!(
+            in_probation,
+            inner.blocks[k].queue == super::Queue::Probation,
+            "an evictable block in the wrong queue"
+        );
+        assert_ne!(in_probation, inner.lru.main.all.contains(stamp));
+    }
+    assert_eq!(
+        inner.lru.probation.all.len() + inner.lru.main.all.len(),
+        inner.lru.len()
+    );
+    let probation: u64 = inner
+        .blocks
+        .values()
+        .filter(|b| b.queue == super::Queue::Probation)
+        .map(|b| inner.alloc.allocation_size(b.alloc) as u64)
+        .sum();
+    assert_eq!(probation, inner.probation_units, "probation's room");
+    assert!(
+        (pool.probation_floor()..=pool.region.len() as u64 / UNIT)
+            .contains(&inner.probation_target),
+        "probation's limit between its share and the pool"
+    );
     let tails: std::collections::BTreeSet<u64> = inner
         .lru
         .all
@@ -166,10 +193,20 @@ fn check(pool: &DramPool) {
         .filter(|(_, (k, _))| !children.contains_key(k))
         .map(|(s, _)| *s)
         .collect();
+    let held: std::collections::BTreeSet<u64> = inner
+        .lru
+        .probation
+        .tails
+        .union(&inner.lru.main.tails)
+        .copied()
+        .collect();
     assert_eq!(
-        tails, inner.lru.tails,
+        tails, held,
         "tails are the evictable blocks without children"
     );
+    for q in [&inner.lru.probation, &inner.lru.main] {
+        assert!(q.tails.is_subset(&q.all), "a queue's tails are its blocks");
+    }
     let capacity_units = pool.region.len() as u64 / UNIT;
     for t in 0..pool.cfg.quotas.len() {
         let held: u64 = inner
@@ -198,10 +235,14 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
-    fn any_sequence_keeps_the_pool_consistent(ops in proptest::collection::vec(op(), 1..200)) {
+    fn any_sequence_keeps_the_pool_consistent(
+        ops in proptest::collection::vec(op(), 1..200),
+        two_q in any::<bool>(),
+    ) {
         let cfg = PoolConfig {
             quotas: Quotas::new([("quota".into(), 0.3)]),
             shared: true,
+            eviction: if two_q { Eviction::TwoQ } else { Eviction::Lru },
             ..PoolConfig::with_capacity(1 << 20)
         };
         let pool = Arc::new(DramPool::new(cfg).unwrap());

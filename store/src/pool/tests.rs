@@ -328,3 +328,56 @@ fn random_workload_never_overlaps_or_leaks() {
     assert_eq!(p.stats().used, 0, "space leaked");
     assert_eq!(p.stats().blocks, 0);
 }
+
+#[test]
+fn under_two_q_new_blocks_fill_a_pool_that_holds_nothing_reused() {
+    // Probation holds more than its share while main has nothing to give:
+    // a pool of sixteen 64 KiB blocks keeps the last sixteen put.
+    let cfg = PoolConfig {
+        eviction: Eviction::TwoQ,
+        high_watermark: 1.0,
+        ..PoolConfig::with_capacity(1 << 20)
+    };
+    let p = Arc::new(DramPool::new(cfg).unwrap());
+    for i in 0..40 {
+        put(&p, key(i), i as u8, 64 << 10).unwrap();
+    }
+    let kept: Vec<u32> = (0..40).filter(|i| p.contains(&key(*i))).collect();
+    assert_eq!(kept, (24..40).collect::<Vec<_>>());
+}
+
+#[test]
+fn under_two_q_readers_that_come_back_soon_grow_probation_until_their_blocks_stay() {
+    // Main holds twelve blocks read once; then rounds of eight new blocks,
+    // each read right after the round is put (a decode node reading what a
+    // prefill node put). Probation (5%: not one block) lets them go at
+    // first; each read of one it let go grows it, until a round stays.
+    let cfg = PoolConfig {
+        eviction: Eviction::TwoQ,
+        high_watermark: 1.0,
+        ..PoolConfig::with_capacity(1 << 20)
+    };
+    let p = Arc::new(DramPool::new(cfg).unwrap());
+    for i in 0..12 {
+        put(&p, key(i), 1, 64 << 10).unwrap();
+        drop(p.get(&key(i)));
+    }
+    let (_, limit) = p.probation();
+    assert!(limit < 64 << 10, "probation starts below one block");
+    let mut hits_per_round = Vec::new();
+    for round in 0..6u32 {
+        let keys: Vec<BlockKey> = (0..8).map(|i| key(100 + round * 8 + i)).collect();
+        for k in &keys {
+            put(&p, k.clone(), 2, 64 << 10).unwrap();
+        }
+        hits_per_round.push(keys.iter().filter(|k| p.get(k).is_some()).count());
+    }
+    assert!(hits_per_round[0] < 8, "{hits_per_round:?}");
+    assert_eq!(*hits_per_round.last().unwrap(), 8, "{hits_per_round:?}");
+    assert!(p.eviction_events().early_eviction_reads > 0);
+    let (_, limit) = p.probation();
+    assert!(
+        limit > 4 * (64 << 10),
+        "probation grew toward a round: {limit}"
+    );
+}

@@ -1,0 +1,114 @@
+//! `bench-pool TRACE`: what an eviction order costs. The daemon's DRAM pool
+//! serves a trace's reads and puts (as `simulate` drives it; a put copies
+//! and checksums its block, a read leases it) under each order, the orders
+//! taking turns round after round in one run; it reports each order's
+//! median block operations per second and how far it is from LRU's. At
+//! 1 KiB blocks bookkeeping, not bytes, dominates: the worst case for an
+//! order's cost.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use mooncake_proto::units::ByteSize;
+use mooncake_store_daemon::pool::Eviction;
+use serde_json::json;
+
+use crate::exit::Failure;
+use crate::trace;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchPoolArgs {
+    /// The trace: JSON lines with timestamp, input_length, hash_ids.
+    trace: PathBuf,
+    /// Pool sizes (blocks), comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "2000,16000")]
+    capacities: Vec<usize>,
+    /// Bytes of each block.
+    #[arg(long, default_value = "1KiB")]
+    block_size: ByteSize,
+    /// Runs of the whole trace per order and size; the median is kept.
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: BenchPoolArgs) -> Result<(), Failure> {
+    if args.rounds == 0 || args.capacities.contains(&0) {
+        return Err(Failure::usage(
+            "--rounds and every --capacities entry must be at least 1",
+        ));
+    }
+    let block_bytes = args.block_size.0 as usize;
+    if !(1024..=(64 << 20)).contains(&block_bytes) {
+        return Err(Failure::usage("--block-size must be 1KiB to 64MiB"));
+    }
+    let requests = trace::load(&args.trace, None)?;
+    let mut rows = Vec::new();
+    for &cap in &args.capacities {
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); Eviction::ALL.len()];
+        for _ in 0..args.rounds {
+            for (i, order) in Eviction::ALL.into_iter().enumerate() {
+                let started = Instant::now();
+                let pool = trace::Pool {
+                    block_bytes,
+                    ..trace::Pool::new(cap, order)
+                };
+                let r = trace::simulate_pool(&requests, pool, 512).map_err(Failure::other)?;
+                // One get or one put per block of each request.
+                rates[i].push(r.blocks as f64 / started.elapsed().as_secs_f64());
+            }
+        }
+        let medians: Vec<f64> = rates
+            .iter_mut()
+            .map(|r| {
+                r.sort_by(f64::total_cmp);
+                r[r.len() / 2]
+            })
+            .collect();
+        rows.push((cap, medians));
+    }
+    let lru = Eviction::ALL
+        .iter()
+        .position(|o| *o == Eviction::Lru)
+        .expect("LRU is an order");
+    if args.json {
+        let points: Vec<_> = rows
+            .iter()
+            .flat_map(|(cap, medians)| {
+                Eviction::ALL.iter().zip(medians).map(move |(order, ops)| {
+                    json!({"capacity_blocks": cap, "eviction": order.name(),
+                           "ops_per_sec": ops, "vs_lru": ops / medians[lru]})
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"requests": requests.len(), "rounds": args.rounds,
+                   "block_bytes": block_bytes, "points": points})
+        );
+        return Ok(());
+    }
+    println!(
+        "{} requests, {} blocks, median of {} runs per order",
+        requests.len(),
+        args.block_size,
+        args.rounds
+    );
+    println!(
+        "{:>10} {:>9} {:>16} {:>8}",
+        "blocks", "eviction", "block ops/s", "vs lru"
+    );
+    for (cap, medians) in &rows {
+        for (order, ops) in Eviction::ALL.iter().zip(medians) {
+            println!(
+                "{:>10} {:>9} {:>16.0} {:>7.1}%",
+                cap,
+                order.name(),
+                ops,
+                100.0 * (ops / medians[lru] - 1.0)
+            );
+        }
+    }
+    Ok(())
+}
