@@ -443,27 +443,7 @@ fn replay_with_room_for_everything_hits_exactly_the_theoretical_maximum() {
         traces.push((shipped.to_path_buf(), "400"));
     }
     for (trace, limit) in traces {
-        let out = run(
-            &store.meta,
-            &[
-                "replay",
-                trace.to_str().unwrap(),
-                "--workers",
-                "1",
-                "--bytes-per-token",
-                "2",
-                "--limit",
-                limit,
-                "--json",
-            ],
-            None,
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let json = String::from_utf8_lossy(&out.stdout).to_string();
+        let json = replay_one_at_a_time(&store.meta, &trace, limit);
         assert_eq!(
             json_u64(&json, "hit_tokens"),
             json_u64(&json, "theoretical_hit_tokens"),
@@ -475,6 +455,29 @@ fn replay_with_room_for_everything_hits_exactly_the_theoretical_maximum() {
         assert_eq!(json_u64(&json, "errors"), 0);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `replay --json` of a trace's first `limit` requests, one at a time, in
+/// 1 KiB blocks (2 bytes a token).
+fn replay_one_at_a_time(meta: &str, trace: &std::path::Path, limit: &str) -> String {
+    let args = [
+        "replay",
+        trace.to_str().unwrap(),
+        "--workers",
+        "1",
+        "--bytes-per-token",
+        "2",
+        "--limit",
+        limit,
+        "--json",
+    ];
+    let out = run(meta, &args, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 fn json_f64(json: &str, field: &str) -> f64 {
@@ -510,27 +513,7 @@ fn a_daemon_hits_what_simulate_predicts_for_its_eviction_order() {
         let config = dir.join(format!("{order}.toml"));
         std::fs::write(&config, format!("[daemon]\neviction = \"{order}\"\n")).unwrap();
         let store = Store::up_sized("2MiB", &["--config", config.to_str().unwrap()]);
-        let out = run(
-            &store.meta,
-            &[
-                "replay",
-                trace.to_str().unwrap(),
-                "--workers",
-                "1",
-                "--bytes-per-token",
-                "2",
-                "--limit",
-                "1500",
-                "--json",
-            ],
-            None,
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let json = String::from_utf8_lossy(&out.stdout).to_string();
+        let json = replay_one_at_a_time(&store.meta, &trace, "1500");
         assert_eq!(json_u64(&json, "errors"), 0, "{json}");
         assert_eq!(json_u64(&json, "wrong_bytes"), 0, "{json}");
         let store_rate = json_f64(&json, "token_hit_rate");
