@@ -155,6 +155,7 @@ enum Command {
 }
 
 fn main() {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     let serving = matches!(
         cli.command,
@@ -220,4 +221,23 @@ fn init_logging(serving: bool) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+/// Output piped into a reader that stops early (`simulate ... | head`)
+/// ends the command quietly, as a Unix tool does, instead of panicking on
+/// the closed pipe. Everything else still panics as before.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
 }

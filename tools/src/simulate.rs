@@ -120,12 +120,12 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
             "token hit rate",
             &[
                 Series {
-                    name: "Belady's MIN (knows the future)",
+                    name: "Belady's MIN",
                     color: "#2ca02c",
                     points: rows.iter().map(|r| (r.cap as f64, r.min)).collect(),
                 },
                 Series {
-                    name: "daemon, eviction = \"2q\"",
+                    name: "daemon, 2q",
                     color: "#1f77b4",
                     points: rows
                         .iter()
@@ -133,7 +133,7 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
                         .collect(),
                 },
                 Series {
-                    name: "daemon, eviction = \"lru\" (tails first)",
+                    name: "daemon, lru",
                     color: "#ff7f0e",
                     points: rows
                         .iter()

@@ -529,6 +529,27 @@ fn a_daemon_hits_what_simulate_predicts_for_its_eviction_order() {
 }
 
 #[test]
+fn output_into_a_closed_pipe_ends_the_command_quietly() {
+    // `simulate TRACE | head`: the reader is gone before the table comes.
+    let dir = std::env::temp_dir().join(format!("mooncake-pipe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.jsonl");
+    synthetic_trace(&trace);
+    let mut child = Command::new(BIN)
+        .args(["simulate", trace.to_str().unwrap(), "--points", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn simulate_sweeps_cache_sizes_and_plots_them() {
     let dir = std::env::temp_dir().join(format!("mooncake-sim-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
