@@ -197,7 +197,8 @@ impl Ranked {
 /// finds its coldest block at once), and those of each 2Q queue (under LRU
 /// every block is in main).
 pub(super) struct Lru {
-    pub(super) all: BTreeMap<u64, (BlockKey, Option<u16>)>,
+    /// Each with its tenant and its queue.
+    pub(super) all: BTreeMap<u64, (BlockKey, Option<u16>, Queue)>,
     pub(super) by_tenant: Vec<BTreeSet<u64>>,
     pub(super) probation: Ranked,
     pub(super) main: Ranked,
@@ -213,11 +214,10 @@ impl Lru {
         }
     }
 
-    fn queue_of(&mut self, stamp: u64) -> &mut Ranked {
-        if self.probation.all.contains(&stamp) {
-            &mut self.probation
-        } else {
-            &mut self.main
+    fn ranked(&mut self, queue: Queue) -> &mut Ranked {
+        match queue {
+            Queue::Probation => &mut self.probation,
+            Queue::Main => &mut self.main,
         }
     }
 
@@ -232,23 +232,20 @@ impl Lru {
         if let Some(t) = tenant {
             self.by_tenant[t as usize].insert(stamp);
         }
-        let ranked = match queue {
-            Queue::Probation => &mut self.probation,
-            Queue::Main => &mut self.main,
-        };
+        let ranked = self.ranked(queue);
         ranked.all.insert(stamp);
         if tail {
             ranked.tails.insert(stamp);
         }
-        self.all.insert(stamp, (key, tenant));
+        self.all.insert(stamp, (key, tenant, queue));
     }
 
     pub(super) fn remove(&mut self, stamp: u64) -> Option<BlockKey> {
-        let (key, tenant) = self.all.remove(&stamp)?;
+        let (key, tenant, queue) = self.all.remove(&stamp)?;
         if let Some(t) = tenant {
             self.by_tenant[t as usize].remove(&stamp);
         }
-        let ranked = self.queue_of(stamp);
+        let ranked = self.ranked(queue);
         ranked.all.remove(&stamp);
         ranked.tails.remove(&stamp);
         Some(key)
@@ -257,10 +254,10 @@ impl Lru {
     /// Marks an evictable block a tail or not (its first child came, or
     /// its last one went); blocks not in the LRU are left alone.
     pub(super) fn set_tail(&mut self, stamp: u64, tail: bool) {
-        if !self.all.contains_key(&stamp) {
+        let Some(&(_, _, queue)) = self.all.get(&stamp) else {
             return;
-        }
-        let ranked = self.queue_of(stamp);
+        };
+        let ranked = self.ranked(queue);
         if tail {
             ranked.tails.insert(stamp);
         } else {
@@ -302,7 +299,7 @@ impl Lru {
 
     #[cfg(test)]
     pub(super) fn iter(&self) -> impl Iterator<Item = (&u64, &BlockKey)> {
-        self.all.iter().map(|(s, (k, _))| (s, k))
+        self.all.iter().map(|(s, (k, _, _))| (s, k))
     }
 
     #[cfg(test)]

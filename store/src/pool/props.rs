@@ -121,15 +121,19 @@ fn check(pool: &DramPool) {
             .lru
             .all
             .iter()
-            .filter(|(_, (_, tenant))| *tenant == Some(t as u16))
+            .filter(|(_, (_, tenant, _))| *tenant == Some(t as u16))
             .map(|(s, _)| *s)
             .collect();
         assert_eq!(stamps, &want, "tenant {t}'s LRU differs from the pool's");
     }
-    for (k, tenant) in inner.lru.all.values() {
+    for (k, tenant, queue) in inner.lru.all.values() {
         assert_eq!(
             inner.blocks[k].tenant, *tenant,
             "LRU entry of the wrong tenant"
+        );
+        assert_eq!(
+            inner.blocks[k].queue, *queue,
+            "LRU entry of the wrong queue"
         );
     }
     for (stamp, k) in inner.lru.iter() {
@@ -190,7 +194,7 @@ fn check(pool: &DramPool) {
         .lru
         .all
         .iter()
-        .filter(|(_, (k, _))| !children.contains_key(k))
+        .filter(|(_, (k, _, _))| !children.contains_key(k))
         .map(|(s, _)| *s)
         .collect();
     let held: std::collections::BTreeSet<u64> = inner
