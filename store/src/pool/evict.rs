@@ -63,17 +63,6 @@ impl std::fmt::Display for Eviction {
     }
 }
 
-impl std::str::FromStr for Eviction {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Eviction::ALL
-            .into_iter()
-            .find(|e| e.name() == s)
-            .ok_or_else(|| format!("unknown eviction order {s:?} (lru or 2q)"))
-    }
-}
-
 /// The default share of the pool new blocks may hold under 2Q.
 pub const PROBATION_SHARE: f64 = 0.05;
 /// Evicted keys remembered per stored block (2Q), and at least this many.
@@ -408,6 +397,9 @@ impl DramPool {
     /// A get missed `key`: if probation evicted it recently, probation was
     /// too small for how soon this workload reads what it puts.
     pub(super) fn note_miss(&self, inner: &mut Inner, key: &BlockKey) {
+        if self.cfg.eviction != Eviction::TwoQ {
+            return;
+        }
         if let Some((Queue::Probation, units)) = inner.ghosts.get(key) {
             let capacity_units = self.region.len() as u64 / UNIT;
             inner.probation_target = (inner.probation_target + units).min(capacity_units);
