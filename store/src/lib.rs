@@ -173,7 +173,7 @@ pub async fn start(
     tracing::info!(
         %addr,
         capacity = %config.dram,
-        hugepages = pool.uses_hugepages(),
+        pages = %pool.pages(),
         "storage daemon listening"
     );
     let drives = config.nvme_drives().map_err(DaemonError::Config)?;

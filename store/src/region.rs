@@ -24,7 +24,7 @@ impl Region {
     /// Maps `len` bytes. Tries explicit huge pages first when asked, then
     /// falls back to normal pages with a transparent-huge-page hint.
     pub fn new(len: usize, hugepages: bool, prefault: bool) -> io::Result<Region> {
-        Self::map_with(len, hugepages, prefault, None)
+        Self::map_private(len, hugepages, prefault)
     }
 
     /// As `new`, in a memfd that other processes can map (`fd`).
@@ -49,12 +49,41 @@ impl Region {
         if hugepages {
             let huge_len = len.next_multiple_of(2 << 20);
             if let Ok(fd) = memfd(libc::MFD_HUGETLB, huge_len) {
-                if let Ok(region) = Self::map_with(huge_len, true, prefault, Some(fd)) {
+                if let Ok(region) = Self::map_shared(huge_len, fd, true, true, prefault) {
                     return Ok(region);
                 }
             }
         }
-        Self::map_with(len, false, prefault, Some(memfd(0, len)?))
+        Self::map_shared(len, memfd(0, len)?, false, hugepages, prefault)
+    }
+
+    /// Maps a memfd, of reserved huge pages if `reserved`. Otherwise, if
+    /// huge pages are `wanted`, advised before any page exists: with
+    /// `shmem_enabled` at `advise` (or `within_size`, `always`) the kernel
+    /// then backs it with 2 MiB pages; elsewhere the advice does nothing.
+    fn map_shared(
+        len: usize,
+        fd: OwnedFd,
+        reserved: bool,
+        wanted: bool,
+        prefault: bool,
+    ) -> io::Result<Region> {
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        let ptr = map(len, libc::MAP_SHARED, raw).ok_or_else(io::Error::last_os_error)?;
+        let region = Region {
+            ptr,
+            len,
+            hugepages: reserved,
+            fd: Some(fd),
+        };
+        if wanted && !reserved {
+            // SAFETY: advising a mapping we own; failure is harmless.
+            unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+        }
+        if prefault {
+            populate(ptr, len);
+        }
+        Ok(region)
     }
 
     /// The memfd of a shared region.
@@ -62,31 +91,16 @@ impl Region {
         self.fd.as_ref().map(|f| f.as_fd())
     }
 
-    fn map_with(
-        len: usize,
-        hugepages: bool,
-        prefault: bool,
-        fd: Option<OwnedFd>,
-    ) -> io::Result<Region> {
-        if let Some(fd) = fd {
-            let populate = if prefault { libc::MAP_POPULATE } else { 0 };
-            let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-            let ptr =
-                map(len, libc::MAP_SHARED | populate, raw).ok_or_else(io::Error::last_os_error)?;
-            return Ok(Region {
-                ptr,
-                len,
-                hugepages,
-                fd: Some(fd),
-            });
-        }
-        let populate = if prefault { libc::MAP_POPULATE } else { 0 };
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | populate;
+    /// An anonymous mapping: reserved huge pages if wanted and there, else
+    /// normal pages with the transparent-huge-page hint.
+    fn map_private(len: usize, hugepages: bool, prefault: bool) -> io::Result<Region> {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         if hugepages {
             // Without MAP_NORESERVE the kernel refuses the mapping unless the
             // huge pages are reserved, instead of a SIGBUS on first touch.
             let huge_len = len.next_multiple_of(2 << 20);
-            if let Some(ptr) = map(huge_len, flags | libc::MAP_HUGETLB, -1) {
+            let populate = if prefault { libc::MAP_POPULATE } else { 0 };
+            if let Some(ptr) = map(huge_len, flags | libc::MAP_HUGETLB | populate, -1) {
                 return Ok(Region {
                     ptr,
                     len: huge_len,
@@ -97,8 +111,12 @@ impl Region {
         }
         let ptr = map(len, flags | libc::MAP_NORESERVE, -1).ok_or_else(io::Error::last_os_error)?;
         if hugepages {
+            // Before any page exists, so that prefaulting makes huge ones.
             // SAFETY: advising a mapping we own; failure is harmless.
             unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+        }
+        if prefault {
+            populate(ptr, len);
         }
         Ok(Region {
             ptr,
@@ -117,8 +135,28 @@ impl Region {
         self.ptr
     }
 
-    pub fn uses_hugepages(&self) -> bool {
-        self.hugepages
+    /// What pages back the region, for the daemon's start-up line: the
+    /// reserved huge pages it got, or normal pages and the kernel's
+    /// transparent-huge-page mode that decides whether they grow to 2 MiB
+    /// (`shmem_enabled` for a shared region, `enabled` for a private one).
+    pub fn pages(&self) -> String {
+        if self.hugepages {
+            return "2MiB (reserved huge pages)".into();
+        }
+        let knob = if self.fd.is_some() {
+            "shmem_enabled"
+        } else {
+            "enabled"
+        };
+        let path = format!("/sys/kernel/mm/transparent_hugepage/{knob}");
+        match std::fs::read_to_string(&path)
+            .ok()
+            .as_deref()
+            .and_then(chosen)
+        {
+            Some(mode) => format!("4KiB (transparent huge pages: {knob}={mode})"),
+            None => "4KiB".into(),
+        }
     }
 
     /// # Safety
@@ -139,6 +177,28 @@ impl Region {
         // SAFETY: in bounds and exclusively owned, by the contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) }
     }
+}
+
+/// Gives every page of a new mapping its memory now, so that no request
+/// pays a fault; as `MAP_POPULATE` did, a failure (no memory left) is left
+/// to the first touch of each page.
+fn populate(ptr: NonNull<u8>, len: usize) {
+    // SAFETY: filling our own mapping's pages changes no byte.
+    let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE) };
+    if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // Kernels before 5.14 lack the advice: touch each page instead.
+        for offset in (0..len).step_by(4096) {
+            // SAFETY: in bounds; the pool is new, nobody reads it yet.
+            unsafe { ptr.as_ptr().add(offset).write_volatile(0) };
+        }
+    }
+}
+
+/// The bracketed choice of a kernel setting such as "always [madvise] never".
+fn chosen(setting: &str) -> Option<&str> {
+    let start = setting.find('[')? + 1;
+    let end = start + setting[start..].find(']')?;
+    Some(&setting[start..end])
 }
 
 fn map(len: usize, flags: libc::c_int, fd: libc::c_int) -> Option<NonNull<u8>> {
@@ -165,5 +225,28 @@ impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: unmapping what `new` mapped; no slice outlives the pool.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernels_choice_is_the_bracketed_word() {
+        assert_eq!(chosen("always [madvise] never\n"), Some("madvise"));
+        assert_eq!(
+            chosen("always within_size advise [never] deny force"),
+            Some("never")
+        );
+        assert_eq!(chosen("no choice here"), None);
+    }
+
+    #[test]
+    fn a_shared_region_says_what_pages_back_it() {
+        let region = Region::shared(4 << 20, false, true).unwrap();
+        assert!(region.pages().starts_with("4KiB"), "{}", region.pages());
+        // Prefaulted pages read as zero.
+        assert!(unsafe { region.slice(0, 4 << 20) }.iter().all(|b| *b == 0));
     }
 }

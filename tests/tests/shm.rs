@@ -94,6 +94,70 @@ async fn same_host_puts_and_gets_go_through_shared_memory_byte_for_byte() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gets_into_buffers_at_any_alignment_are_right_byte_for_byte() {
+    // The copy out of the pool is hand-written (one pass that also hashes):
+    // every length rule of the hash and every offset of the caller's
+    // buffer against the block's, through the real path.
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
+    let client = client(&cluster, &dir.join("daemon.sock"));
+    let sizes = [
+        1usize,
+        240,
+        241,
+        1023,
+        1024,
+        1025,
+        4096 + 63,
+        (256 << 10) + 13,
+    ];
+    for (i, n) in sizes.iter().enumerate() {
+        let out = client
+            .put(&ns(), &[(hash(i as u64), &block_bytes(i as u64, *n))])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored]);
+    }
+    let mut arena = vec![0u8; (256 << 10) + 13 + 64];
+    for (i, n) in sizes.iter().enumerate() {
+        for offset in [0, 1, 7, 8, 16, 31, 32, 48, 63] {
+            arena.fill(0xEE);
+            let got = client
+                .get_into(
+                    &ns(),
+                    &[hash(i as u64)],
+                    &mut [&mut arena[offset..offset + n]],
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                got,
+                vec![GetOutcome::Hit(*n)],
+                "size {n} at offset {offset}"
+            );
+            assert!(
+                arena[offset..offset + n] == block_bytes(i as u64, *n),
+                "size {n} at offset {offset}: bytes"
+            );
+            assert!(
+                arena[..offset]
+                    .iter()
+                    .chain(&arena[offset + n..])
+                    .all(|b| *b == 0xEE),
+                "size {n} at offset {offset}: nothing written outside the buffer"
+            );
+        }
+    }
+    assert_eq!(client.shm_index_reads(), 9 * sizes.len() as u64);
+    let pages = client.same_host_pages().expect("a same-host link");
+    assert!(
+        pages.starts_with("4KiB") || pages.starts_with("2MiB"),
+        "pages in words: {pages}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_on_nvme_and_daemons_without_a_socket_are_read_over_tcp() {
     let dir = scratch();
     let cluster = cluster_with_shm(&dir, 8 << 20, true).await;

@@ -66,6 +66,9 @@ struct Row {
     p999_us: u64,
     misses: u64,
     errors: u64,
+    /// The same-host pool's pages, when the blocks moved through it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pool_pages: Option<String>,
 }
 
 pub async fn run(args: BenchArgs) -> Result<(), Failure> {
@@ -96,6 +99,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             started.elapsed().as_secs_f64()
         );
     }
+    // Page size decides how far the TLB reaches into the pool.
+    let pool_pages = client.same_host_pages();
     let capacity = crate::blocks::live_capacity(&client).await?;
     let ns = Namespace::new("bench").expect("valid");
     let run_id: u64 = rand::random();
@@ -163,8 +168,10 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         if !args.keep {
             let _ = client.remove(&ns, &hashes).await;
         }
-        rows.push(put);
-        rows.push(get);
+        for mut row in [put, get] {
+            row.pool_pages = pool_pages.clone();
+            rows.push(row);
+        }
     }
     if let Some(store) = embedded {
         store.stop(Duration::from_secs(10)).await;
@@ -278,6 +285,7 @@ where
         p999_us: hist.value_at_quantile(0.999),
         misses,
         errors,
+        pool_pages: None,
     }
 }
 
@@ -330,9 +338,12 @@ fn print_rows(args: &BenchArgs, rows: &[Row]) {
         }
         return;
     }
+    let pages = rows.first().and_then(|r| r.pool_pages.as_deref());
     println!(
-        "concurrency {}, {} block(s) per request, every get verified by checksum",
-        args.concurrency, args.batch
+        "concurrency {}, {} block(s) per request, every get verified by checksum{}",
+        args.concurrency,
+        args.batch,
+        pages.map_or(String::new(), |p| format!("; same-host pool pages: {p}"))
     );
     println!(
         "{:<4} {:>8} {:>7} {:>10} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7}",

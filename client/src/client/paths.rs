@@ -31,6 +31,13 @@ impl Client {
         true
     }
 
+    /// What pages this process's view of the same-host pool has, in words
+    /// ("4KiB", "2MiB (reserved huge pages)", or 4 KiB with the share the
+    /// kernel maps as transparent huge pages); `None` without a link.
+    pub fn same_host_pages(&self) -> Option<String> {
+        self.shm_connect(None).map(|link| link.pages())
+    }
+
     /// The same-host link, made if need be (at most once a second); a
     /// failure counts a fallback to `instead`, if given.
     pub(super) fn shm_connect(&self, instead: Option<TransportKind>) -> Option<Arc<ShmLink>> {

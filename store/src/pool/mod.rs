@@ -285,8 +285,9 @@ impl DramPool {
         (self.region.ptr(), self.region.len())
     }
 
-    pub fn uses_hugepages(&self) -> bool {
-        self.region.uses_hugepages()
+    /// What pages back the pool, in words (see `Region::pages`).
+    pub fn pages(&self) -> String {
+        self.region.pages()
     }
 
     pub fn max_block(&self) -> u64 {
