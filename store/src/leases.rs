@@ -6,6 +6,8 @@
 //! reserve room and have the client's bytes verified and stored
 //! (`ShmPut`, `ShmCommit`), and note reads the client made without a lease
 //! (`ShmTouch`). Everything a connection holds ends when it goes away.
+//! A same-host session also takes small puts with their bytes in the frame
+//! (`Put`, as over TCP): one round trip instead of reserve and commit.
 
 use std::collections::HashMap;
 use std::io;
@@ -19,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::pool::{ReadLease, WriteSlot};
+use crate::server::DataService;
 use crate::tiers::Tiers;
 
 /// Leases (and reserved slots) one client may hold at once.
@@ -27,15 +30,20 @@ const MAX_LEASES: usize = 1 << 16;
 const BACKPRESSURE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves one client's lease requests on `stream` until it goes away, sends
-/// something else, or `shutdown`; counted in `sessions` meanwhile.
+/// something else, or `shutdown`; counted in `sessions` meanwhile. Puts
+/// with their bytes are taken where `puts` serves them.
 pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     tiers: &Arc<Tiers>,
+    puts: Option<&DataService>,
     sessions: &prometheus::IntGauge,
     shutdown: &CancellationToken,
 ) -> io::Result<()> {
     sessions.inc();
     let _open = Open(sessions);
+    // A request's header, body and a small put's bytes in one read where
+    // they came together; answers are written through unbuffered.
+    let stream = &mut tokio::io::BufReader::with_capacity(64 << 10, stream);
     let pool = &tiers.dram;
     // Every lease this client holds; all end when it goes away.
     let mut leases: HashMap<u64, ReadLease> = HashMap::new();
@@ -54,6 +62,16 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             _ = shutdown.cancelled() => return Ok(()),
         }
         let header = match Header::parse(&raw) {
+            Ok(Some(h)) if !h.response && h.opcode == Opcode::Put && puts.is_some() => {
+                if let Some(service) = puts {
+                    // It answers, or ends the session on a broken frame.
+                    service
+                        .put_on(h, stream)
+                        .await
+                        .map_err(|err| io::Error::other(err.to_string()))?;
+                }
+                continue;
+            }
             Ok(Some(h))
                 if !h.response
                     && matches!(
@@ -218,18 +236,85 @@ mod tests {
         prometheus::IntGauge,
     );
 
+    /// A session of the RDMA control port: leases and reservations only.
     fn session() -> Session {
+        session_with(false)
+    }
+
+    /// A session, of the same-host socket if `puts` (it takes puts with
+    /// their bytes).
+    fn session_with(puts: bool) -> Session {
         let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
         let tiers = Tiers::dram_only(pool);
         let (client, mut server) = tokio::io::duplex(1 << 16);
         let t = tiers.clone();
+        let service = puts.then(|| DataService {
+            tiers: tiers.clone(),
+            cfg: crate::server::DataConfig {
+                verify_on_read: false,
+                request_timeout: std::time::Duration::from_secs(5),
+                put_stall_timeout: std::time::Duration::from_secs(5),
+            },
+            metrics: crate::metrics::DaemonMetrics::new(
+                &prometheus::Registry::new(),
+                tiers.clone(),
+            )
+            .unwrap(),
+        });
         let sessions = prometheus::IntGauge::new("sessions", "open").unwrap();
         let counted = sessions.clone();
         let task = tokio::spawn(async move {
             let stop = CancellationToken::new();
-            serve(&mut server, &t, &counted, &stop).await
+            serve(&mut server, &t, service.as_ref(), &counted, &stop).await
         });
         (tiers, Conn(client, 0), task, sessions)
+    }
+
+    /// A `Put` body: its head, then the bytes.
+    fn put_with_bytes(n: u8, bytes: &[u8], sum: u64) -> Vec<u8> {
+        let mut body = mooncake_proto::message::PutHead {
+            key: key(n),
+            checksum: sum,
+            parent: None,
+        }
+        .to_bytes();
+        body.extend_from_slice(bytes);
+        body
+    }
+
+    #[tokio::test]
+    async fn a_same_host_put_with_its_bytes_is_stored_in_one_round_trip() {
+        let (tiers, mut conn, _task, _) = session_with(true);
+        let bytes: Vec<u8> = (0..20_000u32).map(|i| (i * 13) as u8).collect();
+        let put = put_with_bytes(4, &bytes, checksum(&bytes));
+        assert_eq!(conn.call(Opcode::Put, &put).await.0, ErrorCode::Ok);
+        let (code, body) = conn
+            .call(Opcode::ShmGet, &KeyRequest { key: key(4) }.to_bytes())
+            .await;
+        assert_eq!(code, ErrorCode::Ok);
+        let lease = ShmLease::from_bytes(&body).unwrap();
+        assert_eq!(read_pool(&tiers, lease.offset, bytes.len()), bytes);
+        // Bytes that do not match their checksum are refused and not kept;
+        // the session goes on.
+        let wrong = put_with_bytes(5, &bytes, checksum(&bytes) ^ 1);
+        assert_eq!(
+            conn.call(Opcode::Put, &wrong).await.0,
+            ErrorCode::ChecksumMismatch
+        );
+        let get = KeyRequest { key: key(5) }.to_bytes();
+        assert_eq!(conn.call(Opcode::ShmGet, &get).await.0, ErrorCode::NotFound);
+    }
+
+    #[tokio::test]
+    async fn a_put_with_bytes_is_refused_where_only_leases_are_served() {
+        let (_tiers, mut conn, task, _) = session();
+        let bytes = vec![1u8; 100];
+        let put = put_with_bytes(6, &bytes, checksum(&bytes));
+        assert_eq!(
+            conn.call(Opcode::Put, &put).await.0,
+            ErrorCode::UnknownOpcode
+        );
+        assert!(task.await.unwrap().is_ok());
     }
 
     /// Writes `bytes` at `offset` of the pool, as a client's RDMA write (or

@@ -205,7 +205,7 @@ pub async fn start(
     });
     let server = Server::new(
         "data server",
-        service,
+        service.clone(),
         config.limits(),
         config.tokens().map_err(DaemonError::Config)?,
         metrics.server.clone(),
@@ -252,14 +252,15 @@ pub async fn start(
     }
     if let Some(path) = config.shm_socket.clone() {
         shm::usable(&path).map_err(DaemonError::Config)?;
-        let (tiers, advertise, stop) = (tiers.clone(), advertise.clone(), shutdown.child_token());
+        let (service, advertise) = (service.clone(), advertise.clone());
+        let stop = shutdown.child_token();
         let sessions = metrics.shm_sessions.clone();
         let max_sessions = config.max_connections;
         let sessions_tracker = background.clone();
         listeners.push(tokio::spawn(async move {
             let served = shm::run(
                 path.clone(),
-                tiers,
+                service,
                 advertise,
                 (sessions, max_sessions),
                 (&sessions_tracker, stop),

@@ -35,6 +35,30 @@ pub struct DataService {
     pub metrics: Arc<DaemonMetrics>,
 }
 
+impl DataService {
+    /// A `Put` with its bytes in the frame, on a same-host session: served
+    /// as over TCP. Same-host sessions exist only on daemons without
+    /// tokens, so the client may use every namespace.
+    pub(crate) async fn put_on<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        header: Header,
+        stream: &mut S,
+    ) -> Result<ErrorCode, ConnError> {
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        let who = Identity::open();
+        handle_put(
+            header,
+            &mut rd,
+            &mut wr,
+            &self.tiers,
+            &self.metrics,
+            &self.cfg,
+            &who,
+        )
+        .await
+    }
+}
+
 impl Service for DataService {
     type Session = ();
 

@@ -24,13 +24,13 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::tiers::Tiers;
+use crate::server::DataService;
 
 /// Serves same-host clients on `path` until `shutdown`, at most
 /// `max_sessions` at once (more are closed at once, and logged).
 pub async fn run(
     path: PathBuf,
-    tiers: Arc<Tiers>,
+    service: Arc<DataService>,
     advertise: String,
     (sessions, max_sessions): (prometheus::IntGauge, usize),
     (tasks, shutdown): (&TaskTracker, CancellationToken),
@@ -40,7 +40,7 @@ pub async fn run(
     tracing::info!(path = %path.display(), "same-host clients served over shared memory");
     let _cleanup = RemoveOnDrop(path);
     // Clients read the index and never write it: they get it read-only.
-    let index = match tiers.dram.shared_index() {
+    let index = match service.tiers.dram.shared_index() {
         Some((fd, len)) => Some((Arc::new(read_only(fd)?), len)),
         None => None,
     };
@@ -61,11 +61,12 @@ pub async fn run(
             tracing::warn!("shm client refused: max_connections sessions open");
             continue;
         };
-        let (tiers, advertise, shutdown) = (tiers.clone(), advertise.clone(), shutdown.clone());
+        let (service, advertise, shutdown) = (service.clone(), advertise.clone(), shutdown.clone());
         let (sessions, index) = (sessions.clone(), index.clone());
         tasks.spawn(async move {
             let index = index.as_ref().map(|(fd, len)| (fd.as_fd(), *len));
-            if let Err(err) = serve(stream, &tiers, index, &advertise, &sessions, &shutdown).await {
+            if let Err(err) = serve(stream, &service, index, &advertise, &sessions, &shutdown).await
+            {
                 tracing::debug!(%err, "shm client gone");
             }
             drop(permit);
@@ -83,13 +84,13 @@ impl Drop for RemoveOnDrop {
 
 async fn serve(
     mut stream: UnixStream,
-    tiers: &Arc<Tiers>,
+    service: &DataService,
     index: Option<(BorrowedFd<'_>, u64)>,
     advertise: &str,
     sessions: &prometheus::IntGauge,
     shutdown: &CancellationToken,
 ) -> io::Result<()> {
-    let pool = &tiers.dram;
+    let pool = &service.tiers.dram;
     let (fd, len) = pool
         .shared_region()
         .ok_or_else(|| io::Error::other("the pool is not shared"))?;
@@ -103,7 +104,8 @@ async fn serve(
     fds.extend(index.map(|(fd, _)| fd));
     stream.writable().await?;
     send_with_fds(&stream, &hello, &fds)?;
-    crate::leases::serve(&mut stream, tiers, sessions, shutdown).await
+    let tiers = &service.tiers;
+    crate::leases::serve(&mut stream, tiers, Some(service), sessions, shutdown).await
 }
 
 /// A new descriptor of `fd`'s file that only reads: a mapping of it can

@@ -11,6 +11,10 @@
 //! meta service gave for it; a copy that does not match (the block moved
 //! under it) is leased and copied again. Reads through the index are told
 //! to the daemon afterwards, in batches (`ShmTouch`), for its LRU.
+//!
+//! Puts: a large block is written into room the daemon reserves in the
+//! pool (`ShmPut`, `ShmCommit`); a small one (16 KiB or less) goes with its
+//! bytes over the socket (`Put`), in one round trip instead of two.
 
 use std::io::{self, IoSliceMut};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -20,7 +24,7 @@ use std::ptr::NonNull;
 
 use mooncake_proto::checksum::copy_with_checksum;
 use mooncake_proto::message::{
-    Body, KeyRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
+    Body, KeyRequest, PutHead, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
 };
 use mooncake_proto::shm_index::{Digest, IndexTable};
 use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode};
@@ -84,6 +88,9 @@ struct Index {
 
 /// Idle socket connections kept to the daemon.
 const MAX_IDLE: usize = 64;
+/// Blocks up to this size are put with their bytes in the frame (one round
+/// trip on the socket) rather than through the shared pool (two).
+const INLINE_PUT: usize = 16 << 10;
 /// Reads through the index told to the daemon in one message, at most.
 const TOUCH_BATCH: usize = 64;
 /// Bytes of a batch from which its copies out of the index are spread over
@@ -125,6 +132,9 @@ pub(crate) struct ShmLink {
     indexed: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Threads copying one large batch.
     copy_threads: usize,
+    /// Whether the daemon takes small puts with their bytes (`Put`); it
+    /// does unless it refused one (a daemon of an older version).
+    inline_puts: std::sync::atomic::AtomicBool,
     touches: parking_lot::Mutex<Touches>,
     path: std::path::PathBuf,
     /// Connections whose last call finished cleanly; one cut short (a
@@ -165,6 +175,7 @@ impl ShmLink {
             populated,
             indexed,
             copy_threads: copy_threads.max(1),
+            inline_puts: std::sync::atomic::AtomicBool::new(true),
             touches: parking_lot::Mutex::new(Touches {
                 keys: Vec::new(),
                 since: std::time::Instant::now(),
@@ -392,34 +403,81 @@ impl ShmLink {
         }
     }
 
-    /// Stores `items` through the shared pool: room reserved for each at
-    /// once (`ShmPut`), the bytes written there, then each verified and
-    /// stored by the daemon (`ShmCommit`). A status per item.
+    /// Stores `items` through the daemon's socket: a small block with its
+    /// bytes in the frame (`Put`, one round trip; the daemon reads them
+    /// straight into their place), a larger one through the shared pool
+    /// (room reserved for it, `ShmPut`; the bytes written there; verified
+    /// and stored by the daemon, `ShmCommit`), which spares it the
+    /// socket's two copies. A status per item.
     async fn put_blocks(
         &self,
         namespace: &Namespace,
         items: &[PutItem<'_>],
     ) -> io::Result<Vec<ErrorCode>> {
+        let inline = self.inline_puts.load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(codes) = self.put_batch(namespace, items, inline).await? {
+            return Ok(codes);
+        }
+        // A daemon older than puts with bytes on its socket refused one and
+        // closed the session: nothing of the batch was kept. All of it, and
+        // every later put, goes through the shared pool.
+        tracing::info!(path = %self.path.display(), "the same-host daemon takes no puts with their bytes (an older version); putting through the shared pool");
+        self.inline_puts
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.put_batch(namespace, items, false)
+            .await?
+            .ok_or_else(|| io::Error::other("a put refused with no put sent"))
+    }
+
+    /// One try of `put_blocks`, small blocks inline if `inline`; `None` if
+    /// the daemon refused a put with bytes.
+    async fn put_batch(
+        &self,
+        namespace: &Namespace,
+        items: &[PutItem<'_>],
+        inline: bool,
+    ) -> io::Result<Option<Vec<ErrorCode>>> {
+        let inline = |it: &PutItem<'_>| inline && it.value.len() <= INLINE_PUT;
         let mut conn = self.conn().await?;
         let mut frames = Vec::new();
         for (i, it) in items.iter().enumerate() {
-            let body = ShmPutRequest {
-                key: BlockKey::new(namespace.clone(), it.hash),
-                len: it.value.len() as u64,
-                checksum: it.checksum,
-                parent: it.parent,
+            let key = BlockKey::new(namespace.clone(), it.hash);
+            let id = i as u64 + 1;
+            if inline(it) {
+                let head = PutHead {
+                    key,
+                    checksum: it.checksum,
+                    parent: it.parent,
+                }
+                .to_bytes();
+                let len = (head.len() + it.value.len()) as u32;
+                frames.extend_from_slice(&Header::request(Opcode::Put, id, len).encode());
+                frames.extend_from_slice(&head);
+                frames.extend_from_slice(it.value);
+            } else {
+                let body = ShmPutRequest {
+                    key,
+                    len: it.value.len() as u64,
+                    checksum: it.checksum,
+                    parent: it.parent,
+                }
+                .to_bytes();
+                push_frame(&mut frames, Opcode::ShmPut, id, &body);
             }
-            .to_bytes();
-            frames.extend_from_slice(
-                &Header::request(Opcode::ShmPut, i as u64 + 1, body.len() as u32).encode(),
-            );
-            frames.extend_from_slice(&body);
         }
         conn.write_all(&frames).await?;
         let mut codes = vec![ErrorCode::Ok; items.len()];
         let mut reserved = Vec::new();
         for (i, it) in items.iter().enumerate() {
-            let (status, body) = answer(&mut conn, Opcode::ShmPut, i as u64 + 1).await?;
+            let id = i as u64 + 1;
+            if inline(it) {
+                codes[i] = answer(&mut conn, Opcode::Put, id).await?.0;
+                if codes[i] == ErrorCode::UnknownOpcode {
+                    return Ok(None);
+                }
+                continue;
+            }
+            let (status, body) = answer(&mut conn, Opcode::ShmPut, id).await?;
             if status != ErrorCode::Ok {
                 codes[i] = status;
                 continue;
@@ -439,22 +497,25 @@ impl ShmLink {
             let _ = copy_with_checksum(room, it.value);
             reserved.push((i, slot));
         }
-        frames.clear();
-        let base = items.len() as u64 + 1;
-        for (k, (_, slot)) in reserved.iter().enumerate() {
-            let body = slot.to_bytes();
-            frames.extend_from_slice(
-                &Header::request(Opcode::ShmCommit, base + k as u64, body.len() as u32).encode(),
-            );
-            frames.extend_from_slice(&body);
-        }
-        conn.write_all(&frames).await?;
-        for (k, (i, _)) in reserved.iter().enumerate() {
-            let (status, _) = answer(&mut conn, Opcode::ShmCommit, base + k as u64).await?;
-            codes[*i] = status;
+        if !reserved.is_empty() {
+            frames.clear();
+            let base = items.len() as u64 + 1;
+            for (k, (_, slot)) in reserved.iter().enumerate() {
+                push_frame(
+                    &mut frames,
+                    Opcode::ShmCommit,
+                    base + k as u64,
+                    &slot.to_bytes(),
+                );
+            }
+            conn.write_all(&frames).await?;
+            for (k, (i, _)) in reserved.iter().enumerate() {
+                let (status, _) = answer(&mut conn, Opcode::ShmCommit, base + k as u64).await?;
+                codes[*i] = status;
+            }
         }
         self.put_back(conn, Vec::new());
-        Ok(codes)
+        Ok(Some(codes))
     }
 
     /// Copies one leased block into its buffer and checks it.
