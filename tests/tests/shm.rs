@@ -45,19 +45,24 @@ fn client(cluster: &TestCluster, socket: &std::path::Path) -> Client {
     Client::new(cfg)
 }
 
+/// Stores block `i` (`block_bytes(i, sizes[i])`) for each size, one put each.
+async fn put_each(client: &Client, sizes: &[usize]) {
+    for (i, n) in sizes.iter().enumerate() {
+        let out = client
+            .put(&ns(), &[(hash(i as u64), &block_bytes(i as u64, *n))])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored], "block {i}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_host_puts_and_gets_go_through_shared_memory_byte_for_byte() {
     let dir = scratch();
     let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
     let client = client(&cluster, &dir.join("daemon.sock"));
     let sizes: Vec<usize> = (0..50).map(|i| 1 + i * 20_011 % (512 << 10)).collect();
-    for (i, n) in sizes.iter().enumerate() {
-        let out = client
-            .put(&ns(), &[(hash(i as u64), &block_bytes(i as u64, *n))])
-            .await
-            .unwrap();
-        assert_eq!(out, vec![PutOutcome::Stored]);
-    }
+    put_each(&client, &sizes).await;
     let hashes: Vec<BlockHash> = (0..50).map(hash).collect();
     let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|n| vec![0u8; *n]).collect();
     let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
@@ -111,13 +116,7 @@ async fn gets_into_buffers_at_any_alignment_are_right_byte_for_byte() {
         4096 + 63,
         (256 << 10) + 13,
     ];
-    for (i, n) in sizes.iter().enumerate() {
-        let out = client
-            .put(&ns(), &[(hash(i as u64), &block_bytes(i as u64, *n))])
-            .await
-            .unwrap();
-        assert_eq!(out, vec![PutOutcome::Stored]);
-    }
+    put_each(&client, &sizes).await;
     let mut arena = vec![0u8; (256 << 10) + 13 + 64];
     for (i, n) in sizes.iter().enumerate() {
         for offset in [0, 1, 7, 8, 16, 31, 32, 48, 63] {
