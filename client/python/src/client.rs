@@ -18,6 +18,7 @@ use mooncake_client::bindings::except;
 use crate::buffers::{overlapping, Region, Registered};
 use crate::codes;
 use crate::keys::{hash_of, hashes_of};
+use crate::pieces::{Pieces, Staging};
 use crate::{runtime, StoreError, StoreUnavailable};
 use mooncake_client::ClientError;
 use mooncake_proto::ErrorCode;
@@ -30,35 +31,6 @@ pub struct Client {
     registered: Registered,
     /// Where blocks made of pieces are gathered and scattered.
     staging: Staging,
-}
-
-/// Most bytes kept between calls for blocks made of pieces.
-const MAX_STAGING: usize = 1 << 30;
-
-/// A buffer reused by the calls on blocks made of pieces: a block is
-/// gathered there before a put and lands there before it is spread over
-/// its pieces. Reused, so that each call copies through memory already
-/// faulted in: fresh pages for every call cost more than the copy itself
-/// (page faults and zeroing, measured with perf). A call that finds it in
-/// use by another thread takes a buffer of its own.
-#[derive(Default)]
-struct Staging(parking_lot::Mutex<Vec<u8>>);
-
-impl Staging {
-    fn take(&self, len: usize) -> Vec<u8> {
-        let mut buf = std::mem::take(&mut *self.0.lock());
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
-        buf
-    }
-
-    fn give_back(&self, buf: Vec<u8>) {
-        let mut kept = self.0.lock();
-        if buf.len() <= MAX_STAGING && buf.len() > kept.len() {
-            *kept = buf;
-        }
-    }
 }
 
 impl Client {
@@ -507,21 +479,7 @@ impl Client {
         size_lists: Vec<Vec<usize>>,
     ) -> PyResult<Vec<i64>> {
         let (hashes, pieces) = Pieces::of(keys, ptr_lists, size_lists)?;
-        let spans: Vec<(usize, usize)> = pieces
-            .ptrs
-            .iter()
-            .zip(&pieces.sizes)
-            .flat_map(|(p, s)| p.iter().copied().zip(s.iter().copied()))
-            .collect();
-        let mut clash = mooncake_client::bindings::overlapping(&spans).into_iter();
-        let refused: Vec<bool> = (0..hashes.len())
-            .map(|i| {
-                let overlaps = pieces.ptrs[i]
-                    .iter()
-                    .fold(false, |any, _| clash.next().unwrap_or(true) | any);
-                overlaps || !pieces.registered(i, &self.registered)
-            })
-            .collect();
+        let refused = pieces.unfit_to_write(&self.registered);
         let items: Vec<(BlockHash, usize)> = hashes.into_iter().zip(0..).collect();
         Ok(except(items, &refused, codes::INVALID_PARAMS, |items| {
             let (starts, total) = pieces.staged(&items);
@@ -700,110 +658,6 @@ fn chain_of(chain: bool, parent: Option<&Bound<'_, PyAny>>) -> PyResult<Option<O
         (true, parent) => Ok(Some(parent.map(hash_of).transpose()?)),
         (false, None) => Ok(None),
         (false, Some(_)) => Err(PyValueError::new_err("parent needs chain=True")),
-    }
-}
-
-/// Blocks made of pieces: for each key, address ranges of registered
-/// buffers that make its bytes in order (K and V, or one per layer).
-struct Pieces {
-    ptrs: Vec<Vec<usize>>,
-    sizes: Vec<Vec<usize>>,
-}
-
-impl Pieces {
-    /// The keys' hashes and their blocks' pieces.
-    fn of(
-        keys: &Bound<'_, PyAny>,
-        ptrs: Vec<Vec<usize>>,
-        sizes: Vec<Vec<usize>>,
-    ) -> PyResult<(Vec<BlockHash>, Pieces)> {
-        let hashes = hashes_of(keys)?;
-        let pieces = Pieces::new(hashes.len(), ptrs, sizes)?;
-        Ok((hashes, pieces))
-    }
-
-    fn new(keys: usize, ptrs: Vec<Vec<usize>>, sizes: Vec<Vec<usize>>) -> PyResult<Pieces> {
-        let shapes_match = ptrs.len() == keys
-            && sizes.len() == keys
-            && ptrs.iter().zip(&sizes).all(|(p, s)| p.len() == s.len());
-        if !shapes_match {
-            return Err(PyValueError::new_err(format!(
-                "{keys} keys, but address and size lists of other shapes"
-            )));
-        }
-        Ok(Pieces { ptrs, sizes })
-    }
-
-    /// Whether every piece of block `i` lies inside a registered buffer
-    /// (and it has at least one).
-    fn registered(&self, i: usize, registered: &Registered) -> bool {
-        !self.ptrs[i].is_empty()
-            && self.ptrs[i]
-                .iter()
-                .zip(&self.sizes[i])
-                .all(|(&p, &n)| registered.covers(p, n))
-    }
-
-    fn len(&self, i: usize) -> usize {
-        self.sizes[i].iter().sum()
-    }
-
-    /// Where each of `items`' blocks starts in a staging buffer holding
-    /// them one after another, and the buffer's length.
-    fn staged<T>(&self, items: &[(T, usize)]) -> (Vec<usize>, usize) {
-        let mut at = 0;
-        let starts = items
-            .iter()
-            .map(|(_, i)| {
-                let start = at;
-                at += self.len(*i);
-                start
-            })
-            .collect();
-        (starts, at)
-    }
-
-    /// Each of `items`' blocks in `staging`, as a region to read or write.
-    fn regions<T>(
-        &self,
-        items: &[(T, usize)],
-        starts: &[usize],
-        staging: &mut [u8],
-    ) -> Vec<Region> {
-        items
-            .iter()
-            .zip(starts)
-            .map(|((_, i), &at)| {
-                Region::registered(staging[at..].as_mut_ptr() as usize, self.len(*i))
-            })
-            .collect()
-    }
-
-    /// Block `i`'s pieces, gathered into `out` (its length).
-    ///
-    /// # Safety
-    /// Every piece must be readable for the call.
-    unsafe fn gather(&self, i: usize, out: &mut [u8]) {
-        let mut at = 0;
-        for (&p, &n) in self.ptrs[i].iter().zip(&self.sizes[i]) {
-            // SAFETY: the caller's promise.
-            out[at..at + n].copy_from_slice(unsafe { Region::registered(p, n).as_slice() });
-            at += n;
-        }
-    }
-
-    /// Spreads `bytes` over block `i`'s pieces, in order.
-    ///
-    /// # Safety
-    /// Every piece must be writable for the call, and no piece of any
-    /// block may overlap another.
-    unsafe fn scatter(&self, i: usize, mut bytes: &[u8]) {
-        for (&p, &n) in self.ptrs[i].iter().zip(&self.sizes[i]) {
-            let take = n.min(bytes.len());
-            // SAFETY: the caller's promise.
-            unsafe { Region::registered(p, take).as_mut_slice() }.copy_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-        }
     }
 }
 

@@ -10,6 +10,7 @@ mod buffers;
 mod client;
 mod codes;
 mod keys;
+mod pieces;
 
 pub(crate) use mooncake_client::bindings::runtime;
 

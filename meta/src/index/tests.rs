@@ -1,0 +1,228 @@
+use super::*;
+use std::time::Duration;
+
+fn ns() -> Namespace {
+    Namespace::new("t").unwrap()
+}
+
+fn me() -> Client {
+    Client::of([10, 0, 0, 1].into())
+}
+
+fn h(i: u8) -> BlockHash {
+    BlockHash([i; 32])
+}
+
+fn commit(idx: &Index, i: u8, daemon: u32) -> ErrorCode {
+    idx.commit(
+        &ns(),
+        &CommitItem {
+            hash: h(i),
+            daemon,
+            size: 10,
+            checksum: 99,
+            stored: true,
+        },
+    )
+}
+
+#[test]
+fn pending_is_invisible_until_committed() {
+    let idx = Index::new();
+    let now = Instant::now();
+    assert_eq!(
+        idx.reserve(&ns(), h(1), (10, 7), me(), now),
+        Reservation::Reserved
+    );
+    assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
+    assert_eq!(
+        idx.reserve(&ns(), h(1), (10, 7), me(), now),
+        Reservation::Exists
+    );
+    assert_eq!(commit(&idx, 1, 7), ErrorCode::Ok);
+    let loc = idx.lookup(&ns(), &[h(1)])[0].unwrap();
+    assert_eq!((loc.daemon, loc.size, loc.checksum), (7, 10, 99));
+}
+
+#[test]
+fn commit_without_reservation_or_from_another_daemon_is_refused() {
+    let idx = Index::new();
+    idx.reserve(&ns(), h(2), (10, 1), me(), Instant::now());
+    assert_eq!(commit(&idx, 1, 1), ErrorCode::NoReservation);
+    assert_eq!(commit(&idx, 2, 9), ErrorCode::NoReservation);
+    let abort = |daemon| {
+        idx.commit(
+            &ns(),
+            &CommitItem {
+                hash: h(2),
+                daemon,
+                size: 10,
+                checksum: 0,
+                stored: false,
+            },
+        )
+    };
+    assert_eq!(
+        abort(9),
+        ErrorCode::NoReservation,
+        "another writer's reservation"
+    );
+    assert_eq!(idx.stats().pending, 1, "and it is kept");
+    assert_eq!(abort(1), ErrorCode::Ok);
+    assert_eq!(idx.stats().pending, 0);
+    assert_eq!(abort(1), ErrorCode::Ok, "nothing left to release");
+}
+
+#[test]
+fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
+    let idx = Index::new();
+    let t = Instant::now();
+    for i in 0..1000 {
+        let ns = Namespace::new(format!("made-up/{i}")).unwrap();
+        idx.reserve(&ns, h(1), (10, 1), me(), t);
+    }
+    idx.reserve(&ns(), h(1), (10, 1), me(), t);
+    idx.commit(
+        &ns(),
+        &CommitItem {
+            hash: h(1),
+            daemon: 1,
+            size: 10,
+            checksum: 9,
+            stored: true,
+        },
+    );
+    assert_eq!(idx.namespaces(), 1001);
+    assert_eq!(idx.expire_pending(t + Duration::from_secs(1)).len(), 1000);
+    assert_eq!(idx.sweep_namespaces(), 1000);
+    assert_eq!(
+        idx.namespaces(),
+        1,
+        "only the one with a stored block stays"
+    );
+    // Ids are reused by new names; what the old names held never shows.
+    let gone = Namespace::new("made-up/7").unwrap();
+    let other = Namespace::new("other").unwrap();
+    idx.reserve(&other, h(1), (10, 2), me(), t);
+    idx.commit(
+        &other,
+        &CommitItem {
+            hash: h(1),
+            daemon: 2,
+            size: 10,
+            checksum: 9,
+            stored: true,
+        },
+    );
+    assert_eq!(idx.lookup(&gone, &[h(1)]), vec![None]);
+    assert_eq!(idx.lookup(&other, &[h(1)])[0].unwrap().daemon, 2);
+    assert_eq!(idx.lookup(&ns(), &[h(1)])[0].unwrap().daemon, 1);
+    assert_eq!(idx.sweep_namespaces(), 0, "names in use are kept");
+}
+
+#[test]
+fn match_prefix_stops_at_the_first_gap() {
+    let idx = Index::new();
+    for i in [1, 2, 4] {
+        idx.reserve(&ns(), h(i), (10, 1), me(), Instant::now());
+        commit(&idx, i, 1);
+    }
+    assert_eq!(idx.match_prefix(&ns(), &[h(1), h(2), h(3), h(4)]).len(), 2);
+    assert_eq!(idx.match_prefix(&ns(), &[h(3), h(1)]).len(), 0);
+    let other = Namespace::new("other").unwrap();
+    assert_eq!(
+        idx.match_prefix(&other, &[h(1)]).len(),
+        0,
+        "namespaces never mix"
+    );
+}
+
+#[test]
+fn expired_reservations_free_the_key() {
+    let idx = Index::new();
+    let t0 = Instant::now();
+    idx.reserve(&ns(), h(1), (10, 3), me(), t0);
+    let expired = idx.expire_pending(t0 + Duration::from_secs(1));
+    assert_eq!(expired, vec![(BlockKey::new(ns(), h(1)), 3)]);
+    assert_eq!(
+        idx.reserve(&ns(), h(1), (10, 3), me(), t0),
+        Reservation::Reserved
+    );
+    assert_eq!(idx.stats().pending, 1);
+}
+
+#[test]
+fn a_block_evicted_before_its_commit_commits_as_stored_but_stays_invisible() {
+    let idx = Index::new();
+    idx.reserve(&ns(), h(1), (10, 4), me(), Instant::now());
+    // The daemon's eviction report comes before the writer's commit.
+    assert!(idx.remove_at(&BlockKey::new(ns(), h(1)), 4));
+    assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
+    assert_eq!(commit(&idx, 1, 4), ErrorCode::Ok);
+    assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
+    assert_eq!(idx.stats(), PrefixStats::default(), "nothing left");
+    // A new put of the key is a put like any other.
+    assert_eq!(
+        idx.reserve(&ns(), h(1), (10, 4), me(), Instant::now()),
+        Reservation::Reserved
+    );
+    assert_eq!(commit(&idx, 1, 4), ErrorCode::Ok);
+    assert!(idx.lookup(&ns(), &[h(1)])[0].is_some());
+}
+
+#[test]
+fn dead_daemon_and_evictions_remove_only_their_blocks() {
+    let idx = Index::new();
+    for (i, d) in [(1, 1), (2, 1), (3, 2)] {
+        idx.reserve(&ns(), h(i), (10, d), me(), Instant::now());
+        commit(&idx, i, d);
+    }
+    assert!(
+        !idx.remove_at(&BlockKey::new(ns(), h(3)), 1),
+        "wrong daemon"
+    );
+    assert!(idx.remove_at(&BlockKey::new(ns(), h(3)), 2));
+    assert_eq!(idx.remove_daemon(1), 2);
+    assert_eq!(idx.stats(), PrefixStats::default());
+}
+
+#[test]
+fn inventory_rebuilds_visible_entries_and_the_latest_report_wins() {
+    let idx = Index::new();
+    let key = BlockKey::new(ns(), h(5));
+    idx.insert_visible(&key, 2, 100, 7);
+    idx.insert_visible(&key, 3, 100, 7);
+    let loc = idx.lookup(&ns(), &[h(5)])[0].unwrap();
+    assert_eq!(loc.daemon, 3, "the latest report wins");
+    // A dead daemon's removal no longer takes the block with it.
+    assert_eq!(idx.remove_daemon(2), 0);
+    assert_eq!(idx.match_prefix(&ns(), &[h(5)]).len(), 1);
+}
+
+#[test]
+fn list_pages_in_key_order() {
+    let idx = Index::new();
+    for i in 0..10 {
+        idx.reserve(&ns(), h(i), (10, 1), me(), Instant::now());
+        commit(&idx, i, 1);
+    }
+    let (page, more) = idx.list(None, None, ListFilter::default(), 4);
+    assert!(more);
+    assert_eq!(page.len(), 4);
+    let (rest, more) = idx.list(Some(&ns()), Some(&page[3].key), ListFilter::default(), 100);
+    assert!(!more);
+    assert_eq!(rest.len(), 6);
+    assert!(rest[0].key > page[3].key);
+    let three = ListFilter {
+        prefix: &[3, 3],
+        daemon: Some(1),
+    };
+    let (only, _) = idx.list(None, None, three, 100);
+    assert_eq!(only.len(), 1);
+    assert_eq!(only[0].key.hash, h(3));
+    let elsewhere = ListFilter {
+        daemon: Some(2),
+        ..ListFilter::default()
+    };
+    assert!(idx.list(None, None, elsewhere, 100).0.is_empty());
+}

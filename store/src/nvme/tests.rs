@@ -1,0 +1,248 @@
+use super::*;
+use crate::io::{engine, open_direct, EngineKind, IoResult};
+use futures::future::BoxFuture;
+use std::sync::atomic::AtomicI32;
+use std::sync::Arc;
+
+struct Scratch(PathBuf);
+impl Scratch {
+    fn new() -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "mooncake-nvme-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn key(i: u64) -> BlockKey {
+    BlockKey::new(
+        Namespace::new("t/nvme").unwrap(),
+        BlockHash::from_opaque(&i.to_le_bytes()),
+    )
+}
+
+fn value(i: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i as usize * 13 + j) as u8).collect()
+}
+
+fn open(dir: &Path, kind: EngineKind, capacity: u64) -> NvmeTier {
+    let data = dir.join("tier.bin");
+    let engine = engine(kind, open_direct(&data).unwrap(), 8).unwrap();
+    NvmeTier::open(engine, capacity, &NvmeTier::index_dir_for(&data)).unwrap()
+}
+
+#[test]
+fn extents_allocate_claim_and_coalesce() {
+    let mut e = Extents::new(100);
+    assert_eq!(e.allocate(30), Some(0));
+    assert_eq!(e.allocate(30), Some(30));
+    assert!(e.claim(80, 10));
+    assert!(!e.claim(85, 10), "overlaps a used range");
+    e.release(0, 30);
+    e.release(30, 30);
+    assert_eq!(e.free.get(&0), Some(&80), "coalesced with both neighbours");
+    assert_eq!(e.free_bytes(), 90);
+    assert_eq!(e.allocate(95), None);
+}
+
+#[tokio::test]
+async fn a_blocks_parent_survives_a_reopen_and_old_records_still_open() {
+    let dir = Scratch::new();
+    let parent = BlockHash::from_opaque(b"the parent");
+    {
+        let tier = open(&dir.0, EngineKind::Psync, 16 << 20);
+        let v = value(1, 5000);
+        tier.put(&key(1), &v, checksum(&v), Some(parent))
+            .await
+            .unwrap();
+        let v = value(2, 5000);
+        tier.put(&key(2), &v, checksum(&v), None).await.unwrap();
+    }
+    let tier = open(&dir.0, EngineKind::Psync, 16 << 20);
+    assert_eq!(tier.parent_of(&key(1)), Some(parent));
+    assert_eq!(tier.parent_of(&key(2)), None);
+    // A record written before parents were kept: 20 bytes.
+    let old = &Record {
+        offset: 4096,
+        len: 10,
+        checksum: 7,
+        parent: Some(parent),
+    }
+    .encode()[..Record::LEN];
+    let decoded = Record::decode(old).unwrap();
+    assert_eq!(
+        (decoded.offset, decoded.len, decoded.checksum),
+        (4096, 10, 7)
+    );
+    assert_eq!(decoded.parent, None);
+    assert!(Record::decode(&[0u8; 21]).is_none());
+}
+
+#[tokio::test]
+async fn blocks_round_trip_and_survive_a_reopen_on_both_engines() {
+    for kind in [EngineKind::Uring, EngineKind::Psync] {
+        let dir = Scratch::new();
+        {
+            let tier = open(&dir.0, kind, 64 << 20);
+            for i in 0..50u64 {
+                let v = value(i, 1000 + i as usize * 977);
+                tier.put(&key(i), &v, checksum(&v), None).await.unwrap();
+            }
+            for i in 0..50u64 {
+                let (got, _) = tier.get(&key(i)).await.unwrap().unwrap();
+                assert_eq!(got, value(i, 1000 + i as usize * 977), "{kind:?} block {i}");
+            }
+            assert!(tier.remove(&key(7)).unwrap());
+        }
+        // A new process: the index finds every block, byte for byte.
+        let tier = open(&dir.0, kind, 64 << 20);
+        assert_eq!(tier.blocks(), 49);
+        assert!(tier.get(&key(7)).await.unwrap().is_none());
+        for i in (0..50u64).filter(|i| *i != 7) {
+            let (got, _) = tier.get(&key(i)).await.unwrap().unwrap();
+            assert_eq!(got, value(i, 1000 + i as usize * 977));
+        }
+        // Recovered extents are not handed out again.
+        let v = value(99, 300_000);
+        tier.put(&key(99), &v, checksum(&v), None).await.unwrap();
+        for i in (0..50u64).filter(|i| *i != 7) {
+            assert!(tier.get(&key(i)).await.unwrap().is_some());
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_full_tier_evicts_its_coldest_and_refuses_what_never_fits() {
+    let dir = Scratch::new();
+    let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
+    for i in 0..8u64 {
+        let v = value(i, 200 << 10);
+        let evicted = tier.put(&key(i), &v, checksum(&v), None).await.unwrap();
+        if i < 5 {
+            assert!(evicted.is_empty());
+        }
+    }
+    assert!(!tier.contains(&key(0)), "coldest evicted");
+    assert!(tier.contains(&key(7)));
+    assert!(tier.evictions() >= 3);
+    assert!(tier.used() <= tier.capacity());
+    let huge = vec![0u8; 2 << 20];
+    assert!(matches!(
+        tier.put(&key(100), &huge, 0, None).await,
+        Err(TierError::TooLarge(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_share_of_a_drive_evicts_its_own_blocks() {
+    let dir = Scratch::new();
+    let quotas = || Quotas::new([("acme".into(), 0.25)]);
+    let tier = open(&dir.0, EngineKind::Psync, 1 << 20).with_quotas(quotas());
+    let in_ns = |ns: &str, i: u64| {
+        BlockKey::new(
+            Namespace::new(ns).unwrap(),
+            BlockHash::from_opaque(&i.to_le_bytes()),
+        )
+    };
+    for i in 0..4 {
+        let v = value(i, 64 << 10);
+        tier.put(&in_ns("globex", i), &v, checksum(&v), None)
+            .await
+            .unwrap();
+    }
+    for i in 0..8 {
+        let v = value(i, 64 << 10);
+        tier.put(&in_ns("acme/llama", i), &v, checksum(&v), None)
+            .await
+            .unwrap();
+        let (_, used, limit) = tier.tenant_usage()[0].clone();
+        assert!(used <= limit, "acme holds {used} of {limit}");
+    }
+    for i in 0..4 {
+        assert!(
+            tier.contains(&in_ns("globex", i)),
+            "globex's block {i} went for acme"
+        );
+    }
+    assert!(!tier.contains(&in_ns("acme/llama", 0)) && tier.contains(&in_ns("acme/llama", 7)));
+    drop(tier);
+    // After a restart, the blocks found again count against the share.
+    let tier = open(&dir.0, EngineKind::Psync, 1 << 20).with_quotas(quotas());
+    assert_eq!(tier.tenant_usage()[0].1, 4 * (64 << 10));
+}
+
+#[tokio::test]
+async fn corrupt_bytes_on_the_device_are_a_miss_and_dropped() {
+    let dir = Scratch::new();
+    let tier = open(&dir.0, EngineKind::Psync, 4 << 20);
+    let v = value(1, 10_000);
+    tier.put(&key(1), &v, checksum(&v) ^ 1, None).await.unwrap();
+    assert!(tier.get(&key(1)).await.unwrap().is_none());
+    assert_eq!(tier.corrupt_blocks(), 1);
+    assert!(!tier.contains(&key(1)));
+}
+
+/// An engine that fails writes on demand with an errno (0: no
+/// failure), to inject I/O errors and a full device.
+struct Failing {
+    inner: Box<dyn IoEngine>,
+    errno: Arc<AtomicI32>,
+}
+
+impl IoEngine for Failing {
+    fn submit(&self, kind: IoKind, batch: Vec<IoRequest>) -> BoxFuture<'static, Vec<IoResult>> {
+        let errno = self.errno.load(Ordering::Relaxed);
+        if kind == IoKind::Write && errno != 0 {
+            let out = batch
+                .into_iter()
+                .map(|r| (r.buf, Err(io::Error::from_raw_os_error(errno))))
+                .collect();
+            return Box::pin(async move { out });
+        }
+        self.inner.submit(kind, batch)
+    }
+    fn name(&self) -> &'static str {
+        "failing"
+    }
+}
+
+#[tokio::test]
+async fn an_io_error_or_a_full_device_leaves_no_entry_and_frees_the_space() {
+    let dir = Scratch::new();
+    let data = dir.0.join("tier.bin");
+    let errno = Arc::new(AtomicI32::new(libc::EIO));
+    let engine = Box::new(Failing {
+        inner: engine(EngineKind::Psync, open_direct(&data).unwrap(), 4).unwrap(),
+        errno: errno.clone(),
+    });
+    let index = NvmeTier::index_dir_for(&data);
+    {
+        let tier = NvmeTier::open(engine, 4 << 20, &index).unwrap();
+        let v = value(3, 8192);
+        assert!(matches!(
+            tier.put(&key(3), &v, checksum(&v), None).await,
+            Err(TierError::Io(_))
+        ));
+        errno.store(libc::ENOSPC, Ordering::Relaxed);
+        assert!(matches!(
+            tier.put(&key(3), &v, checksum(&v), None).await,
+            Err(TierError::NoSpace)
+        ));
+        assert_eq!(tier.io_errors(), 2, "both failures counted");
+        assert!(!tier.contains(&key(3)));
+        assert_eq!(tier.used(), 0);
+        errno.store(0, Ordering::Relaxed);
+        tier.put(&key(3), &v, checksum(&v), None).await.unwrap();
+        assert_eq!(tier.get(&key(3)).await.unwrap().unwrap().0, v);
+    }
+    let reopened = open(&dir.0, EngineKind::Psync, 4 << 20);
+    assert_eq!(reopened.blocks(), 1);
+}
