@@ -141,6 +141,32 @@ pub(super) unsafe fn copy_with_xxh3(dst: &mut [u8], src: &[u8]) -> u64 {
     merge(&lanes, (len as u64).wrapping_mul(PRIME64_1))
 }
 
+/// Copies `src` into `dst` with the same loop as `copy_with_xxh3`, without
+/// the hash.
+///
+/// # Safety
+///
+/// The CPU has AVX2 (`available`), and `dst.len() == src.len()`.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn copy(dst: &mut [u8], src: &[u8]) {
+    let len = src.len();
+    debug_assert_eq!(dst.len(), len);
+    let (to, from) = (dst.as_mut_ptr(), src.as_ptr());
+    let whole = len - len % STRIPE;
+    for at in (0..whole).step_by(STRIPE) {
+        // SAFETY: `at + STRIPE <= len`; a prefetch past the end faults
+        // nothing.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(at + PREFETCH).cast::<i8>());
+            let data = [load(from.add(at)), load(from.add(at + 32))];
+            store(to.add(at), data[0]);
+            store(to.add(at + 32), data[1]);
+        }
+    }
+    // SAFETY: the last `len - whole` bytes of both, in bounds.
+    unsafe { std::ptr::copy_nonoverlapping(from.add(whole), to.add(whole), len - whole) };
+}
+
 /// # Safety: 32 readable bytes at `at`.
 #[inline(always)]
 unsafe fn load(at: *const u8) -> __m256i {

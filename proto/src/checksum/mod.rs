@@ -60,6 +60,23 @@ pub fn copy_with_checksum(dst: &mut [u8], src: &[u8]) -> u64 {
     running.finish()
 }
 
+/// Copies `src` into `dst` (same length) at memory speed whatever their
+/// alignment: glibc's `memcpy` copies 8 KiB to a few MiB 6x slower on AMD
+/// EPYC when the two differ in alignment modulo 32 bytes (see `fused`).
+///
+/// # Panics
+///
+/// If the lengths differ.
+pub fn copy(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= fused::MIN_LEN && fused::available() {
+        // SAFETY: AVX2 is there and the lengths are equal.
+        return unsafe { fused::copy(dst, src) };
+    }
+    dst.copy_from_slice(src);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,7 +89,7 @@ mod tests {
     }
 
     #[test]
-    fn copies_checksum_what_they_stored_at_every_length_and_alignment() {
+    fn copies_are_exact_and_checksum_what_they_stored_at_every_length_and_alignment() {
         // Lengths around each rule of XXH3 (240 and below, stripes, blocks
         // of 1 KiB, the 64-byte tail), at source and destination offsets
         // that differ in alignment.
@@ -99,6 +116,9 @@ mod tests {
                 let sum = copy_with_checksum(&mut dst[d..], piece);
                 assert_eq!(sum, checksum(piece), "len {len}, offsets {s}/{d}");
                 assert!(dst[d..] == *piece, "len {len}, offsets {s}/{d}");
+                dst.fill(0);
+                copy(&mut dst[d..], piece);
+                assert!(dst[d..] == *piece, "plain copy: len {len}, offsets {s}/{d}");
             }
         }
     }
