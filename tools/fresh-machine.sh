@@ -24,21 +24,11 @@ for s in "${steps[@]}"; do
     [[ $s == up || $s == test ]] || { echo "usage: tools/fresh-machine.sh [up|test]..." >&2; exit 2; }
 done
 [[ $(id -u) -eq 0 ]] || { echo "tools/fresh-machine.sh needs root (debootstrap, chroot, mounts)" >&2; exit 2; }
-command -v debootstrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
+. tools/clean-root.sh
 
 toolchain=$(dirname "$(dirname "$(rustup which cargo 2>/dev/null || command -v cargo)")")
 [[ -x $toolchain/bin/cargo && -x $toolchain/bin/rustc ]] || { echo "no Rust toolchain found beside cargo ($toolchain)" >&2; exit 2; }
-cache="$HOME/.cache/mooncake-fresh"
-base="$cache/bookworm-minbase.tar"
-if [[ ! -s $base ]]; then
-    echo "== making a clean Debian 12 root (debootstrap --variant=minbase bookworm)"
-    mkdir -p "$cache"
-    tmp=$(mktemp -d /var/tmp/mooncake-debootstrap.XXXXXX)
-    debootstrap --variant=minbase bookworm "$tmp" http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 \
-        || { echo "debootstrap failed; see $cache/debootstrap.log" >&2; exit 1; }
-    tar -C "$tmp" -cf "$base.part" . && mv "$base.part" "$base"
-    rm -rf "$tmp"
-fi
+base=$(clean_root_tarball)
 
 # The command run inside the root, as a new user would: a clone, no cache,
 # only the toolchain on PATH.
