@@ -61,17 +61,18 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             },
             _ = shutdown.cancelled() => return Ok(()),
         }
-        let header = match Header::parse(&raw) {
-            Ok(Some(h)) if !h.response && h.opcode == Opcode::Put && puts.is_some() => {
-                if let Some(service) = puts {
-                    // It answers, or ends the session on a broken frame.
-                    service
-                        .put_on(h, stream)
-                        .await
-                        .map_err(|err| io::Error::other(err.to_string()))?;
-                }
+        let parsed = Header::parse(&raw);
+        if let (Ok(Some(h)), Some(service)) = (&parsed, puts) {
+            if !h.response && h.opcode == Opcode::Put {
+                // It answers, or ends the session on a broken frame.
+                service
+                    .put_on(*h, stream)
+                    .await
+                    .map_err(|err| io::Error::other(err.to_string()))?;
                 continue;
             }
+        }
+        let header = match parsed {
             Ok(Some(h))
                 if !h.response
                     && matches!(
