@@ -652,7 +652,8 @@ fn inode(fd: &OwnedFd) -> io::Result<(u64, u64)> {
 /// transparent huge pages, from `/proc/self/smaps`; `None` if unreadable.
 fn huge_mapped(start: usize) -> Option<u64> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let head = format!("{start:x}-");
+    // smaps pads addresses to at least 8 hex digits.
+    let head = format!("{start:08x}-");
     let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
     lines.next()?;
     let mut kib = 0;
