@@ -83,7 +83,7 @@ def iperf3_rate(path):
     got = run.get("end", {}).get("sum_received", {}).get("bits_per_second")
     return (got / 8e9, "") if got else (None, run.get("error", "no sum_received"))
 iperf, why = iperf3_rate(f"{d}/iperf3.json")
-memcpy = {r["size"]: r for r in rows("memcpy")}
+memcpy = {r["size"]: r for r in rows("memcpy") if r["op"] == "memcpy"}
 iperf_text = f"{iperf:.2f} GB/s" if iperf else f"not measured ({why})"
 print(f"ceilings: iperf3 one TCP stream {iperf_text}; memcpy (one core) " +
       ", ".join(f"{fmt_size(s)} {r['gb_per_sec']:.2f} GB/s" for s, r in sorted(memcpy.items())))

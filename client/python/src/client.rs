@@ -636,6 +636,14 @@ impl Client {
         Ok(py.detach(|| runtime().block_on(client.same_host_ready(within))))
     }
 
+    /// What pages this process's view of the same-host pool has, in words
+    /// (`"4KiB"`, `"2MiB (reserved huge pages)"`, or 4 KiB with the share
+    /// mapped as transparent huge pages); `None` without a same-host link.
+    fn same_host_pages(&self, py: Python<'_>) -> Option<String> {
+        let client = &self.inner;
+        py.detach(|| client.same_host_pages())
+    }
+
     /// Blocks whose bytes failed their checksum on the way (each was a miss).
     #[getter]
     fn corrupt_reads(&self) -> u64 {

@@ -81,7 +81,10 @@ def test_same_host_reads_through_shared_memory(tmp_path):
         assert all(bytes(b[: len(v)]) == v for b, v in zip(bufs, values))
         assert client.shm_reads == 16
         assert client.shm_index_reads == 16, "found through the daemon's index"
+        pages = client.same_host_pages()
+        assert pages.startswith(("4KiB", "2MiB")), pages
         elsewhere = mooncake_store.Client(meta, namespace="t/shm")
         assert not elsewhere.same_host_ready(timeout=0.1), "no socket configured"
+        assert elsewhere.same_host_pages() is None
     finally:
         proc.kill()

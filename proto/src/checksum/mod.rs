@@ -61,8 +61,9 @@ pub fn copy_with_checksum(dst: &mut [u8], src: &[u8]) -> u64 {
 }
 
 /// Copies `src` into `dst` (same length) at memory speed whatever their
-/// alignment: glibc's `memcpy` copies 8 KiB to a few MiB 6x slower on AMD
-/// EPYC when the two differ in alignment modulo 32 bytes (see `fused`).
+/// alignment: glibc's `memcpy` copies 8 KiB to a few MiB 5x slower on AMD
+/// EPYC when the destination lies a few bytes past the source's offset in a
+/// 4 KiB page (see `fused`).
 ///
 /// # Panics
 ///

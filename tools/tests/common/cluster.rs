@@ -101,6 +101,8 @@ pub struct Cluster {
     pub logs: PathBuf,
     pub daemon_config: PathBuf,
     pub daemon_dram: String,
+    /// The lease each daemon registers under (`--lease-ttl`).
+    pub daemon_lease: String,
 }
 
 impl Cluster {
@@ -110,6 +112,18 @@ impl Cluster {
 
     /// As `start`, with `dram` of pool per daemon.
     pub async fn start_sized(metas: usize, daemons: usize, dram: &str) -> Cluster {
+        Self::start_with(metas, daemons, dram, "2s").await
+    }
+
+    /// As `start_sized`, with daemons registered under a lease of
+    /// `daemon_lease` (a daemon that stops answering leaves the index when
+    /// it ends).
+    pub async fn start_with(
+        metas: usize,
+        daemons: usize,
+        dram: &str,
+        daemon_lease: &str,
+    ) -> Cluster {
         let logs = scratch_dir("cluster");
         let (client_port, peer_port) = (free_port(), free_port());
         let etcd_url = format!("http://127.0.0.1:{client_port}");
@@ -130,6 +144,7 @@ impl Cluster {
             logs,
             daemon_config,
             daemon_dram: dram.to_string(),
+            daemon_lease: daemon_lease.to_string(),
         };
         for _ in 0..metas {
             cluster.spawn_meta();
@@ -190,7 +205,7 @@ impl Cluster {
             "--dram",
             dram,
             "--lease-ttl",
-            "2s",
+            &self.daemon_lease,
             "--config",
             self.daemon_config.to_str().unwrap(),
             "--admin",
