@@ -10,7 +10,7 @@
 //! the copy fails its check as before.
 //!
 //! It also avoids glibc's `rep movsb` memcpy, which on AMD EPYC (glibc
-//! 2.36) copies 8 KiB to a few MiB at 2.5-2.9 GB/s instead of 11-17 when the
+//! 2.36) copies 8 KiB to a few MiB at 2.4-2.9 GB/s instead of 11-18 when the
 //! destination lies 1 to 31 bytes past the source's offset in a 4 KiB page
 //! (measured at 1, 8 and 16 bytes; 32 bytes past and 16 before ran at full
 //! speed), as a `malloc`ed buffer (16 bytes into a page) does against a
