@@ -417,6 +417,16 @@ fn synthetic_trace(path: &std::path::Path) {
     std::fs::write(path, lines).unwrap();
 }
 
+/// A scratch folder of this test process named for `what`, holding the
+/// small synthetic trace (`trace.jsonl`).
+fn dir_with_trace(what: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mooncake-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.jsonl");
+    synthetic_trace(&trace);
+    (dir, trace)
+}
+
 fn json_u64(json: &str, field: &str) -> u64 {
     let at = json
         .find(&format!("\"{field}\":"))
@@ -543,10 +553,7 @@ fn a_daemon_hits_what_simulate_predicts_for_its_eviction_order() {
 #[test]
 fn output_into_a_closed_pipe_ends_the_command_quietly() {
     // `simulate TRACE | head`: the reader is gone before the table comes.
-    let dir = std::env::temp_dir().join(format!("mooncake-pipe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let trace = dir.join("trace.jsonl");
-    synthetic_trace(&trace);
+    let (dir, trace) = dir_with_trace("pipe");
     let mut child = Command::new(BIN)
         .args(["simulate", trace.to_str().unwrap(), "--points", "3"])
         .stdout(Stdio::piped())
@@ -563,10 +570,7 @@ fn output_into_a_closed_pipe_ends_the_command_quietly() {
 
 #[test]
 fn simulate_sweeps_cache_sizes_and_plots_them() {
-    let dir = std::env::temp_dir().join(format!("mooncake-sim-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let trace = dir.join("trace.jsonl");
-    synthetic_trace(&trace);
+    let (dir, trace) = dir_with_trace("sim");
     let svg = dir.join("plot.svg");
     let out = Command::new(BIN)
         .args([
