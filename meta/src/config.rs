@@ -67,17 +67,26 @@ pub struct MetaConfig {
     /// so that keys and tokens travel encrypted). Needs `tls_cert` and
     /// `tls_key`. Default false.
     pub quic: bool,
-    /// This replica's certificate (PEM) for QUIC.
+    /// Speak TLS on the TCP port (`listen`): clients, daemons and the
+    /// other replicas must then connect with TLS (`tls_ca`, `peer_ca`),
+    /// and one that sends plain frames is refused in one line. Needs
+    /// `tls_cert` and `tls_key`; with `tls_client_ca`, mutual TLS. With
+    /// `peer_ca`, this replica calls daemons over TLS on their TCP ports
+    /// too. Default false.
+    pub tls: bool,
+    /// This replica's certificate (PEM, with its chain) for TLS and QUIC.
     pub tls_cert: Option<std::path::PathBuf>,
     /// The certificate's private key (PEM).
     pub tls_key: Option<std::path::PathBuf>,
-    /// Mutual TLS: accept only QUIC clients whose certificate this CA
-    /// signed (and, with `auth`, only the token of the certificate's name).
+    /// Mutual TLS: accept only TLS and QUIC clients whose certificate this
+    /// CA signed (and, with `auth`, only the token of the certificate's
+    /// name).
     pub tls_client_ca: Option<std::path::PathBuf>,
     /// The CA that signed the daemons' certificates: with it this replica
-    /// calls daemons (removals, pins) over QUIC only, at the QUIC endpoint
-    /// each registered, presenting `tls_cert` and `tls_key`; a daemon with
-    /// no QUIC endpoint is not called. Default none: TCP.
+    /// calls daemons (removals, pins) encrypted only, presenting `tls_cert`
+    /// and `tls_key`: over TLS on their TCP ports with `tls`, else over
+    /// QUIC at the endpoint each registered (a daemon with none is not
+    /// called). Default none: plain TCP.
     pub peer_ca: Option<std::path::PathBuf>,
 }
 
@@ -101,6 +110,7 @@ impl Default for MetaConfig {
             auth: None,
             token: None,
             quic: false,
+            tls: false,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -113,16 +123,12 @@ impl MetaConfig {
     /// The certificate files, as both servers name them.
     pub fn tls_files(&self) -> TlsFiles {
         TlsFiles {
+            tcp: self.tls,
             cert: self.tls_cert.clone(),
             key: self.tls_key.clone(),
             client_ca: self.tls_client_ca.clone(),
             peer_ca: self.peer_ca.clone(),
         }
-    }
-
-    /// How this replica reaches daemons over QUIC (`peer_ca`), if it does.
-    pub fn peer_tls(&self) -> Option<mooncake_net::ClientTls> {
-        self.tls_files().peer_tls()
     }
 
     /// The limits on connections, as both servers apply them.
@@ -142,6 +148,9 @@ impl MetaConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.quic {
             self.tls_files().server_tls("quic")?;
+        }
+        if self.tls {
+            self.tls_files().server_tls("tls")?;
         }
         if self.daemon_ttl.0 < Duration::from_millis(100) {
             return Err(format!("daemon_ttl = {} is below 100ms", self.daemon_ttl));

@@ -139,6 +139,13 @@ pub fn serve(
         state.tokens.clone(),
         metrics.server.clone(),
     );
+    let tcp_tls = config
+        .tls_files()
+        .tcp_acceptor()
+        .map_err(MetaError::Config)?;
+    if tcp_tls.is_some() {
+        tracing::info!(%addr, mutual_tls = config.tls_client_ca.is_some(), "meta service speaks TLS on its TCP port");
+    }
     let mut tasks = vec![
         tokio::spawn(async move {
             tokio::select! {
@@ -150,7 +157,7 @@ pub fn serve(
             }
         }),
         tokio::spawn(server::reaper(state.clone(), stop.clone())),
-        tokio::spawn(server.clone().run_tcp(listener, stop.clone())),
+        tokio::spawn(server.clone().run_tcp(listener, tcp_tls, stop.clone())),
     ];
     if config.quic {
         // UDP at the TCP address: clients set up for QUIC dial the meta

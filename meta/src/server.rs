@@ -53,8 +53,9 @@ pub struct State {
     pub(crate) tokens: Option<Arc<TokenTable>>,
     /// Presented to daemons that require authentication.
     token: Option<Arc<str>>,
-    /// Calls to daemons go over QUIC, with these settings (`peer_ca`).
-    peer_quic: Option<Arc<mooncake_net::quic::QuicConnector>>,
+    /// How daemons are called: plain TCP, or with `peer_ca` TLS over TCP
+    /// or QUIC.
+    peer: Dialer,
 }
 
 impl State {
@@ -80,13 +81,10 @@ impl State {
             stop,
             tokens: cfg.tokens().map_err(crate::MetaError::Config)?,
             token: cfg.token.as_deref().map(Arc::from),
-            peer_quic: match cfg.peer_tls() {
-                Some(tls) => Some(Arc::new(
-                    mooncake_net::quic::QuicConnector::new(&tls)
-                        .map_err(|e| crate::MetaError::Config(format!("peer_ca: {e}")))?,
-                )),
-                None => None,
-            },
+            peer: cfg
+                .tls_files()
+                .peer_dialer()
+                .map_err(crate::MetaError::Config)?,
         })
     }
 
@@ -114,11 +112,11 @@ impl State {
     }
 
     /// Sends a one-key command (remove, pin, unpin) to a daemon.
-    /// Where to call a daemon: its TCP address, or with `peer_ca` its QUIC
+    /// Where to call a daemon: its TCP address, or over QUIC its QUIC
     /// endpoint (none: it is not called, rather than called in clear).
     fn daemon_call_addr(&self, daemon: u32) -> Option<String> {
         let found = self.daemons.addrs([daemon]).into_iter().next()?;
-        if self.peer_quic.is_none() {
+        if !matches!(self.peer, Dialer::Quic(_)) {
             return Some(found.addr);
         }
         let quic = found
@@ -144,12 +142,11 @@ impl State {
             links
                 .entry(daemon)
                 .or_insert_with(|| {
-                    let pool = ConnPool::new(addr, ErrorSource::Daemon, DAEMON_CALL_TIMEOUT, 4)
-                        .with_token(self.token.clone());
-                    Arc::new(match &self.peer_quic {
-                        Some(quic) => pool.with_dialer(Dialer::Quic(quic.clone())),
-                        None => pool,
-                    })
+                    Arc::new(
+                        ConnPool::new(addr, ErrorSource::Daemon, DAEMON_CALL_TIMEOUT, 4)
+                            .with_token(self.token.clone())
+                            .with_dialer(self.peer.clone()),
+                    )
                 })
                 .clone()
         };

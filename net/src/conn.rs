@@ -15,8 +15,42 @@ use crate::error::{CallError, ErrorSource};
 
 const IO_BUFFER: usize = 64 << 10;
 
-type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
-type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+/// Either half of a connection's byte stream: a TCP socket's, a TLS
+/// stream's or a QUIC stream's.
+pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+pub type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// `attempt` to connect to `addr`, bounded by `timeout` (a `connect`
+/// timeout past it).
+pub(crate) async fn connecting<T>(
+    side: ErrorSource,
+    addr: &str,
+    timeout: Duration,
+    attempt: impl std::future::Future<Output = Result<T, CallError>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(result) => result,
+        Err(_) => Err(CallError::Timeout {
+            side,
+            addr: addr.to_string(),
+            op: "connect",
+            timeout_ms: timeout.as_millis() as u64,
+        }),
+    }
+}
+
+/// A TCP connection to `addr` with Nagle off (small control frames and
+/// pipelined requests must not wait for each other); the caller bounds it.
+pub(crate) async fn dial(addr: &str, side: ErrorSource) -> Result<TcpStream, CallError> {
+    let io = |err| CallError::Io {
+        side,
+        addr: addr.to_string(),
+        err,
+    };
+    let stream = TcpStream::connect(addr).await.map_err(io)?;
+    stream.set_nodelay(true).map_err(io)?;
+    Ok(stream)
+}
 
 /// A connection that sends requests and reads their responses.
 pub struct Connection {
@@ -48,29 +82,7 @@ impl Connection {
         side: ErrorSource,
         timeout: Duration,
     ) -> Result<Self, CallError> {
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(err)) => {
-                return Err(CallError::Io {
-                    side,
-                    addr: addr.to_string(),
-                    err,
-                })
-            }
-            Err(_) => {
-                return Err(CallError::Timeout {
-                    side,
-                    addr: addr.to_string(),
-                    op: "connect",
-                    timeout_ms: timeout.as_millis() as u64,
-                })
-            }
-        };
-        stream.set_nodelay(true).map_err(|err| CallError::Io {
-            side,
-            addr: addr.to_string(),
-            err,
-        })?;
+        let stream = connecting(side, addr, timeout, dial(addr, side)).await?;
         let (rd, wr) = stream.into_split();
         Ok(Connection::from_halves(
             addr,
@@ -252,11 +264,19 @@ impl FrameReader {
     }
 
     pub fn status_error(&self, status: u16, op: &'static str) -> CallError {
+        let code = ErrorCode::from_u16(status).unwrap_or(ErrorCode::Internal);
+        if code == ErrorCode::TlsRequired {
+            return CallError::Refused {
+                side: self.ctx.1,
+                addr: self.ctx.0.clone(),
+                why: "this port speaks TLS only: connect with the CA that signed its certificate (clients: --tls-ca or tls_ca; servers: peer_ca)".to_string(),
+            };
+        }
         CallError::Server {
             side: self.ctx.1,
             addr: self.ctx.0.clone(),
             op,
-            code: ErrorCode::from_u16(status).unwrap_or(ErrorCode::Internal),
+            code,
         }
     }
 

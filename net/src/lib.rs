@@ -1,6 +1,6 @@
 //! The networking layer under every Mooncake Store component: framed
-//! connections over TCP or QUIC streams, pools of them and how they are
-//! dialed, QUIC endpoints for both ends, TLS settings, RDMA verbs (feature
+//! connections over TCP (plain or TLS) or QUIC streams, pools of them and
+//! how they are dialed, QUIC endpoints for both ends, TLS settings, RDMA verbs (feature
 //! `rdma`), and the error every call returns. It knows frames, not what
 //! they mean: the client SDK, the daemon and the meta service build their
 //! calls on it, and none of them depends on another for it.
@@ -11,11 +11,13 @@ mod pool;
 pub mod quic;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod tcp_tls;
 pub mod tls;
 
-pub use conn::{Connection, FrameReader, FrameWriter};
+pub use conn::{Connection, FrameReader, FrameWriter, ReadHalf, WriteHalf};
 pub use error::{CallError, ErrorSource};
 pub use pool::{ConnPool, Dialer};
+pub use tcp_tls::{TlsAcceptor, TlsConnector};
 pub use tls::{ClientTls, DevCerts, ServerTls, TlsError};
 
 /// Finds the meta service's current address (the leader's, in a cluster),

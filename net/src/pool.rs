@@ -1,4 +1,5 @@
-//! A pool of idle connections (TCP, or streams of one QUIC connection) to
+//! A pool of idle connections (TCP, TLS over TCP, or streams of one QUIC
+//! connection) to
 //! one address. A connection goes back only
 //! when its last call finished cleanly; one dropped mid-call (a deadline, an
 //! error) is closed, so a pooled connection never holds a stale response.
@@ -15,13 +16,33 @@ use mooncake_proto::Opcode;
 use crate::conn::Connection;
 use crate::error::{CallError, ErrorSource};
 use crate::quic::QuicConnector;
+use crate::tcp_tls::TlsConnector;
 
 /// How a pool opens a new connection.
 #[derive(Clone)]
 pub enum Dialer {
     Tcp,
+    /// TLS over TCP, with the client's certificates.
+    Tls(Arc<TlsConnector>),
     /// A new stream on the (shared, multiplexed) QUIC connection.
     Quic(Arc<QuicConnector>),
+}
+
+impl Dialer {
+    /// A new connection to `addr` (for QUIC, its QUIC address), within
+    /// `timeout`.
+    pub async fn open(
+        &self,
+        addr: &str,
+        side: ErrorSource,
+        timeout: Duration,
+    ) -> Result<Connection, CallError> {
+        match self {
+            Dialer::Tcp => Connection::connect(addr, side, timeout).await,
+            Dialer::Tls(tls) => tls.connect(addr, side, timeout).await,
+            Dialer::Quic(quic) => quic.open(addr, side, timeout).await,
+        }
+    }
 }
 
 pub struct ConnPool {
@@ -67,7 +88,7 @@ impl ConnPool {
 
     pub fn kind(&self) -> TransportKind {
         match self.dialer {
-            Dialer::Tcp => TransportKind::Tcp,
+            Dialer::Tcp | Dialer::Tls(_) => TransportKind::Tcp,
             Dialer::Quic(_) => TransportKind::Quic,
         }
     }
@@ -88,13 +109,10 @@ impl ConnPool {
                 return Ok((conn, true));
             }
         }
-        let mut conn = match &self.dialer {
-            Dialer::Tcp => Connection::connect(&self.addr, self.side, self.connect_timeout).await?,
-            Dialer::Quic(quic) => {
-                quic.open(&self.addr, self.side, self.connect_timeout)
-                    .await?
-            }
-        };
+        let mut conn = self
+            .dialer
+            .open(&self.addr, self.side, self.connect_timeout)
+            .await?;
         if let Some(token) = &self.token {
             conn.authenticate(token).await?;
         }

@@ -13,12 +13,11 @@ use std::time::Duration;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rustls::pki_types::CertificateDer;
 
-use crate::conn::Connection;
+use crate::conn::{connecting, Connection};
 use crate::error::{CallError, ErrorSource};
-use crate::tls::{load_certs, load_key, provider, roots, ClientTls, ServerTls, TlsError};
-
-/// The application protocol both sides must name.
-pub const ALPN: &[u8] = b"mooncake/1";
+use crate::tls::{
+    cert_name, client_crypto, server_crypto, server_name, ClientTls, ServerTls, TlsError,
+};
 
 /// Flow-control windows sized for megabyte blocks in flight, and idle
 /// connections noticed within seconds.
@@ -38,21 +37,8 @@ pub fn transport_config() -> Arc<quinn::TransportConfig> {
 
 /// The client side: trusts `tls.ca`, presents `tls.identity` if set.
 pub fn client_config(tls: &ClientTls) -> Result<quinn::ClientConfig, TlsError> {
-    let builder = rustls::ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_root_certificates(roots(&tls.ca)?);
-    let mut config = match &tls.identity {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
-            .map_err(|err| TlsError::Rejected {
-                path: key.clone(),
-                err: err.to_string(),
-            })?,
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = QuicClientConfig::try_from(config).map_err(|e| TlsError::Config(e.to_string()))?;
+    let crypto = QuicClientConfig::try_from(client_crypto(tls)?)
+        .map_err(|e| TlsError::Config(e.to_string()))?;
     let mut out = quinn::ClientConfig::new(Arc::new(crypto));
     out.transport_config(transport_config());
     Ok(out)
@@ -60,33 +46,8 @@ pub fn client_config(tls: &ClientTls) -> Result<quinn::ClientConfig, TlsError> {
 
 /// The daemon side: its certificate, and mutual TLS if `client_ca` is set.
 pub fn server_config(tls: &ServerTls) -> Result<quinn::ServerConfig, TlsError> {
-    let builder = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
+    let crypto = QuicServerConfig::try_from(server_crypto(tls)?)
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let builder = match &tls.client_ca {
-        Some(ca) => {
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots(ca)?),
-                provider(),
-            )
-            .build()
-            .map_err(|err| TlsError::Rejected {
-                path: ca.clone(),
-                err: err.to_string(),
-            })?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder
-        .with_single_cert(load_certs(&tls.cert)?, load_key(&tls.key)?)
-        .map_err(|err| TlsError::Rejected {
-            path: tls.key.clone(),
-            err: err.to_string(),
-        })?;
-    config.alpn_protocols = vec![ALPN.to_vec()];
-    config.max_early_data_size = 0;
-    let crypto = QuicServerConfig::try_from(config).map_err(|e| TlsError::Config(e.to_string()))?;
     let mut out = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     out.transport_config(transport_config());
     Ok(out)
@@ -271,15 +232,7 @@ impl QuicConnector {
                 Box::new(ExplainedSend { send, conn }),
             ))
         };
-        match tokio::time::timeout(timeout, attempt).await {
-            Ok(result) => result,
-            Err(_) => Err(CallError::Timeout {
-                side,
-                addr: addr.to_string(),
-                op: "connect",
-                timeout_ms: timeout.as_millis() as u64,
-            }),
-        }
+        connecting(side, addr, timeout, attempt).await
     }
 
     async fn connection(&self, addr: &str, path: usize) -> std::io::Result<quinn::Connection> {
@@ -331,9 +284,7 @@ pub fn peer_name(conn: &quinn::Connection) -> Option<String> {
         .peer_identity()?
         .downcast::<Vec<CertificateDer<'static>>>()
         .ok()?;
-    let leaf = webpki::EndEntityCert::try_from(certs.first()?).ok()?;
-    let name = leaf.valid_dns_names().next().map(str::to_string);
-    name
+    cert_name(&certs)
 }
 
 /// A stream's receiving side whose errors say why its connection closed:
@@ -450,25 +401,4 @@ fn quic_error(err: &quinn::ConnectionError) -> std::io::Error {
         std::io::ErrorKind::Other
     };
     std::io::Error::new(kind, format!("quic: {err}"))
-}
-
-/// The name the daemon's certificate must carry: the host part of its
-/// address (an IP address or a DNS name).
-fn server_name(addr: &str) -> String {
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    host.trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn server_name_is_the_host_part() {
-        assert_eq!(server_name("127.0.0.1:7171"), "127.0.0.1");
-        assert_eq!(server_name("[::1]:7171"), "::1");
-        assert_eq!(server_name("gpu-3.example:7171"), "gpu-3.example");
-    }
 }

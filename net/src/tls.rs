@@ -1,6 +1,8 @@
 //! TLS 1.3 (rustls): the certificates and keys each side presents and
-//! trusts, loaded from PEM files with one-line errors naming the file, and
-//! a development CA for test clusters. QUIC (`crate::quic`) is its user.
+//! trusts, loaded from PEM files with one-line errors naming the file, the
+//! rustls settings built from them, and a development CA for test
+//! clusters. QUIC (`crate::quic`) and TLS over TCP (`crate::tcp_tls`) use
+//! the same settings.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -42,6 +44,79 @@ pub struct ServerTls {
 
 pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The application protocol both sides must name, over QUIC and TCP.
+pub const ALPN: &[u8] = b"mooncake/1";
+
+/// A client's rustls settings: trusts `tls.ca`, presents `tls.identity`
+/// if set; TLS 1.3 only.
+pub(crate) fn client_crypto(tls: &ClientTls) -> Result<rustls::ClientConfig, TlsError> {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(roots(&tls.ca)?);
+    let mut config = match &tls.identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
+            .map_err(|err| TlsError::Rejected {
+                path: key.clone(),
+                err: err.to_string(),
+            })?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(config)
+}
+
+/// A server's rustls settings: its certificate, and mutual TLS if
+/// `client_ca` is set; TLS 1.3 only, no early data.
+pub(crate) fn server_crypto(tls: &ServerTls) -> Result<rustls::ServerConfig, TlsError> {
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match &tls.client_ca {
+        Some(ca) => {
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots(ca)?),
+                provider(),
+            )
+            .build()
+            .map_err(|err| TlsError::Rejected {
+                path: ca.clone(),
+                err: err.to_string(),
+            })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(load_certs(&tls.cert)?, load_key(&tls.key)?)
+        .map_err(|err| TlsError::Rejected {
+            path: tls.key.clone(),
+            err: err.to_string(),
+        })?;
+    config.alpn_protocols = vec![ALPN.to_vec()];
+    config.max_early_data_size = 0;
+    Ok(config)
+}
+
+/// The name a peer's verified certificate chain gives it: the leaf's
+/// first DNS name (`mooncake-store certs --client NAME` puts the name
+/// there). `None` without a certificate (mutual TLS off).
+pub(crate) fn cert_name(certs: &[CertificateDer<'_>]) -> Option<String> {
+    let leaf = webpki::EndEntityCert::try_from(certs.first()?).ok()?;
+    let name = leaf.valid_dns_names().next().map(str::to_string);
+    name
+}
+
+/// The name a server's certificate must carry: the host part of its
+/// address (an IP address or a DNS name).
+pub(crate) fn server_name(addr: &str) -> String {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string()
 }
 
 fn open(path: &Path) -> Result<BufReader<File>, TlsError> {
@@ -208,6 +283,13 @@ impl DevCerts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_name_is_the_host_part() {
+        assert_eq!(server_name("127.0.0.1:7171"), "127.0.0.1");
+        assert_eq!(server_name("[::1]:7171"), "::1");
+        assert_eq!(server_name("gpu-3.example:7171"), "gpu-3.example");
+    }
 
     #[test]
     fn missing_and_empty_files_are_named() {

@@ -41,11 +41,14 @@ pub enum ErrorCode {
     /// tenant does not own the namespace, or the operation needs a role
     /// it does not have).
     Unauthorized = 15,
+    /// The port speaks TLS only and the peer sent plain frames: the
+    /// server answers this once, in clear, and closes the connection.
+    TlsRequired = 16,
 }
 
 impl ErrorCode {
     /// How many codes there are (for tables indexed by code).
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 17;
 }
 
 impl ErrorCode {
@@ -70,6 +73,7 @@ impl ErrorCode {
             13 => NoReservation,
             14 => Internal,
             15 => Unauthorized,
+            16 => TlsRequired,
             _ => return None,
         })
     }
@@ -109,6 +113,7 @@ impl ErrorCode {
             NoReservation => "no_reservation",
             Internal => "internal",
             Unauthorized => "unauthorized",
+            TlsRequired => "tls_required",
         }
     }
 }

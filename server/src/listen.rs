@@ -1,14 +1,19 @@
-//! Listening: TCP connections and QUIC streams are accepted, admitted under
-//! one budget, and each served by the frame loop in a task the server
-//! tracks, so that a stopping server knows when its last connection ended.
+//! Listening: TCP connections (plain or TLS) and QUIC streams are
+//! accepted, admitted under one budget, and each served by the frame loop
+//! in a task the server tracks, so that a stopping server knows when its
+//! last connection ended. A TLS handshake runs in that task, after the
+//! admission and within the deadline of a connection without a token.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::future::Future;
+
 use mooncake_net::quic::{accept_streams, IncomingStream};
+use mooncake_net::tcp_tls::Accepted;
+use mooncake_net::TlsAcceptor;
 use mooncake_proto::auth::{Gate, TokenTable};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -55,8 +60,14 @@ impl<S: Service> Server<S> {
         &self.service
     }
 
-    /// Accepts TCP connections on `listener` until `shutdown`.
-    pub async fn run_tcp(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+    /// Accepts TCP connections on `listener` until `shutdown`; with `tls`,
+    /// only TLS connections.
+    pub async fn run_tcp(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Option<Arc<TlsAcceptor>>,
+        shutdown: CancellationToken,
+    ) {
         loop {
             let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -74,9 +85,24 @@ impl<S: Service> Server<S> {
                 tracing::debug!(%peer, %err, "connection closed");
                 continue;
             }
-            let (rd, wr) = stream.into_split();
-            self.clone()
-                .connection(rd, wr, peer, None, shutdown.clone());
+            match &tls {
+                None => {
+                    let (rd, wr) = stream.into_split();
+                    self.clone().connection(
+                        peer,
+                        async move { Ok(Accepted::plain(Box::new(rd), Box::new(wr))) },
+                        shutdown.clone(),
+                    );
+                }
+                Some(tls) => {
+                    let tls = tls.clone();
+                    self.clone().connection(
+                        peer,
+                        async move { tls.accept(stream).await },
+                        shutdown.clone(),
+                    );
+                }
+            }
         }
         tracing::info!(server = self.name, "stopped accepting TCP connections");
     }
@@ -88,53 +114,68 @@ impl<S: Service> Server<S> {
         let stop = shutdown.clone();
         let tasks = self.tasks.clone();
         accept_streams(endpoint, shutdown, &tasks, move |s: IncomingStream| {
+            let opened = Accepted {
+                recv: Box::new(s.recv),
+                send: Box::new(s.send),
+                certified: s.certified,
+            };
             server
                 .clone()
-                .connection(s.recv, s.send, s.peer, s.certified, stop.clone());
+                .connection(s.peer, async move { Ok(opened) }, stop.clone());
         })
         .await;
     }
 
-    /// Admits one connection and serves it in a tracked task; refuses it
-    /// with `busy` (counted) at a limit.
-    fn connection<R, W>(
-        self: Arc<Self>,
-        rd: R,
-        wr: W,
-        peer: SocketAddr,
-        certified: Option<String>,
-        shutdown: CancellationToken,
-    ) where
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
+    /// Admits one connection and serves it in a tracked task, once `open`
+    /// (a TLS handshake, or nothing) finished within the deadline of a
+    /// connection without a token; refuses it with `busy` (counted) at a
+    /// limit.
+    fn connection<F>(self: Arc<Self>, peer: SocketAddr, open: F, shutdown: CancellationToken)
+    where
+        F: Future<Output = std::io::Result<Accepted>> + Send + 'static,
     {
-        let admitted = match self.admission.admit(peer) {
-            Ok(a) => a,
-            Err(refusal) => {
-                let limit = match refusal {
-                    Refusal::Full => "max_connections",
-                    Refusal::ClientFull => "max_connections_per_client",
-                };
-                tracing::warn!(%peer, server = self.name, "connection refused: {limit} reached");
-                self.metrics.refused_connections.inc();
-                self.tasks.spawn(refuse(wr));
-                return;
-            }
-        };
+        let admitted = self.admission.admit(peer);
+        let within = self.limits.deadlines.auth;
         let tasks = self.tasks.clone();
         tasks.spawn(async move {
+            let opened = match tokio::time::timeout(within, open).await {
+                Ok(Ok(opened)) => opened,
+                Ok(Err(err)) => {
+                    tracing::info!(%peer, %err, server = self.name, "TLS handshake failed");
+                    self.metrics.failed_handshakes.inc();
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!(%peer, server = self.name, "TLS handshake did not finish within {within:?}");
+                    self.metrics.failed_handshakes.inc();
+                    return;
+                }
+            };
+            let admitted = match admitted {
+                Ok(a) => a,
+                Err(refusal) => {
+                    let limit = match refusal {
+                        Refusal::Full => "max_connections",
+                        Refusal::ClientFull => "max_connections_per_client",
+                    };
+                    tracing::warn!(%peer, server = self.name, "connection refused: {limit} reached");
+                    self.metrics.refused_connections.inc();
+                    refuse(opened.send).await;
+                    return;
+                }
+            };
             // Counted down however the task ends, a panic included.
             let _open = Counted::new(&self.metrics.connections);
             let conn = Conn {
                 service: &*self.service,
                 session: self.service.session(peer),
-                gate: Gate::bound_to(self.tokens.clone(), certified),
+                gate: Gate::bound_to(self.tokens.clone(), opened.certified),
                 admitted,
                 limits: &self.limits,
                 metrics: &self.metrics,
                 shutdown: &shutdown,
             };
-            if let Err(err) = serve(conn, rd, wr).await {
+            if let Err(err) = serve(conn, opened.recv, opened.send).await {
                 tracing::debug!(%peer, %err, "connection closed");
             }
         });

@@ -37,6 +37,7 @@ pub struct ServerMetrics {
     pub connections: IntGauge,
     pub in_flight: IntGauge,
     pub refused_connections: IntCounter,
+    pub failed_handshakes: IntCounter,
 }
 
 /// An opcode as a label: `MatchPrefix` -> `match_prefix`.
@@ -87,6 +88,11 @@ impl ServerMetrics {
             format!("{p}_refused_connections_total"),
             "Connections refused at max_connections or max_connections_per_client.",
         )?;
+        let failed_handshakes = IntCounter::new(
+            format!("{p}_failed_handshakes_total"),
+            "TCP connections closed before serving: a TLS handshake that failed (an untrusted certificate, plain frames on a TLS port) or did not finish within auth_timeout.",
+        )?;
+        registry.register(Box::new(failed_handshakes.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(tenant_requests.clone()))?;
@@ -114,6 +120,7 @@ impl ServerMetrics {
             connections,
             in_flight,
             refused_connections: refused,
+            failed_handshakes,
         })
     }
 

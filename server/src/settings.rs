@@ -1,14 +1,19 @@
 //! Settings both servers read from their configuration under the same
-//! names: certificate files (`tls_cert`, `tls_key`, `tls_client_ca`,
-//! `peer_ca`). The limits are [`crate::Limits`].
+//! names: TLS on the TCP port (`tls`) and certificate files (`tls_cert`,
+//! `tls_key`, `tls_client_ca`, `peer_ca`). The limits are
+//! [`crate::Limits`].
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use mooncake_net::{ClientTls, ServerTls};
+use mooncake_net::quic::QuicConnector;
+use mooncake_net::{ClientTls, Dialer, ServerTls, TlsAcceptor, TlsConnector};
 
 /// A server's certificate files.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsFiles {
+    /// The TCP port speaks TLS only, with `cert` and `key`.
+    pub tcp: bool,
     /// This server's certificate (PEM, with its chain).
     pub cert: Option<PathBuf>,
     /// The certificate's private key (PEM).
@@ -16,7 +21,7 @@ pub struct TlsFiles {
     /// Mutual TLS: only clients whose certificate this CA signed.
     pub client_ca: Option<PathBuf>,
     /// The CA that signed the other servers' certificates: calls to them
-    /// go over QUIC, presenting `cert` and `key`.
+    /// are encrypted, presenting `cert` and `key` (see `peer_dialer`).
     pub peer_ca: Option<PathBuf>,
 }
 
@@ -36,11 +41,37 @@ impl TlsFiles {
         }
     }
 
-    /// How this server calls the others over QUIC (`peer_ca`), if it does.
+    /// The TLS settings of the TCP port, when `tls` is on.
+    pub fn tcp_acceptor(&self) -> Result<Option<Arc<TlsAcceptor>>, String> {
+        if !self.tcp {
+            return Ok(None);
+        }
+        let tls = self.server_tls("tls")?;
+        let acceptor = TlsAcceptor::new(&tls).map_err(|e| format!("tls: {e}"))?;
+        Ok(Some(Arc::new(acceptor)))
+    }
+
+    /// The certificates this server presents to the others, and the CA it
+    /// trusts them with (`peer_ca`), if it has one.
     pub fn peer_tls(&self) -> Option<ClientTls> {
         Some(ClientTls {
             ca: self.peer_ca.clone()?,
             identity: self.cert.clone().zip(self.key.clone()),
+        })
+    }
+
+    /// How this server calls the others: in clear without `peer_ca`; with
+    /// it, over TLS on their TCP ports when this server's own TCP port
+    /// speaks TLS (`tls`: the cluster's ports do), else over QUIC.
+    pub fn peer_dialer(&self) -> Result<Dialer, String> {
+        let Some(tls) = self.peer_tls() else {
+            return Ok(Dialer::Tcp);
+        };
+        let failed = |e: mooncake_net::TlsError| format!("peer_ca: {e}");
+        Ok(if self.tcp {
+            Dialer::Tls(Arc::new(TlsConnector::new(&tls).map_err(failed)?))
+        } else {
+            Dialer::Quic(Arc::new(QuicConnector::new(&tls).map_err(failed)?))
         })
     }
 }
@@ -53,12 +84,22 @@ mod tests {
     fn a_listener_needs_both_files_and_peers_present_them() {
         let none = TlsFiles::default();
         let err = none.server_tls("quic_listen").unwrap_err();
+        let tcp = TlsFiles {
+            tcp: true,
+            ..TlsFiles::default()
+        };
+        let err_tcp = tcp.tcp_acceptor().err().expect("no certificate");
+        assert!(
+            err_tcp.starts_with("tls needs tls_cert and tls_key"),
+            "{err_tcp}"
+        );
         assert!(
             err.starts_with("quic_listen needs tls_cert and tls_key"),
             "{err}"
         );
         assert_eq!(none.peer_tls(), None);
         let files = TlsFiles {
+            tcp: false,
             cert: Some("d.pem".into()),
             key: Some("d.key".into()),
             client_ca: None,

@@ -125,18 +125,27 @@ pub struct DaemonConfig {
     /// The GID index to use on it. Default: its first routable RoCE v2
     /// GID (InfiniBand: 0).
     pub rdma_gid_index: Option<u32>,
-    /// This daemon's certificate (PEM, with its chain) for QUIC.
+    /// Speak TLS on the TCP port (`listen`): clients and the meta service
+    /// must then connect with TLS (`tls_ca`, `peer_ca`), and one that
+    /// sends plain frames is refused in one line. Needs `tls_cert` and
+    /// `tls_key`; with `tls_client_ca`, mutual TLS. With `peer_ca`, this
+    /// daemon reaches the meta service over TLS on its TCP port too.
+    /// Default false.
+    pub tls: bool,
+    /// This daemon's certificate (PEM, with its chain) for TLS and QUIC.
     pub tls_cert: Option<std::path::PathBuf>,
     /// The certificate's private key (PEM).
     pub tls_key: Option<std::path::PathBuf>,
     /// Mutual TLS: only clients whose certificate this CA signed may
-    /// connect over QUIC. Default none: any client (tokens still apply).
+    /// connect over TLS or QUIC. Default none: any client (tokens still
+    /// apply).
     pub tls_client_ca: Option<std::path::PathBuf>,
     /// The CA that signed the meta service's certificate: with it the
-    /// daemon reaches the meta service over QUIC only (on UDP at its
-    /// address; the meta service needs `quic`), presenting `tls_cert` and
-    /// `tls_key` as its identity, so that its token and inventories travel
-    /// encrypted. Default none: TCP.
+    /// daemon reaches the meta service encrypted only, presenting
+    /// `tls_cert` and `tls_key` as its identity, so that its token and
+    /// inventories never travel in clear: over TLS on its TCP port with
+    /// `tls`, else over QUIC (on UDP at its address; the meta service
+    /// needs `quic`). Default none: plain TCP.
     pub peer_ca: Option<std::path::PathBuf>,
     /// Meta service to register with. Default none (a standalone daemon).
     pub meta: Option<String>,
@@ -189,6 +198,7 @@ impl Default for DaemonConfig {
             rdma_advertise: None,
             rdma_device: None,
             rdma_gid_index: None,
+            tls: false,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -202,16 +212,13 @@ impl Default for DaemonConfig {
 }
 
 impl DaemonConfig {
-    /// How this daemon reaches the meta service over QUIC (`peer_ca`),
-    /// if it does.
-    pub fn peer_tls(&self) -> Option<mooncake_net::ClientTls> {
-        self.tls_files().peer_tls()
-    }
-
     /// Checks values that parse but make no sense together.
     pub fn validate(&self) -> Result<(), String> {
         if self.quic_listen.is_some() {
             self.tls_files().server_tls("quic_listen")?;
+        }
+        if self.tls {
+            self.tls_files().server_tls("tls")?;
         }
         if self.dram.0 < 1 << 20 {
             return Err(format!("dram = {} is below the minimum of 1MiB", self.dram));
@@ -333,6 +340,7 @@ impl DaemonConfig {
     /// The certificate files, as both servers name them.
     pub fn tls_files(&self) -> TlsFiles {
         TlsFiles {
+            tcp: self.tls,
             cert: self.tls_cert.clone(),
             key: self.tls_key.clone(),
             client_ca: self.tls_client_ca.clone(),

@@ -156,13 +156,9 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> Result<DaemonHandle, DaemonError> {
     config.validate().map_err(DaemonError::Config)?;
-    let meta_quic = match config.peer_tls() {
-        Some(tls) => Some(Arc::new(
-            mooncake_net::quic::QuicConnector::new(&tls)
-                .map_err(|e| DaemonError::Config(format!("peer_ca: {e}")))?,
-        )),
-        None => None,
-    };
+    let files = config.tls_files();
+    let meta_dialer = files.peer_dialer().map_err(DaemonError::Config)?;
+    let tcp_tls = files.tcp_acceptor().map_err(DaemonError::Config)?;
     let addr = listener.local_addr().map_err(DaemonError::Listener)?;
     let pool = Arc::new(
         DramPool::new(config.pool()).map_err(|err| DaemonError::Pool {
@@ -174,6 +170,7 @@ pub async fn start(
         %addr,
         capacity = %config.dram,
         pages = %pool.pages(),
+        tls = tcp_tls.is_some(),
         "storage daemon listening"
     );
     let drives = config.nvme_drives().map_err(DaemonError::Config)?;
@@ -210,9 +207,11 @@ pub async fn start(
         config.tokens().map_err(DaemonError::Config)?,
         metrics.server.clone(),
     );
-    let mut listeners = vec![tokio::spawn(
-        server.clone().run_tcp(listener, shutdown.child_token()),
-    )];
+    let mut listeners = vec![tokio::spawn(server.clone().run_tcp(
+        listener,
+        tcp_tls,
+        shutdown.child_token(),
+    ))];
     let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
     let mut endpoints = Vec::new();
     if let Some(listen) = &config.quic_listen {
@@ -290,7 +289,7 @@ pub async fn start(
                 interval: config.heartbeat_interval.0,
                 token: config.token.clone(),
                 requires_auth: config.auth.is_some(),
-                quic: meta_quic,
+                dialer: meta_dialer,
                 registered: registered_tx,
             },
             tiers.clone(),

@@ -41,8 +41,9 @@ pub struct LinkConfig {
     pub token: Option<String>,
     /// Whether this daemon requires a token of its clients (`auth`).
     pub requires_auth: bool,
-    /// Reach the meta service over QUIC with these settings (`peer_ca`).
-    pub quic: Option<Arc<mooncake_net::quic::QuicConnector>>,
+    /// How the meta service is reached: plain TCP, or with `peer_ca` TLS
+    /// over TCP or QUIC.
+    pub dialer: mooncake_net::Dialer,
     /// Set to the daemon's id while it is registered, 0 while not.
     pub registered: tokio::sync::watch::Sender<u32>,
 }
@@ -114,10 +115,7 @@ async fn connect(
     addr: &str,
     deadline: Duration,
 ) -> Result<Connection, LinkError> {
-    let mut conn = match &cfg.quic {
-        Some(quic) => quic.open(addr, ErrorSource::Meta, deadline).await?,
-        None => Connection::connect(addr, ErrorSource::Meta, deadline).await?,
-    };
+    let mut conn = cfg.dialer.open(addr, ErrorSource::Meta, deadline).await?;
     if let Some(token) = &cfg.token {
         with_deadline(addr, deadline, conn.authenticate(token)).await?;
     }

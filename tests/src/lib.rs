@@ -18,6 +18,9 @@ pub struct TestCluster {
     pub shutdown: CancellationToken,
     /// Presented by `client()`, when the cluster requires authentication.
     pub token: Option<Arc<str>>,
+    /// How `client()` and the fake daemons reach servers that speak TLS on
+    /// their TCP ports (`tls = true`). Default none: plain TCP.
+    pub tls: Option<mooncake_net::ClientTls>,
 }
 
 /// A daemon of the test's store, and what stops it.
@@ -84,6 +87,7 @@ impl TestCluster {
             daemons: Vec::new(),
             shutdown,
             token: token.map(Arc::from),
+            tls: None,
         };
         for cfg in daemons {
             cluster.add_daemon(cfg).await;
@@ -121,6 +125,11 @@ impl TestCluster {
     pub fn client_with_timeout(&self, timeout: Duration) -> Client {
         let mut cfg = ClientConfig::new(self.meta_addr.clone()).with_timeout(timeout);
         cfg.token = self.token.clone();
+        if let Some(tls) = &self.tls {
+            cfg = cfg
+                .with_tls(tls)
+                .expect("the cluster's client certificates load");
+        }
         Client::new(cfg)
     }
 
@@ -133,13 +142,20 @@ impl TestCluster {
         endpoints: Vec<mooncake_proto::transport::Endpoint>,
     ) {
         use mooncake_proto::message::{RegisterRequest, RegisterResponse};
-        let mut conn = mooncake_net::Connection::connect(
-            &self.meta_addr,
-            mooncake_client::ErrorSource::Meta,
-            Duration::from_secs(1),
-        )
-        .await
-        .unwrap();
+        let dialer = match &self.tls {
+            Some(tls) => mooncake_net::Dialer::Tls(Arc::new(
+                mooncake_net::TlsConnector::new(tls).expect("the certificates load"),
+            )),
+            None => mooncake_net::Dialer::Tcp,
+        };
+        let mut conn = dialer
+            .open(
+                &self.meta_addr,
+                mooncake_client::ErrorSource::Meta,
+                Duration::from_secs(1),
+            )
+            .await
+            .unwrap();
         let _: RegisterResponse = conn
             .call(
                 mooncake_proto::Opcode::Register,

@@ -297,6 +297,18 @@ async fn one_client_address_cannot_take_every_connection() {
 /// token stolen from another holder is useless without its certificate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_mutual_tls_a_token_works_only_with_its_holder_s_certificate() {
+    token_bound_to_certificate(false).await
+}
+
+/// The same over TLS on the TCP ports (the servers calling each other over
+/// TLS too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mutual_tls_on_tcp_a_token_works_only_with_its_holder_s_certificate() {
+    token_bound_to_certificate(true).await
+}
+
+/// Mutual TLS over QUIC, or with `tls_on_tcp` over TLS on the TCP ports.
+async fn token_bound_to_certificate(tls_on_tcp: bool) {
     use mooncake_net::DevCerts;
     let dir = std::env::temp_dir().join(format!(
         "mooncake-mtls-{}-{}",
@@ -314,25 +326,35 @@ async fn over_mutual_tls_a_token_works_only_with_its_holder_s_certificate() {
     let mut meta = fast_meta();
     meta.auth = Some(tokens.clone());
     meta.token = Some(CLUSTER.into());
-    meta.quic = true;
     meta.tls_cert = Some(tls.cert.clone());
     meta.tls_key = Some(tls.key.clone());
     meta.tls_client_ca = tls.client_ca.clone();
     let mut daemon = daemon_config(32 << 20);
     daemon.auth = Some(tokens);
     daemon.token = Some(CLUSTER.into());
-    daemon.quic_listen = Some("127.0.0.1:0".into());
     daemon.tls_cert = Some(tls.cert);
     daemon.tls_key = Some(tls.key);
     daemon.tls_client_ca = tls.client_ca;
+    if tls_on_tcp {
+        let ca = Some(dir.join("ca.pem"));
+        (meta.tls, meta.peer_ca) = (true, ca.clone());
+        (daemon.tls, daemon.peer_ca) = (true, ca);
+    } else {
+        meta.quic = true;
+        daemon.quic_listen = Some("127.0.0.1:0".into());
+    }
     let cluster = TestCluster::start_as(meta, vec![daemon], Some(ADMIN)).await;
+    let client_tls = DevCerts::client_tls(&dir, true);
     let quic_client = |token: &str| {
         let cfg = ClientConfig::new(cluster.meta_addr.clone())
             .with_timeout(Duration::from_secs(5))
-            .with_token(token)
-            .with_quic(&DevCerts::client_tls(&dir, true))
-            .unwrap();
-        Client::new(cfg)
+            .with_token(token);
+        let cfg = if tls_on_tcp {
+            cfg.with_tls(&client_tls)
+        } else {
+            cfg.with_quic(&client_tls)
+        };
+        Client::new(cfg.unwrap())
     };
     let value = vec![7u8; 50_000];
 
@@ -368,12 +390,22 @@ async fn over_mutual_tls_a_token_works_only_with_its_holder_s_certificate() {
         "a token used with another holder's certificate was accepted: {out:?}"
     );
     // ...and so does a daemon, asked straight.
-    let connector =
-        mooncake_net::quic::QuicConnector::new(&DevCerts::client_tls(&dir, true)).unwrap();
-    let daemon_quic = cluster.daemons[0].handle.endpoints[0].addr.clone();
+    let (dialer, daemon_addr) = if tls_on_tcp {
+        let tls = mooncake_net::TlsConnector::new(&client_tls).unwrap();
+        (
+            mooncake_net::Dialer::Tls(std::sync::Arc::new(tls)),
+            cluster.daemon_addr(0),
+        )
+    } else {
+        let quic = mooncake_net::quic::QuicConnector::new(&client_tls).unwrap();
+        (
+            mooncake_net::Dialer::Quic(std::sync::Arc::new(quic)),
+            cluster.daemons[0].handle.endpoints[0].addr.clone(),
+        )
+    };
     for (token, refused) in [(GLOBEX, true), (ACME, false)] {
-        let mut conn = connector
-            .open(&daemon_quic, ErrorSource::Daemon, Duration::from_secs(2))
+        let mut conn = dialer
+            .open(&daemon_addr, ErrorSource::Daemon, Duration::from_secs(2))
             .await
             .unwrap();
         let got = conn.authenticate(token).await;

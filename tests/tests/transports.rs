@@ -1,11 +1,12 @@
 //! One conformance suite, run against every transport that can run here:
-//! same-host shared memory, TCP, QUIC and QUIC with mutual TLS. Each must
-//! round-trip blocks byte for byte, singly and in batches; cost no more
-//! than its deadline against a peer that never answers; return a clean
-//! error (never wrong bytes) when its peer dies mid-transfer or sends
-//! garbage. Then what only QUIC has: a client without the right
-//! certificate is refused when mutual TLS is on, and a client that asks
-//! for QUIC never falls back to plain TCP.
+//! same-host shared memory, TCP, TLS over TCP, QUIC, and TLS and QUIC with
+//! mutual TLS. Each must round-trip blocks byte for byte, singly and in
+//! batches; cost no more than its deadline against a peer that never
+//! answers; return a clean error (never wrong bytes) when its peer dies
+//! mid-transfer or sends garbage. Then what only the encrypted ones have:
+//! a client without the right certificate is refused when mutual TLS is
+//! on, a client that asks for QUIC never falls back to plain TCP, and a
+//! TLS port refuses plain frames in one line and goes on serving.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -30,6 +31,9 @@ fn hash(i: u64) -> BlockHash {
 enum Kind {
     Shm,
     Tcp,
+    /// TLS on every TCP port, the servers' calls to each other included.
+    Tls,
+    TlsMutual,
     Quic,
     QuicMutual,
 }
@@ -38,9 +42,13 @@ impl Kind {
     fn transport(self) -> TransportKind {
         match self {
             Kind::Shm => TransportKind::Shm,
-            Kind::Tcp => TransportKind::Tcp,
+            Kind::Tcp | Kind::Tls | Kind::TlsMutual => TransportKind::Tcp,
             Kind::Quic | Kind::QuicMutual => TransportKind::Quic,
         }
+    }
+
+    fn mutual(self) -> bool {
+        matches!(self, Kind::TlsMutual | Kind::QuicMutual)
     }
 }
 
@@ -77,31 +85,78 @@ async fn setup(kind: Kind, dram: u64) -> (TestCluster, Client, Scratch) {
     let dir = Scratch::new();
     let mut cfg = daemon_config(dram);
     match kind {
+        Kind::Tls | Kind::TlsMutual => {
+            cfg = mooncake_store_daemon::DaemonConfig {
+                dram: mooncake_proto::units::ByteSize(dram),
+                ..tls_daemon(dir.path(), kind.mutual())
+            }
+        }
         Kind::Shm => cfg.shm_socket = Some(dir.path().join("daemon.sock")),
         Kind::Tcp => {}
         Kind::Quic | Kind::QuicMutual => {
-            let tls = DevCerts::server_tls(dir.path(), kind == Kind::QuicMutual);
+            let tls = DevCerts::server_tls(dir.path(), kind.mutual());
             cfg.quic_listen = Some("127.0.0.1:0".into());
             cfg.tls_cert = Some(tls.cert);
             cfg.tls_key = Some(tls.key);
             cfg.tls_client_ca = tls.client_ca;
         }
     }
-    let cluster = TestCluster::start_with(meta_for(kind, dir.path()), vec![cfg]).await;
+    let cluster = start_cluster(kind, dir.path(), vec![cfg]).await;
     let client = client_for(kind, &cluster, dir.path(), Duration::from_secs(5));
     (cluster, client, dir)
 }
 
+/// A cluster whose meta service suits `kind`, whose own checks (and fake
+/// daemons) speak TLS when its servers do.
+async fn start_cluster(
+    kind: Kind,
+    dir: &Path,
+    daemons: Vec<mooncake_store_daemon::DaemonConfig>,
+) -> TestCluster {
+    let mut cluster = TestCluster::start_with(meta_for(kind, dir), Vec::new()).await;
+    if matches!(kind, Kind::Tls | Kind::TlsMutual) {
+        cluster.tls = Some(DevCerts::client_tls(dir, kind.mutual()));
+    }
+    for cfg in daemons {
+        cluster.add_daemon(cfg).await;
+    }
+    cluster
+}
+
+/// A daemon speaking TLS on its TCP port (mutual TLS if `mutual`) and
+/// reaching the meta service over TLS, trusting the development CA.
+fn tls_daemon(dir: &Path, mutual: bool) -> mooncake_store_daemon::DaemonConfig {
+    let tls = DevCerts::server_tls(dir, mutual);
+    let mut cfg = daemon_config(16 << 20);
+    cfg.tls = true;
+    cfg.tls_cert = Some(tls.cert);
+    cfg.tls_key = Some(tls.key);
+    cfg.tls_client_ca = tls.client_ca;
+    cfg.peer_ca = Some(dir.join("ca.pem"));
+    cfg
+}
+
 /// The meta service for a client of `kind`: over QUIC for QUIC clients
-/// (they reach it there too), with the same certificates as the daemons.
+/// (they reach it there too), over TLS (and calling daemons over TLS) for
+/// TLS clients, with the same certificates as the daemons.
 fn meta_for(kind: Kind, dir: &Path) -> mooncake_meta::MetaConfig {
     let mut meta = fast_meta();
-    if matches!(kind, Kind::Quic | Kind::QuicMutual) {
-        let tls = DevCerts::server_tls(dir, kind == Kind::QuicMutual);
-        meta.quic = true;
+    if matches!(
+        kind,
+        Kind::Quic | Kind::QuicMutual | Kind::Tls | Kind::TlsMutual
+    ) {
+        let tls = DevCerts::server_tls(dir, kind.mutual());
         meta.tls_cert = Some(tls.cert);
         meta.tls_key = Some(tls.key);
         meta.tls_client_ca = tls.client_ca;
+    }
+    match kind {
+        Kind::Quic | Kind::QuicMutual => meta.quic = true,
+        Kind::Tls | Kind::TlsMutual => {
+            meta.tls = true;
+            meta.peer_ca = Some(dir.join("ca.pem"));
+        }
+        Kind::Shm | Kind::Tcp => {}
     }
     meta
 }
@@ -111,6 +166,11 @@ fn client_for(kind: Kind, cluster: &TestCluster, dir: &Path, timeout: Duration) 
     match kind {
         Kind::Shm => cfg.shm_socket = Some(dir.join("daemon.sock")),
         Kind::Tcp => {}
+        Kind::Tls | Kind::TlsMutual => {
+            cfg = cfg
+                .with_tls(&DevCerts::client_tls(dir, kind.mutual()))
+                .unwrap()
+        }
         Kind::Quic => cfg = cfg.with_quic(&DevCerts::client_tls(dir, false)).unwrap(),
         Kind::QuicMutual => cfg = cfg.with_quic(&DevCerts::client_tls(dir, true)).unwrap(),
     }
@@ -203,7 +263,7 @@ async fn batches(kind: Kind) {
 /// that never answers either.
 async fn deadlines(kind: Kind) {
     let dir = Scratch::new();
-    let cluster = TestCluster::start_with(meta_for(kind, dir.path()), vec![]).await;
+    let cluster = start_cluster(kind, dir.path(), vec![]).await;
     let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let hole_addr = hole.local_addr().unwrap().to_string();
     tokio::spawn(async move {
@@ -300,7 +360,7 @@ async fn peer_dies_mid_transfer(kind: Kind) {
 /// stored, and the client goes on working with a real daemon.
 async fn peer_sends_garbage(kind: Kind) {
     let dir = Scratch::new();
-    let cluster = TestCluster::start_with(meta_for(kind, dir.path()), vec![]).await;
+    let cluster = start_cluster(kind, dir.path(), vec![]).await;
     let garbage = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tcp_addr = garbage.local_addr().unwrap().to_string();
     tokio::spawn(async move {
@@ -407,6 +467,8 @@ macro_rules! conformance {
 conformance! {
     shm => Kind::Shm,
     tcp => Kind::Tcp,
+    tls => Kind::Tls,
+    tls_mutual => Kind::TlsMutual,
     quic => Kind::Quic,
     quic_mutual => Kind::QuicMutual,
 }
@@ -592,4 +654,95 @@ async fn servers_reach_each_other_over_quic_only_with_peer_ca() {
     let key = mooncake_proto::BlockKey::new(ns(), hash(8));
     assert_eq!(client.get(&key).await.unwrap(), None, "out of the index");
     assert!(wary.daemons[0].handle.pool.contains(&key));
+}
+
+/// A TLS port refuses, in one line, whoever cannot talk to it: a client
+/// without a certificate or with another CA's (mutual TLS), one that
+/// trusts another CA (it cannot verify the server), and one that sends
+/// plain frames; it goes on serving the right client; and the meta
+/// service's calls to its daemon (a removal) go over TLS too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_port_refuses_wrong_certificates_and_plain_frames_and_keeps_serving() {
+    let (cluster, client, dir) = setup(Kind::TlsMutual, 16 << 20).await;
+    let value = block_bytes(11, 10_000);
+    assert_eq!(
+        client.put(&ns(), &[(hash(11), &value)]).await.unwrap(),
+        vec![PutOutcome::Stored]
+    );
+    // Another CA's client certificate, trusting the cluster's CA.
+    let other = Scratch::new();
+    std::fs::copy(dir.path().join("ca.pem"), other.path().join("ca.pem")).unwrap();
+    // Another CA altogether.
+    let stranger = Scratch::new();
+    let ways = [
+        (
+            "no certificate",
+            Some(DevCerts::client_tls(dir.path(), false)),
+        ),
+        (
+            "another CA's",
+            Some(DevCerts::client_tls(other.path(), true)),
+        ),
+        (
+            "trusting another CA",
+            Some(DevCerts::client_tls(stranger.path(), true)),
+        ),
+        ("plain TCP", None),
+    ];
+    for (who, tls) in &ways {
+        let mut cfg =
+            ClientConfig::new(cluster.meta_addr.clone()).with_timeout(Duration::from_secs(2));
+        if let Some(tls) = tls {
+            cfg = cfg.with_tls(tls).unwrap();
+        }
+        let c = Client::new(cfg);
+        let mut buf = vec![0u8; value.len()];
+        let got = c.get_into(&ns(), &[hash(11)], &mut [&mut buf[..]]).await;
+        let Err(err @ ClientError::Refused { .. }) = got else {
+            panic!("{who}: {got:?}");
+        };
+        assert!(!err.to_string().contains('\n'), "{who}: {err}");
+        if tls.is_none() {
+            assert!(err.to_string().contains("speaks TLS only"), "{who}: {err}");
+        }
+        assert!(buf.iter().all(|b| *b == 0), "{who}: bytes were delivered");
+        let out = c.put(&ns(), &[(hash(12), &value)]).await;
+        assert!(
+            matches!(out, Err(ClientError::Refused { .. })),
+            "{who}: {out:?}"
+        );
+    }
+    // The daemon too, asked straight.
+    let daemon = cluster.daemon_addr(0);
+    for (who, tls) in &ways {
+        let dialer = match tls {
+            Some(tls) => mooncake_net::Dialer::Tls(std::sync::Arc::new(
+                mooncake_net::TlsConnector::new(tls).unwrap(),
+            )),
+            None => mooncake_net::Dialer::Tcp,
+        };
+        let answer = async {
+            let mut conn = dialer
+                .open(&daemon, ErrorSource::Daemon, Duration::from_secs(2))
+                .await?;
+            conn.call::<Empty>(Opcode::Ping, &Empty, "ping").await
+        };
+        let got = answer.await;
+        assert!(
+            matches!(got, Err(ClientError::Refused { .. })),
+            "{who}: {got:?}"
+        );
+    }
+    // Still serving, and the meta service reaches the daemon over TLS.
+    let key = mooncake_proto::BlockKey::new(ns(), hash(11));
+    assert_eq!(client.get(&key).await.unwrap(), Some(value));
+    let pool = cluster.daemons[0].handle.pool.clone();
+    assert_eq!(
+        client.remove(&ns(), &[hash(11)]).await.unwrap(),
+        vec![mooncake_proto::ErrorCode::Ok]
+    );
+    assert!(
+        !pool.contains(&key),
+        "the meta service's call reached the daemon"
+    );
 }

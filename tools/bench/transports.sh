@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every data path side by side, in one run on this machine: gets (and
-# puts) of the same blocks over TCP, QUIC and same-host shared memory, at
+# puts) of the same blocks over TCP, TLS over TCP (a second store with
+# --tls, mutual TLS), QUIC and same-host shared memory, at
 # 8 and 64 requests in flight, beside the two ceilings: iperf3's single
 # TCP stream on loopback (what TCP can carry) and one core's memcpy of the
 # same block sizes (what a same-host copy can reach). With
@@ -25,6 +26,7 @@ BIN="$CARGO_TARGET_DIR/release/mooncake-store"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 MPORT=$(free_port); DPORT=$(free_port); QPORT=$(free_port); IPORT=$(free_port); RPORT=$(free_port)
+TMPORT=$(free_port); TDPORT=$(free_port)
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
@@ -40,10 +42,17 @@ rdma_why=$("$BIN" transports --json | python3 -c 'import json,sys; r=json.load(s
     --tls-cert "$tmp/certs/daemon.pem" --tls-key "$tmp/certs/daemon.key" \
     --tls-client-ca "$tmp/certs/ca.pem" "${rdma[@]}" >"$tmp/up.log" 2>&1 &
 pids+=($!)
+# The same store with TLS on its TCP ports (and between its servers).
+"$BIN" up --meta-listen "127.0.0.1:$TMPORT" --listen "127.0.0.1:$TDPORT" --admin "" --dram 4GiB \
+    --tls --tls-cert "$tmp/certs/daemon.pem" --tls-key "$tmp/certs/daemon.key" \
+    --tls-client-ca "$tmp/certs/ca.pem" --peer-ca "$tmp/certs/ca.pem" >"$tmp/up-tls.log" 2>&1 &
+pids+=($!)
 iperf3 -s -p "$IPORT" -B 127.0.0.1 >"$tmp/iperf3-server.log" 2>&1 &
 pids+=($!)
+tls=(--tls-ca "$tmp/certs/ca.pem" --tls-client-cert "$tmp/certs/client.pem" --tls-client-key "$tmp/certs/client.key")
 for _ in $(seq 100); do
-    "$BIN" stat --meta "127.0.0.1:$MPORT" --json 2>/dev/null | grep -q '"alive":true' && break
+    "$BIN" stat --meta "127.0.0.1:$MPORT" --json 2>/dev/null | grep -q '"alive":true' &&
+        "$BIN" stat --meta "127.0.0.1:$TMPORT" "${tls[@]}" --json 2>/dev/null | grep -q '"alive":true' && break
     sleep 0.1
 done
 sleep 0.3
@@ -54,12 +63,14 @@ iperf3 -c 127.0.0.1 -p "$IPORT" -t 5 -J >"$tmp/iperf3.json" || true
 "$BIN" bench-memcpy --sizes "$SIZES" --ops "$OPS" --json >"$tmp/memcpy.json"
 quic=(--quic-ca "$tmp/certs/ca.pem" --quic-cert "$tmp/certs/client.pem" --quic-key "$tmp/certs/client.key")
 for conc in 8 64; do
-    common=(--meta "127.0.0.1:$MPORT" --threads "$THREADS" --sizes "$SIZES" --concurrency "$conc" --ops "$OPS" --json)
-    "$BIN" bench "${common[@]}" >"$tmp/tcp-$conc.json"
-    "$BIN" bench "${common[@]}" "${quic[@]}" >"$tmp/quic-$conc.json"
-    "$BIN" bench "${common[@]}" --shm-socket "$tmp/daemon.sock" >"$tmp/shm-$conc.json"
+    common=(--threads "$THREADS" --sizes "$SIZES" --concurrency "$conc" --ops "$OPS" --json)
+    plain=(--meta "127.0.0.1:$MPORT" "${common[@]}")
+    "$BIN" bench "${plain[@]}" >"$tmp/tcp-$conc.json"
+    "$BIN" bench --meta "127.0.0.1:$TMPORT" "${common[@]}" "${tls[@]}" >"$tmp/tls-$conc.json"
+    "$BIN" bench "${plain[@]}" "${quic[@]}" >"$tmp/quic-$conc.json"
+    "$BIN" bench "${plain[@]}" --shm-socket "$tmp/daemon.sock" >"$tmp/shm-$conc.json"
     if [ ${#rdma[@]} -gt 0 ]; then
-        "$BIN" bench "${common[@]}" --rdma >"$tmp/rdma-$conc.json"
+        "$BIN" bench "${plain[@]}" --rdma >"$tmp/rdma-$conc.json"
     fi
 done
 [ -n "$rdma_why" ] && echo "rdma: not measured ($rdma_why)"
@@ -91,7 +102,7 @@ print()
 print(f"{'transport':<9} {'size':<7} {'in flight':>9} {'op':<4} {'GB/s':>6} {'p99 ms':>7} {'errors':>6}  {'of ceiling':>10}  {'vs TCP':>6}")
 for conc in (8, 64):
     tcp = {(r["op"], r["size"]): r for r in rows(f"tcp-{conc}")}
-    for name in ("tcp", "quic", "shm", "rdma"):
+    for name in ("tcp", "tls", "quic", "shm", "rdma"):
         if name == "rdma" and not os.path.exists(f"{d}/rdma-{conc}.json"):
             continue
         for r in rows(f"{name}-{conc}"):

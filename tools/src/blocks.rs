@@ -100,6 +100,22 @@ pub async fn client(target: &Target) -> Result<Client, Failure> {
     cfg.rdma = target.rdma;
     cfg.rdma_device = target.rdma_device.clone();
     cfg.stripes = target.stripes;
+    if let Some(ca) = &target.tls_ca {
+        let identity = target
+            .tls_client_cert
+            .clone()
+            .zip(target.tls_client_key.clone());
+        cfg = cfg
+            .with_tls(&mooncake_net::ClientTls {
+                ca: ca.clone(),
+                identity,
+            })
+            .map_err(|e| Failure::usage(e.to_string()))?;
+    } else if target.tls_client_cert.is_some() {
+        return Err(Failure::usage(
+            "--tls-client-cert needs --tls-ca (the CA that signed the servers' certificates)",
+        ));
+    }
     if let Some(ca) = &target.quic_ca {
         let identity = target.quic_cert.clone().zip(target.quic_key.clone());
         cfg = cfg

@@ -69,6 +69,27 @@ pub struct Target {
     /// blocks are read straight from its shared pool.
     #[arg(long, env = "MOONCAKE_SHM_SOCKET", global = true)]
     shm_socket: Option<std::path::PathBuf>,
+    /// Speak TLS on every TCP connection (to a cluster whose servers run
+    /// with --tls), trusting servers whose certificates this CA (PEM)
+    /// signed.
+    #[arg(long, env = "MOONCAKE_TLS_CA", global = true)]
+    tls_ca: Option<std::path::PathBuf>,
+    /// This client's certificate (PEM), for servers that require mutual TLS.
+    #[arg(
+        long,
+        env = "MOONCAKE_TLS_CERT",
+        global = true,
+        requires = "tls_client_key"
+    )]
+    tls_client_cert: Option<std::path::PathBuf>,
+    /// The key of --tls-client-cert (PEM).
+    #[arg(
+        long,
+        env = "MOONCAKE_TLS_KEY",
+        global = true,
+        requires = "tls_client_cert"
+    )]
+    tls_client_key: Option<std::path::PathBuf>,
     /// Move blocks over QUIC, trusting daemons whose certificates this CA
     /// (PEM) signed; daemons without QUIC are refused, not reached over TCP.
     #[arg(long, env = "MOONCAKE_QUIC_CA", global = true)]

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use mooncake_client::{Client, ErrorSource};
-use mooncake_net::Connection;
 use mooncake_proto::message::{EvictRequest, EvictResponse, ListRequest};
 use mooncake_proto::units::ByteSize;
 use mooncake_proto::{BlockHash, ErrorCode, Namespace, Opcode};
@@ -90,7 +89,11 @@ pub async fn pin(args: PinArgs, pin: bool) -> Result<(), Failure> {
 pub async fn evict(args: EvictArgs) -> Result<(), Failure> {
     let client = client(&args.target).await?;
     let (id, addr) = find_daemon(&client, &args.daemon).await?;
-    let mut conn = Connection::connect(&addr, ErrorSource::Daemon, Duration::from_secs(2)).await?;
+    let mut conn = client
+        .config()
+        .tcp_dialer()
+        .open(&addr, ErrorSource::Daemon, Duration::from_secs(2))
+        .await?;
     if let Some(token) = &client.config().token {
         conn.authenticate(token).await?;
     }

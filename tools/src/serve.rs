@@ -200,51 +200,62 @@ impl RdmaArgs {
     }
 }
 
-/// A server's certificate for QUIC.
+/// A server's TLS: on its TCP port (--tls), and its certificate for TLS
+/// and QUIC.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TlsArgs {
+    /// Speak TLS on the TCP port: clients (--tls-ca) and the other servers
+    /// (--peer-ca) must connect with TLS; needs --tls-cert and --tls-key.
+    #[arg(long)]
+    tls: bool,
     /// The server's certificate (PEM).
     #[arg(long)]
     tls_cert: Option<PathBuf>,
     /// The certificate's key (PEM).
     #[arg(long)]
     tls_key: Option<PathBuf>,
-    /// Mutual TLS: accept only QUIC clients whose certificate this CA signed.
+    /// Mutual TLS: accept only TLS and QUIC clients whose certificate this
+    /// CA signed.
     #[arg(long)]
     tls_client_ca: Option<PathBuf>,
-    /// Talk to the other servers (meta service and daemons) over QUIC
+    /// Talk to the other servers (meta service and daemons) encrypted
     /// only, trusting certificates this CA signed and presenting
-    /// --tls-cert; they must serve QUIC.
+    /// --tls-cert: over TLS with --tls, else over QUIC (they must serve it).
     #[arg(long)]
     peer_ca: Option<PathBuf>,
 }
 
 impl TlsArgs {
     /// Each given flag over the config file's value.
-    fn apply(
-        self,
-        cert: &mut Option<PathBuf>,
-        key: &mut Option<PathBuf>,
-        client_ca: &mut Option<PathBuf>,
-        peer_ca: &mut Option<PathBuf>,
-    ) {
-        *cert = self.tls_cert.or(cert.take());
-        *key = self.tls_key.or(key.take());
-        *client_ca = self.tls_client_ca.or(client_ca.take());
-        *peer_ca = self.peer_ca.or(peer_ca.take());
+    fn apply(self, files: TlsFields<'_>) {
+        *files.tcp |= self.tls;
+        *files.cert = self.tls_cert.or(files.cert.take());
+        *files.key = self.tls_key.or(files.key.take());
+        *files.client_ca = self.tls_client_ca.or(files.client_ca.take());
+        *files.peer_ca = self.peer_ca.or(files.peer_ca.take());
     }
+}
+
+/// A server config's TLS fields, as `TlsArgs` sets them.
+struct TlsFields<'a> {
+    tcp: &'a mut bool,
+    cert: &'a mut Option<PathBuf>,
+    key: &'a mut Option<PathBuf>,
+    client_ca: &'a mut Option<PathBuf>,
+    peer_ca: &'a mut Option<PathBuf>,
 }
 
 impl QuicArgs {
     fn apply(self, cfg: &mut mooncake_store_daemon::config::DaemonConfig) {
         cfg.quic_listen = self.quic_listen.or(cfg.quic_listen.take());
         cfg.quic_advertise = self.quic_advertise.or(cfg.quic_advertise.take());
-        self.tls.apply(
-            &mut cfg.tls_cert,
-            &mut cfg.tls_key,
-            &mut cfg.tls_client_ca,
-            &mut cfg.peer_ca,
-        );
+        self.tls.apply(TlsFields {
+            tcp: &mut cfg.tls,
+            cert: &mut cfg.tls_cert,
+            key: &mut cfg.tls_key,
+            client_ca: &mut cfg.tls_client_ca,
+            peer_ca: &mut cfg.peer_ca,
+        });
     }
 }
 
@@ -308,10 +319,16 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     }
     args.quic.apply(&mut cfg.daemon);
     args.rdma.apply(&mut cfg.daemon);
-    // One host, one certificate: clients set up for QUIC reach the meta
-    // service over QUIC too.
-    if cfg.daemon.quic_listen.is_some() {
-        cfg.meta.quic = true;
+    // One host, one certificate: clients set up for QUIC or TLS reach the
+    // meta service the same way.
+    if cfg.daemon.tls && cfg.daemon.peer_ca.is_none() {
+        return Err(Failure::usage(
+            "--tls needs --peer-ca too (the CA of --tls-cert): the daemon reaches the meta service over TLS",
+        ));
+    }
+    cfg.meta.tls |= cfg.daemon.tls;
+    if cfg.daemon.quic_listen.is_some() || cfg.daemon.tls {
+        cfg.meta.quic |= cfg.daemon.quic_listen.is_some();
         cfg.meta.tls_cert = cfg.daemon.tls_cert.clone();
         cfg.meta.tls_key = cfg.daemon.tls_key.clone();
         cfg.meta.tls_client_ca = cfg.daemon.tls_client_ca.clone();
@@ -376,12 +393,13 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         cfg.token = args.token;
     }
     cfg.quic |= args.quic;
-    args.tls.apply(
-        &mut cfg.tls_cert,
-        &mut cfg.tls_key,
-        &mut cfg.tls_client_ca,
-        &mut cfg.peer_ca,
-    );
+    args.tls.apply(TlsFields {
+        tcp: &mut cfg.tls,
+        cert: &mut cfg.tls_cert,
+        key: &mut cfg.tls_key,
+        client_ca: &mut cfg.tls_client_ca,
+        peer_ca: &mut cfg.peer_ca,
+    });
     cfg.validate()
         .map_err(|e| Failure::usage(format!("[meta] {e}")))?;
     let stop = stop_on_signal();

@@ -25,6 +25,12 @@ impl Store {
 
     /// `up` with a DRAM pool of `dram`, and more arguments.
     fn up_sized(dram: &str, extra: &[&str]) -> Store {
+        Store::launch(dram, extra, &[])
+    }
+
+    /// `up` with more arguments, ready once a client with `client`'s
+    /// arguments sees its daemon.
+    fn launch(dram: &str, extra: &[&str], client: &[&str]) -> Store {
         let meta = format!("127.0.0.1:{}", free_port());
         let daemon = format!("127.0.0.1:{}", free_port());
         let child = Command::new(BIN)
@@ -61,7 +67,7 @@ impl Store {
         // The daemon registers right after the banner.
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
-            let out = run(&meta, &["stat", "--json"], None);
+            let out = run(&meta, &[&["stat", "--json"], client].concat(), None);
             if out.status.success()
                 && String::from_utf8_lossy(&out.stdout).contains("\"alive\":true")
             {
@@ -661,13 +667,13 @@ fn bench_io_reads_a_file_through_both_engines() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
-    let dir = std::env::temp_dir().join(format!("mooncake-cli-quic-{}", std::process::id()));
-    let certs = dir.join("certs");
-    let certs = certs.to_str().unwrap();
+/// A development CA and certificates (`mooncake-store certs`) in a scratch
+/// folder named after `what`: the folder, and the certificates' folder.
+fn dev_certs(what: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("mooncake-cli-{what}-{}", std::process::id()));
+    let certs = dir.join("certs").to_str().unwrap().to_string();
     let made = Command::new(BIN)
-        .args(["certs", "--out", certs])
+        .args(["certs", "--out", &certs])
         .output()
         .unwrap();
     assert!(
@@ -675,6 +681,30 @@ fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
+    (dir, certs)
+}
+
+/// Puts a 300 KB block as `key` and gets it back, with `client` arguments.
+fn round_trips(meta: &str, key: &str, client: &[&str]) {
+    let value: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let put = run(meta, &[&["put", key], client].concat(), Some(&value));
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let get = run(meta, &[&["get", key], client].concat(), None);
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert!(get.stdout == value, "wrong bytes with {client:?}");
+}
+
+#[test]
+fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
+    let (dir, certs) = dev_certs("quic");
     let quic = format!("127.0.0.1:{}", free_port());
     let (cert, key, ca) = (
         format!("{certs}/daemon.pem"),
@@ -700,28 +730,7 @@ fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
         "--quic-key",
         client_key.as_str(),
     ];
-    let value: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-    let put = run(
-        &store.meta,
-        &[&["put", "qblock"], &with_cert[..]].concat(),
-        Some(&value),
-    );
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
-    let get = run(
-        &store.meta,
-        &[&["get", "qblock"], &with_cert[..]].concat(),
-        None,
-    );
-    assert!(
-        get.status.success(),
-        "{}",
-        String::from_utf8_lossy(&get.stderr)
-    );
-    assert!(get.stdout == value, "wrong bytes over QUIC");
+    round_trips(&store.meta, "qblock", &with_cert);
     // Without a client certificate the store refuses the handshake (the
     // meta service first): a clean failure, exit code 4 (refused), the
     // reason on stderr, and no bytes.
@@ -743,6 +752,69 @@ fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
     let json = String::from_utf8_lossy(&transports.stdout);
     assert!(json.contains("\"quic\":{\"available\":true"), "{json}");
     assert!(json.contains("\"rdma\":{\"available\":false"), "{json}");
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_readme_tls_commands_work_and_a_plain_client_is_told_why() {
+    let (dir, certs) = dev_certs("tls");
+    let (cert, key, ca) = (
+        format!("{certs}/daemon.pem"),
+        format!("{certs}/daemon.key"),
+        format!("{certs}/ca.pem"),
+    );
+    // `up --tls` without --peer-ca: a usage error that names the flag.
+    let incomplete = Command::new(BIN)
+        .args(["up", "--tls", "--tls-cert", &cert, "--tls-key", &key])
+        .output()
+        .unwrap();
+    assert_eq!(incomplete.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&incomplete.stderr).contains("--peer-ca"),
+        "{}",
+        String::from_utf8_lossy(&incomplete.stderr)
+    );
+    let (client_cert, client_key) = (format!("{certs}/client.pem"), format!("{certs}/client.key"));
+    let with_cert = [
+        "--tls-ca",
+        ca.as_str(),
+        "--tls-client-cert",
+        client_cert.as_str(),
+        "--tls-client-key",
+        client_key.as_str(),
+    ];
+    let store = Store::launch(
+        "64MiB",
+        &[
+            "--tls",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--tls-client-ca",
+            &ca,
+            "--peer-ca",
+            &ca,
+        ],
+        &with_cert,
+    );
+    round_trips(&store.meta, "tblock", &with_cert);
+    // A plain client, and one without a client certificate: refused (exit
+    // code 4), the reason in one line, no bytes.
+    for (who, args) in [
+        ("plain", vec!["get", "tblock"]),
+        ("no certificate", vec!["get", "tblock", "--tls-ca", &ca]),
+    ] {
+        let refused = run(&store.meta, &args, None);
+        assert_eq!(refused.status.code(), Some(4), "{who}: refused");
+        assert!(refused.stdout.is_empty(), "{who}");
+        let why = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(why.trim_end().lines().count(), 1, "{who}: one line: {why}");
+        if who == "plain" {
+            assert!(why.contains("speaks TLS only"), "{who}: {why}");
+        }
+    }
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooncake_client::{Client, ErrorSource, GetOutcome, PutOutcome};
-use mooncake_net::Connection;
 use mooncake_proto::message::{PutStartRequest, PutStartResponse};
 use mooncake_proto::{BlockHash, Namespace, Opcode, PrefixHasher};
 use parking_lot::Mutex;
@@ -169,8 +168,10 @@ async fn recovery(client: &Client, since: Instant, probe: u64) -> Option<Duratio
 
 /// A writer that reserves a block, sends half of its bytes to the daemon
 /// and vanishes: the block must never become visible.
-async fn vanish_mid_put(meta: &str, id: u64) {
-    let mut conn = Connection::connect(meta, ErrorSource::Meta, DEADLINE)
+async fn vanish_mid_put(cluster: &Cluster, meta: &str, id: u64) {
+    let mut conn = cluster
+        .dialer()
+        .open(meta, ErrorSource::Meta, DEADLINE)
         .await
         .unwrap();
     let v = value(id);
@@ -187,7 +188,7 @@ async fn vanish_mid_put(meta: &str, id: u64) {
         .await
         .unwrap();
     let daemon = &placed.daemons[0].addr;
-    let mut raw = tokio::net::TcpStream::connect(daemon).await.unwrap();
+    let (_rd, mut raw) = cluster.raw_stream(daemon).await;
     let head = mooncake_proto::message::PutHead {
         key: mooncake_proto::BlockKey::new(ns(), hash(id)),
         checksum: mooncake_proto::checksum(&v),
@@ -199,6 +200,7 @@ async fn vanish_mid_put(meta: &str, id: u64) {
     raw.write_all(&frame.encode()).await.unwrap();
     raw.write_all(&body).await.unwrap();
     raw.write_all(&v[..v.len() / 2]).await.unwrap();
+    raw.flush().await.unwrap();
     drop(raw);
 }
 
@@ -206,7 +208,18 @@ async fn vanish_mid_put(meta: &str, id: u64) {
 async fn faults_one_at_a_time_then_together_never_return_wrong_bytes() {
     // Small pools, so that every daemon evicts (and the NVMe one demotes)
     // within seconds of load.
-    let mut cluster = Cluster::start_sized(2, 2, "16MiB").await;
+    faults(Cluster::start_sized(2, 2, "16MiB").await).await
+}
+
+/// The same faults with TLS on every TCP port (mutual TLS between the
+/// servers): a TLS stream cut by a kill or a stall never yields wrong bytes
+/// either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_faults_never_return_wrong_bytes() {
+    faults(Cluster::start_tls(2, 2, "16MiB").await).await
+}
+
+async fn faults(mut cluster: Cluster) {
     let client = Arc::new(cluster.client(DEADLINE).await);
     let tokens: Vec<u32> = (0..128).collect();
     let chain = PrefixHasher::chain(b"faults", &tokens, 16, b"");
@@ -328,7 +341,7 @@ async fn faults_one_at_a_time_then_together_never_return_wrong_bytes() {
         .unwrap()
         .addr;
     for i in 0..5 {
-        vanish_mid_put(&leader, 1 << 40 | i).await;
+        vanish_mid_put(&cluster, &leader, 1 << 40 | i).await;
     }
     recovered[4] = recovery(&client, t, 4)
         .await
@@ -411,6 +424,12 @@ async fn faults_one_at_a_time_then_together_never_return_wrong_bytes() {
         w.await.unwrap();
     }
 
+    let over = if cluster.tls.is_some() {
+        "TLS"
+    } else {
+        "plain TCP"
+    };
+    println!("\nfaults over {over}:");
     println!("\n| fault | attempted | ok | missed | failed (clean error) | wrong bytes | longest call | recovered in |");
     println!("|---|---|---|---|---|---|---|---|");
     for (i, (name, st)) in names.iter().zip(&load.phases).enumerate() {

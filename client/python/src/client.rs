@@ -135,6 +135,37 @@ impl Client {
     }
 }
 
+/// A client's certificates for `kind` ("tls" or "quic"): the arguments
+/// `{kind}_ca`, `{kind}_cert` and `{kind}_key`, each defaulting to
+/// `$MOONCAKE_{KIND}_CA` and so on. `None` without a CA.
+fn tls_settings(
+    kind: &str,
+    ca: Option<std::path::PathBuf>,
+    cert: Option<std::path::PathBuf>,
+    key: Option<std::path::PathBuf>,
+) -> PyResult<Option<mooncake_client::ClientTls>> {
+    let env = |what: &str| {
+        let name = format!("MOONCAKE_{}_{what}", kind.to_uppercase());
+        std::env::var_os(name).map(std::path::PathBuf::from)
+    };
+    let identity = match (cert.or_else(|| env("CERT")), key.or_else(|| env("KEY"))) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "{kind}_cert and {kind}_key go together"
+            )))
+        }
+    };
+    match ca.or_else(|| env("CA")) {
+        Some(ca) => Ok(Some(mooncake_client::ClientTls { ca, identity })),
+        None if identity.is_some() => Err(PyValueError::new_err(format!(
+            "{kind}_cert needs {kind}_ca (the CA that signed the store's certificates)"
+        ))),
+        None => Ok(None),
+    }
+}
+
 #[pymethods]
 impl Client {
     /// Connects to the meta service at `meta` (default `$MOONCAKE_META`, or
@@ -142,13 +173,16 @@ impl Client {
     /// (a list of endpoints). `namespace` scopes every key (a tenant or a
     /// model); `timeout` (seconds) bounds every call; `token` (default
     /// `$MOONCAKE_TOKEN`) authenticates with a store that requires it.
-    /// `shm_socket`: the same-host daemon's socket. `quic_ca` (and, for
-    /// mutual TLS, `quic_cert` and `quic_key`): move blocks over QUIC.
+    /// `shm_socket`: the same-host daemon's socket. `tls_ca` (default
+    /// `$MOONCAKE_TLS_CA`; and, for mutual TLS, `tls_cert` and `tls_key`):
+    /// speak TLS on every TCP connection, to a store whose servers run with
+    /// `--tls`. `quic_ca` (and `quic_cert`, `quic_key`): move blocks over
+    /// QUIC.
     /// `rdma` (default `$MOONCAKE_RDMA`): move blocks over RDMA to daemons
     /// that serve it, with a build that has the `rdma` feature (else over
     /// TCP or QUIC); `rdma_device` names the NIC.
     #[new]
-    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0, token = None, shm_socket = None, quic_ca = None, quic_cert = None, quic_key = None, rdma = None, rdma_device = None))]
+    #[pyo3(signature = (meta = None, *, etcd = None, namespace = "default", timeout = 5.0, token = None, shm_socket = None, tls_ca = None, tls_cert = None, tls_key = None, quic_ca = None, quic_cert = None, quic_key = None, rdma = None, rdma_device = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -158,6 +192,9 @@ impl Client {
         timeout: f64,
         token: Option<String>,
         shm_socket: Option<std::path::PathBuf>,
+        tls_ca: Option<std::path::PathBuf>,
+        tls_cert: Option<std::path::PathBuf>,
+        tls_key: Option<std::path::PathBuf>,
         quic_ca: Option<std::path::PathBuf>,
         quic_cert: Option<std::path::PathBuf>,
         quic_key: Option<std::path::PathBuf>,
@@ -185,28 +222,15 @@ impl Client {
             std::env::var("MOONCAKE_RDMA").is_ok_and(|v| matches!(v.as_str(), "1" | "true"))
         });
         cfg.rdma_device = rdma_device.or_else(|| std::env::var("MOONCAKE_RDMA_DEVICE").ok());
-        let env = |name: &str| std::env::var_os(name).map(std::path::PathBuf::from);
-        let identity = match (
-            quic_cert.or_else(|| env("MOONCAKE_QUIC_CERT")),
-            quic_key.or_else(|| env("MOONCAKE_QUIC_KEY")),
-        ) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            _ => return Err(PyValueError::new_err("quic_cert and quic_key go together")),
-        };
-        match quic_ca.or_else(|| env("MOONCAKE_QUIC_CA")) {
-            Some(ca) => {
-                let tls = mooncake_client::ClientTls { ca, identity };
-                cfg = cfg
-                    .with_quic(&tls)
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
-            }
-            None if identity.is_some() => {
-                return Err(PyValueError::new_err(
-                    "quic_cert needs quic_ca (the CA that signed the daemons' certificates)",
-                ))
-            }
-            None => {}
+        if let Some(tls) = tls_settings("tls", tls_ca, tls_cert, tls_key)? {
+            cfg = cfg
+                .with_tls(&tls)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        }
+        if let Some(tls) = tls_settings("quic", quic_ca, quic_cert, quic_key)? {
+            cfg = cfg
+                .with_quic(&tls)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
         }
         let client = py.detach(|| {
             runtime().block_on(async {
@@ -224,7 +248,7 @@ impl Client {
                             "{e} (pass token=, or set MOONCAKE_TOKEN, to a token of this store)"
                         )),
                         e @ ClientError::Refused { .. } => StoreError::new_err(format!(
-                            "{e} (quic_cert and quic_key must be a certificate the store's CA signed)"
+                            "{e} (tls_ca must be the CA that signed the store's certificates; tls_cert and tls_key, or quic_cert and quic_key, a certificate it signed)"
                         )),
                         e => StoreUnavailable::new_err(format!(
                             "{e} (is the store running? `mooncake-store up` starts one)"

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -62,11 +63,11 @@ def wait_for_port(addr: str, timeout: float = 10.0) -> None:
     raise RuntimeError(f"nothing listens on {addr}")
 
 
-def wait_for_daemon(meta: str, timeout: float = 15.0) -> None:
+def wait_for_daemon(meta: str, timeout: float = 15.0, **client_args) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            client = mooncake_store.Client(meta, timeout=1.0)
+            client = mooncake_store.Client(meta, timeout=1.0, **client_args)
             client.put("readiness-probe", b"x")
             client.remove(["readiness-probe"])
             return
@@ -76,9 +77,10 @@ def wait_for_daemon(meta: str, timeout: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def single_host_store(dram: str, *extra: str):
+def single_host_store(dram: str, *extra: str, client_args: Optional[dict] = None):
     """`mooncake-store up` on free ports with `extra` arguments; yields the
-    meta address once its daemon stores blocks, and stops it after."""
+    meta address once its daemon stores blocks (for a client made with
+    `client_args`), and stops it after."""
     meta = f"127.0.0.1:{free_port()}"
     proc = Process(
         "up",
@@ -89,7 +91,7 @@ def single_host_store(dram: str, *extra: str):
         *extra,
     )
     try:
-        wait_for_daemon(meta)
+        wait_for_daemon(meta, **(client_args or {}))
         yield meta
     finally:
         proc.kill()

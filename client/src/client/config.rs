@@ -10,6 +10,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("follows_leader", &self.resolver.is_some())
             .field("metrics", &self.metrics.is_some())
             .field("timeout", &self.timeout)
+            .field("tls", &self.tls.is_some())
             .field("quic", &self.quic.is_some())
             .field("rdma", &self.rdma)
             .finish()
@@ -51,6 +52,10 @@ pub struct ClientConfig {
     /// the shared pool side by side: one core copies and checks about
     /// 7 GB/s. Default a quarter of the cores, 1 to 8.
     pub copy_threads: usize,
+    /// Speaks TLS on every TCP connection, to the meta service and to the
+    /// daemons, with these settings (see [`ClientConfig::with_tls`]): for
+    /// clusters whose servers run with `tls = true`. Default none.
+    pub tls: Option<Arc<TlsConnector>>,
     /// Talks to the meta service and moves blocks over QUIC with these TLS
     /// settings (see [`ClientConfig::with_quic`]); daemons that serve no
     /// QUIC are refused, never reached over plain TCP. Default none: TCP.
@@ -88,6 +93,7 @@ impl ClientConfig {
             shm_socket: None,
             copy_threads: (std::thread::available_parallelism().map_or(1, |n| n.get()) / 4)
                 .clamp(1, 8),
+            tls: None,
             quic: None,
             rdma: false,
             rdma_device: None,
@@ -120,6 +126,25 @@ impl ClientConfig {
         Ok(self)
     }
 
+    /// Speaks TLS on every TCP connection, trusting servers whose
+    /// certificates `tls.ca` signed (and presenting `tls.identity` for
+    /// mutual TLS). Fails, in one line naming the file, if a certificate or
+    /// key does not load.
+    pub fn with_tls(mut self, tls: &ClientTls) -> Result<Self, ClientError> {
+        let connector =
+            TlsConnector::new(tls).map_err(|err| ClientError::Invalid(err.to_string()))?;
+        self.tls = Some(Arc::new(connector));
+        Ok(self)
+    }
+
+    /// How this client opens a TCP connection: with TLS when configured.
+    pub fn tcp_dialer(&self) -> Dialer {
+        match &self.tls {
+            Some(tls) => Dialer::Tls(tls.clone()),
+            None => Dialer::Tcp,
+        }
+    }
+
     /// Sends blocks over QUIC, trusting daemons whose certificates `tls.ca`
     /// signed (and presenting `tls.identity` for mutual TLS). Fails, in
     /// one line naming the file, if a certificate or key does not load.
@@ -136,15 +161,16 @@ impl ClientConfig {
     }
 }
 
-/// A connection pool to `addr` with the client's limits and token. A
-/// client set up for QUIC reaches the meta service over QUIC too (UDP, at
-/// the meta address), so that keys and tokens never travel in clear.
+/// A connection pool to `addr` with the client's limits and token, over
+/// TLS when the client is set up for it. A client set up for QUIC reaches
+/// the meta service over QUIC too (UDP, at the meta address), so that keys
+/// and tokens never travel in clear.
 pub(super) fn pool_for(cfg: &ClientConfig, addr: String, side: ErrorSource) -> ConnPool {
     let pool = ConnPool::new(addr, side, cfg.connect_timeout, cfg.max_idle_per_peer)
         .with_token(cfg.token.clone());
     match (&cfg.quic, side) {
         (Some(quic), ErrorSource::Meta) => pool.with_dialer(Dialer::Quic(quic.clone())),
-        _ => pool,
+        _ => pool.with_dialer(cfg.tcp_dialer()),
     }
 }
 

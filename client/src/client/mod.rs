@@ -36,6 +36,7 @@ use mooncake_net::ClientTls;
 use mooncake_net::ConnPool;
 use mooncake_net::Connection;
 use mooncake_net::Dialer;
+use mooncake_net::TlsConnector;
 use mooncake_proto::transport::TransportKind;
 
 use crate::MetaResolver;

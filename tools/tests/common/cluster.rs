@@ -103,6 +103,9 @@ pub struct Cluster {
     pub daemon_dram: String,
     /// The lease each daemon registers under (`--lease-ttl`).
     pub daemon_lease: String,
+    /// With TLS on every TCP port: the development CA and certificates,
+    /// which every server and client of the cluster uses.
+    pub tls: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -124,7 +127,32 @@ impl Cluster {
         dram: &str,
         daemon_lease: &str,
     ) -> Cluster {
+        Self::launch(metas, daemons, dram, daemon_lease, false).await
+    }
+
+    /// As `start_sized`, with TLS on every TCP port: clients, daemons and
+    /// meta replicas all speak TLS to each other (mutual TLS between the
+    /// servers), with a development CA.
+    pub async fn start_tls(metas: usize, daemons: usize, dram: &str) -> Cluster {
+        Self::launch(metas, daemons, dram, "2s", true).await
+    }
+
+    async fn launch(
+        metas: usize,
+        daemons: usize,
+        dram: &str,
+        daemon_lease: &str,
+        tls: bool,
+    ) -> Cluster {
         let logs = scratch_dir("cluster");
+        let tls = tls.then(|| {
+            let dir = logs.join("certs");
+            mooncake_net::DevCerts::generate(&["127.0.0.1".into()], "worker")
+                .unwrap()
+                .write(&dir)
+                .unwrap();
+            dir
+        });
         let (client_port, peer_port) = (free_port(), free_port());
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -145,6 +173,7 @@ impl Cluster {
             daemon_config,
             daemon_dram: dram.to_string(),
             daemon_lease: daemon_lease.to_string(),
+            tls,
         };
         for _ in 0..metas {
             cluster.spawn_meta();
@@ -166,23 +195,79 @@ impl Cluster {
     pub fn spawn_meta(&mut self) {
         let addr = format!("127.0.0.1:{}", free_port());
         let name = format!("meta-{}", self.metas.len());
-        let p = Proc::spawn(
-            &name,
-            BIN,
-            &[
-                "meta",
-                "--etcd",
-                &self.etcd_url,
-                "--listen",
-                &addr,
-                "--lease-ttl",
-                "2s",
-                "--admin",
-                "",
-            ],
-            &self.logs,
-        );
+        let mut args: Vec<String> = [
+            "meta",
+            "--etcd",
+            &self.etcd_url,
+            "--listen",
+            &addr,
+            "--lease-ttl",
+            "2s",
+            "--admin",
+            "",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(self.tls_args());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let p = Proc::spawn(&name, BIN, &args, &self.logs);
         self.metas.push((addr, p));
+    }
+
+    /// A server's TLS flags in this cluster: TLS on its TCP port, mutual
+    /// TLS, and the other servers called over TLS. None without TLS.
+    fn tls_args(&self) -> Vec<String> {
+        let Some(dir) = &self.tls else {
+            return Vec::new();
+        };
+        let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+        vec![
+            "--tls".into(),
+            "--tls-cert".into(),
+            path("daemon.pem"),
+            "--tls-key".into(),
+            path("daemon.key"),
+            "--tls-client-ca".into(),
+            path("ca.pem"),
+            "--peer-ca".into(),
+            path("ca.pem"),
+        ]
+    }
+
+    /// How the test reaches this cluster's servers itself.
+    pub fn dialer(&self) -> mooncake_net::Dialer {
+        match self.tls_connector() {
+            Some(tls) => mooncake_net::Dialer::Tls(Arc::new(tls)),
+            None => mooncake_net::Dialer::Tcp,
+        }
+    }
+
+    fn tls_connector(&self) -> Option<mooncake_net::TlsConnector> {
+        let dir = self.tls.as_ref()?;
+        let tls = mooncake_net::DevCerts::client_tls(dir, true);
+        Some(mooncake_net::TlsConnector::new(&tls).unwrap())
+    }
+
+    /// A byte stream to a server of this cluster (over TLS when it speaks
+    /// TLS), for writing frames by hand.
+    pub async fn raw_stream(
+        &self,
+        addr: &str,
+    ) -> (mooncake_net::ReadHalf, mooncake_net::WriteHalf) {
+        let side = mooncake_client::ErrorSource::Daemon;
+        match self.tls_connector() {
+            Some(tls) => tls
+                .stream(addr, side, Duration::from_secs(2))
+                .await
+                .unwrap(),
+            None => {
+                let (rd, wr) = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .unwrap()
+                    .into_split();
+                (Box::new(rd), Box::new(wr))
+            }
+        }
     }
 
     pub fn spawn_daemon(&mut self, addr: &str) -> usize {
@@ -196,7 +281,7 @@ impl Cluster {
 
     /// The arguments of a daemon of this cluster serving on `addr`.
     pub fn daemon_args(&self, addr: &str, dram: &str) -> Vec<String> {
-        [
+        let mut args: Vec<String> = [
             "daemon",
             "--etcd",
             &self.etcd_url,
@@ -212,7 +297,9 @@ impl Cluster {
             "",
         ]
         .map(String::from)
-        .to_vec()
+        .to_vec();
+        args.extend(self.tls_args());
+        args
     }
 
     /// A connection to the cluster's etcd. etcd listens a moment before
@@ -239,11 +326,16 @@ impl Cluster {
 
     pub async fn client(&self, timeout: Duration) -> Client {
         let resolver = Arc::new(leader_address(self.coordinator().await));
-        let cfg = ClientConfig::new("")
+        let mut cfg = ClientConfig::new("")
             .with_timeout(timeout)
             .with_resolver(resolver)
             .await
             .unwrap();
+        if let Some(dir) = &self.tls {
+            cfg = cfg
+                .with_tls(&mooncake_net::DevCerts::client_tls(dir, true))
+                .unwrap();
+        }
         Client::new(cfg)
     }
 
