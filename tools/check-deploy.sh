@@ -50,4 +50,25 @@ assert exec_start[0] == "/usr/local/bin/mooncake-store" and exec_start[1] in {"d
 assert c["Service"]["KillSignal"] == "SIGTERM"
 PY
 done
+check "compose file (addresses, roles, the image)" python3 - <<'PY'
+import yaml
+doc = yaml.safe_load(open("deploy/compose/compose.yaml"))
+subnet = doc["networks"]["mooncake"]["ipam"]["config"][0]["subnet"]
+prefix = subnet.rsplit(".", 1)[0] + "."
+roles = {}
+for name, svc in doc["services"].items():
+    ip = svc["networks"]["mooncake"]["ipv4_address"]
+    assert ip.startswith(prefix), (name, ip, subnet)
+    cmd = svc["command"]
+    if name == "etcd":
+        assert any(a == f"--advertise-client-urls=http://{ip}:2379" for a in cmd), name
+        continue
+    assert svc["image"].endswith("mooncake-store:0.1.0}"), (name, svc["image"])
+    roles[cmd[0]] = roles.get(cmd[0], 0) + 1
+    # Each server advertises its own fixed address, and finds etcd at its.
+    assert any(a.startswith(f"--advertise={ip}:") for a in cmd), (name, cmd)
+    etcd_ip = doc["services"]["etcd"]["networks"]["mooncake"]["ipv4_address"]
+    assert f"--etcd=http://{etcd_ip}:2379" in cmd, (name, cmd)
+assert roles == {"meta": 2, "daemon": 2}, roles
+PY
 exit $fail

@@ -13,6 +13,7 @@ mod certs;
 mod config;
 mod exit;
 mod hash;
+mod health;
 mod operate;
 mod replay;
 mod serve;
@@ -173,6 +174,8 @@ enum Command {
     Certs(certs::CertsArgs),
     /// What data paths this host offers: RDMA devices, QUIC, shared memory.
     Transports(transports::TransportsArgs),
+    /// Ask a server's admin port for /health (a container's health check).
+    Health(health::HealthArgs),
 }
 
 fn main() {
@@ -223,6 +226,7 @@ fn main() {
             Command::Token(c) => token::run(c),
             Command::Certs(a) => certs::run(a),
             Command::Transports(a) => transports::run(a),
+            Command::Health(a) => health::run(a).await,
         }
     });
     if let Err(failure) = result {

@@ -818,3 +818,44 @@ fn the_readme_tls_commands_work_and_a_plain_client_is_told_why() {
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `health` (the image's health check) answers 0 for a server whose admin
+/// port says it is healthy, 3 in one line where no admin port answers.
+#[test]
+fn health_asks_the_admin_port() {
+    let admin = format!("127.0.0.1:{}", free_port());
+    let mut up = Command::new(BIN)
+        .args(["up", "--admin", &admin, "--dram", "16MiB"])
+        .args(["--meta-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let health = |addrs: &str| {
+        Command::new(BIN)
+            .args(["health", "--admin", addrs])
+            .output()
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out = health(&admin);
+    while !out.status.success() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        out = health(&admin);
+    }
+    let _ = up.kill();
+    let _ = up.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    let dead = format!("127.0.0.1:{}", free_port());
+    let out = health(&dead);
+    assert_eq!(out.status.code(), Some(3));
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(why.trim_end().lines().count(), 1, "{why}");
+    assert!(why.contains(&dead), "{why}");
+}
