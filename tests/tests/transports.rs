@@ -522,18 +522,25 @@ async fn mutual_tls_refuses_a_client_without_the_right_certificate() {
     ];
     for (who, tls) in tls {
         let connector = mooncake_net::quic::QuicConnector::new(&tls).unwrap();
-        let answer = async {
-            let mut conn = connector
-                .open(&daemon_quic, ErrorSource::Daemon, Duration::from_secs(2))
-                .await?;
-            conn.call::<Empty>(Opcode::Ping, &Empty, "ping").await
-        };
-        let got = answer.await;
-        assert!(
-            matches!(got, Err(ClientError::Refused { .. })),
-            "{who}: {got:?}"
-        );
+        let dialer = mooncake_net::Dialer::Quic(std::sync::Arc::new(connector));
+        refuses(&dialer, &daemon_quic, who).await;
     }
+}
+
+/// A daemon at `addr`, asked straight through `dialer` (a ping), refuses
+/// the connection.
+async fn refuses(dialer: &mooncake_net::Dialer, addr: &str, who: &str) {
+    let answer = async {
+        let mut conn = dialer
+            .open(addr, ErrorSource::Daemon, Duration::from_secs(2))
+            .await?;
+        conn.call::<Empty>(Opcode::Ping, &Empty, "ping").await
+    };
+    let got = answer.await;
+    assert!(
+        matches!(got, Err(ClientError::Refused { .. })),
+        "{who}: {got:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -721,17 +728,7 @@ async fn a_tls_port_refuses_wrong_certificates_and_plain_frames_and_keeps_servin
             )),
             None => mooncake_net::Dialer::Tcp,
         };
-        let answer = async {
-            let mut conn = dialer
-                .open(&daemon, ErrorSource::Daemon, Duration::from_secs(2))
-                .await?;
-            conn.call::<Empty>(Opcode::Ping, &Empty, "ping").await
-        };
-        let got = answer.await;
-        assert!(
-            matches!(got, Err(ClientError::Refused { .. })),
-            "{who}: {got:?}"
-        );
+        refuses(&dialer, &daemon, who).await;
     }
     // Still serving, and the meta service reaches the daemon over TLS.
     let key = mooncake_proto::BlockKey::new(ns(), hash(11));
