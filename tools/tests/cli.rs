@@ -86,6 +86,15 @@ impl Drop for Store {
     }
 }
 
+/// Asserts that a command succeeded, showing its stderr if it did not.
+fn succeeded(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn run(meta: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
     let mut child = Command::new(BIN)
         .args(args)
@@ -110,11 +119,7 @@ fn put_get_stat_ls_rm_through_the_binary_then_a_clean_stop() {
     let value: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
 
     let out = run(&meta, &["put", "-n", "acme/m1", "prompt-1"], Some(&value));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("stored "));
 
     let out = run(&meta, &["get", "-n", "acme/m1", "prompt-1"], None);
@@ -304,11 +309,7 @@ fn bench_runs_against_an_embedded_store_and_reports_json() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<&str> = text.lines().collect();
     assert_eq!(rows.len(), 4, "{text}");
@@ -488,11 +489,7 @@ fn replay_one_at_a_time(meta: &str, trace: &std::path::Path, limit: &str) -> Str
         "--json",
     ];
     let out = run(meta, &args, None);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
@@ -529,11 +526,7 @@ fn a_daemon_hits_what_simulate_predicts_for_its_eviction_order() {
             .arg(&t)
             .output()
             .unwrap();
-        assert!(
-            made.status.success(),
-            "{}",
-            String::from_utf8_lossy(&made.stderr)
-        );
+        succeeded(&made);
         t
     };
     let mut rates = Vec::new();
@@ -590,11 +583,7 @@ fn simulate_sweeps_cache_sizes_and_plots_them() {
         .arg(&svg)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     let json = String::from_utf8_lossy(&out.stdout).to_string();
     assert_eq!(json.matches("capacity_blocks").count(), 5);
     // At the full footprint, both policies reach the theoretical maximum.
@@ -634,11 +623,7 @@ fn bench_io_reads_a_file_through_both_engines() {
         .args(["--depth", "4", "--seconds", "300ms", "--json"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<&str> = text.lines().collect();
     assert_eq!(rows.len(), 2, "{text}");
@@ -676,11 +661,7 @@ fn dev_certs(what: &str) -> (std::path::PathBuf, String) {
         .args(["certs", "--out", &certs])
         .output()
         .unwrap();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    succeeded(&made);
     (dir, certs)
 }
 
@@ -688,17 +669,9 @@ fn dev_certs(what: &str) -> (std::path::PathBuf, String) {
 fn round_trips(meta: &str, key: &str, client: &[&str]) {
     let value: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     let put = run(meta, &[&["put", key], client].concat(), Some(&value));
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
+    succeeded(&put);
     let get = run(meta, &[&["get", key], client].concat(), None);
-    assert!(
-        get.status.success(),
-        "{}",
-        String::from_utf8_lossy(&get.stderr)
-    );
+    succeeded(&get);
     assert!(get.stdout == value, "wrong bytes with {client:?}");
 }
 
@@ -846,11 +819,7 @@ fn health_asks_the_admin_port() {
     }
     let _ = up.kill();
     let _ = up.wait();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
     let dead = format!("127.0.0.1:{}", free_port());
     let out = health(&dead);
