@@ -118,7 +118,7 @@ run_step() {
         | grep -xE 'build-essential|ca-certificates|protobuf-compiler|libprotobuf-dev|librocksdb-dev|libclang-dev|cmake|libibverbs-dev|python3|python3-venv|etcd-server|prometheus|util-linux' \
         | tr '\n' ' '
     echo
-    [[ -x $root/root/.cache/mooncake-venv/bin/pip ]] && echo "== $step: venv: $(chroot "$root" /root/.cache/mooncake-venv/bin/pip list --format=freeze 2>/dev/null | grep -iE '^(kubernetes-validate|pyyaml|maturin|pytest|numpy|mooncake)' | tr '\n' ' ')"
+    [[ -x $root/root/.cache/mooncake-venv/bin/pip ]] && echo "== $step: venv: $(chroot "$root" /root/.cache/mooncake-venv/bin/pip list --format=freeze 2>/dev/null | grep -iE '^(kubernetes-validate|pyyaml|maturin|pytest|numpy|pyzmq|msgspec|mooncake)' | tr '\n' ' ')"
     return "$rc"
 }
 

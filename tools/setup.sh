@@ -64,10 +64,11 @@ fi
 
 # Python tools for the tests, in one virtual environment outside the clone:
 # the Kubernetes API's schemas (kubernetes-validate, with PyYAML) for
-# tools/check-deploy.sh; maturin, pytest and numpy for the Python SDK.
+# tools/check-deploy.sh; maturin, pytest and numpy for the Python SDK;
+# pyzmq and msgspec for the store events' subscriber test (as vLLM's own).
 VENV="${MOONCAKE_VENV:-$HOME/.cache/mooncake-venv}"
 [[ -x $VENV/bin/python ]] || python3 -m venv "$VENV"
-if ! "$VENV/bin/python" -c 'import kubernetes_validate, yaml, maturin, pytest, numpy' 2>/dev/null; then
-    echo "installing into $VENV (PyPI): kubernetes-validate pyyaml maturin pytest numpy"
-    "$VENV/bin/pip" install -q --disable-pip-version-check kubernetes-validate pyyaml maturin pytest numpy
+if ! "$VENV/bin/python" -c 'import kubernetes_validate, yaml, maturin, pytest, numpy, zmq, msgspec' 2>/dev/null; then
+    echo "installing into $VENV (PyPI): kubernetes-validate pyyaml maturin pytest numpy pyzmq msgspec"
+    "$VENV/bin/pip" install -q --disable-pip-version-check kubernetes-validate pyyaml maturin pytest numpy pyzmq msgspec
 fi

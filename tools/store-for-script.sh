@@ -1,8 +1,9 @@
 # Sourced by scripts that need a store of their own (benchmarks, the
 # engines' tests): `release_and_python` builds the release binary (BIN) and
-# installs this repository's Python package into $VENV; `start_store DRAM`
-# runs `$BIN up` on free loopback ports, sets META to its meta service's
-# address once it answers, and stops it when the script exits.
+# installs this repository's Python package into $VENV; `start_store DRAM
+# [ARGS...]` runs `$BIN up` on free loopback ports (with ARGS), sets META to
+# its meta service's address once it answers, and stops it when the script
+# exits.
 
 release_and_python() {
     cargo build --release -q --bin mooncake-store
@@ -19,7 +20,7 @@ free_port() {
 start_store() {
     META="127.0.0.1:$(free_port)"
     "$BIN" up --meta-listen "$META" --listen "127.0.0.1:$(free_port)" --admin "" --dram "$1" \
-        >/dev/null 2>&1 &
+        "${@:2}" >/dev/null 2>&1 &
     STORE_PID=$!
     trap 'kill $STORE_PID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
     for _ in $(seq 100); do "$BIN" stat --meta "$META" >/dev/null 2>&1 && break; sleep 0.1; done

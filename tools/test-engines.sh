@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Serving engines' own Mooncake backends, unchanged, against this store.
+# Serving engines' own Mooncake backends, unchanged, against this store,
+# and vLLM's own KV-event classes reading the store's events.
 #
 # Installs, into a virtual environment of its own (~6 GiB, kept in
 # ~/.cache; torch is the bulk), SGLang from PyPI without its GPU-only
@@ -32,12 +33,23 @@ BIN="$CARGO_TARGET_DIR/release/mooncake-store"
     pillow==13.0.0 psutil==7.2.2 pybase64==1.5.1 pydantic==2.14.4 pyzmq==27.3.0 \
     requests==2.34.2 sentencepiece==0.2.3 starlette==1.10.0 torchvision==0.29.2 \
     tqdm==4.70.1 transformers==5.24.0 2>&1 | grep -v "requires\|incompatible\|resolver" || true
+# vLLM's own KV-event classes (vllm.distributed.kv_events) read the store's
+# events: vLLM without its dependencies, plus what that module imports.
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps vllm==0.33.0
+"$VENV/bin/pip" install -q --disable-pip-version-check \
+    cbor2==6.3.0 cloudpickle==3.1.3 fastapi==0.165.0 llguidance==1.9.1 openai==3.57.0 \
+    openai-harmony==0.0.8 partial-json-parser==0.2.1.1.post7 prometheus-client==0.26.0 \
+    py-cpuinfo==9.0.0 uvloop==0.23.0 xgrammar==0.2.9 2>&1 | grep -v "requires\|incompatible\|resolver" || true
 "$VENV/bin/pip" install -q --disable-pip-version-check ./client/python
 
 . tools/store-for-script.sh
-start_store 1GiB
+EVENTS="127.0.0.1:$(free_port)"
+REPLAY="127.0.0.1:$(free_port)"
+start_store 1GiB --events "$EVENTS" --events-replay "$REPLAY"
 
 for driver in client/python/engines/sglang_hicache.py; do
     echo "== $driver"
     "$VENV/bin/python" -W ignore "$driver" "$META"
 done
+echo "== client/python/engines/vllm_kv_events.py"
+"$VENV/bin/python" -W ignore client/python/engines/vllm_kv_events.py "$META" "$EVENTS" "$REPLAY"

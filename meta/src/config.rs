@@ -88,6 +88,27 @@ pub struct MetaConfig {
     /// QUIC at the endpoint each registered (a daemon with none is not
     /// called). Default none: plain TCP.
     pub peer_ca: Option<std::path::PathBuf>,
+    /// Publish store events (`docs/events.md`): every block stored or
+    /// removed, in vLLM's KV-event format on a ZeroMQ PUB socket bound
+    /// here (host:port), while this replica leads. Default "": none.
+    pub events_listen: String,
+    /// Serve replays of the last `events_replay_batches` batches on a
+    /// ZeroMQ ROUTER socket bound here (host:port), as vLLM's
+    /// `replay_endpoint` does. Default "": none.
+    pub events_replay_listen: String,
+    /// The events' topic prefix: a batch's topic is
+    /// `{events_topic}@{node}@{namespace}`. Default `kv`.
+    pub events_topic: String,
+    /// Batches kept for replay. Default 10000.
+    pub events_replay_batches: usize,
+    /// How long the publisher gathers changes into one batch after the
+    /// first arrives: longer windows make fewer, larger batches (less work
+    /// per block for the service and its subscribers), and delay events
+    /// by up to this much. Default 1ms; 0 publishes what is queued at once.
+    pub events_window: HumanDuration,
+    /// Block changes queued for the publisher; past it they are dropped,
+    /// counted, and subscribers are resynchronized. Default 65536.
+    pub events_queue: usize,
 }
 
 impl Default for MetaConfig {
@@ -115,6 +136,12 @@ impl Default for MetaConfig {
             tls_key: None,
             tls_client_ca: None,
             peer_ca: None,
+            events_listen: String::new(),
+            events_replay_listen: String::new(),
+            events_topic: "kv".into(),
+            events_replay_batches: 10_000,
+            events_window: HumanDuration(Duration::from_millis(1)),
+            events_queue: 65_536,
         }
     }
 }
@@ -166,6 +193,12 @@ impl MetaConfig {
         }
         if self.auth_timeout.0.is_zero() || self.idle_timeout.0.is_zero() {
             return Err("auth_timeout and idle_timeout must be more than 0".into());
+        }
+        if self.events_listen.is_empty() && !self.events_replay_listen.is_empty() {
+            return Err("events_replay_listen needs events_listen".into());
+        }
+        if self.events_queue == 0 || self.events_replay_batches == 0 {
+            return Err("events_queue and events_replay_batches must be at least 1".into());
         }
         self.tokens()?;
         Ok(())

@@ -14,6 +14,7 @@ use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::clients::{Client, PendingByClient};
+use crate::events::Events;
 use crate::table::{prefetch, Table, TableKey};
 
 const SHARDS: usize = 64;
@@ -238,6 +239,9 @@ pub struct Index {
     shards: Vec<Shard>,
     namespaces: Names,
     pending_by_client: PendingByClient,
+    /// Told of every block that becomes visible or leaves, under the lock
+    /// of its entry (so that one key's changes queue in order).
+    events: Events,
 }
 
 /// The namespaces in use, interned to small ids. Each entry of the tables
@@ -344,6 +348,7 @@ impl Default for Index {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             namespaces: Names::default(),
             pending_by_client: PendingByClient::default(),
+            events: Events::default(),
         }
     }
 }
@@ -351,6 +356,14 @@ impl Default for Index {
 impl Index {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An index that tells `events` of its changes.
+    pub fn with_events(events: Events) -> Self {
+        Index {
+            events,
+            ..Self::default()
+        }
     }
 
     fn shard(&self, key: &IdxKey) -> &Shard {
@@ -421,12 +434,13 @@ impl Index {
     /// wins over an existing entry: the reporting daemon holds complete,
     /// verified bytes now, while the entry may point at a daemon that is
     /// gone (a restart at a new address) and about to be dropped.
-    pub fn insert_visible(&self, key: &BlockKey, daemon: u32, size: u32, checksum: u64) {
+    pub fn insert_visible(&self, block: &BlockKey, daemon: u32, size: u32, checksum: u64) {
         let key = IdxKey {
-            ns: self.namespaces.acquire(&key.namespace),
-            hash: key.hash,
+            ns: self.namespaces.acquire(&block.namespace),
+            hash: block.hash,
         };
-        let replaced = self.shard(&key).write(self).insert(
+        let mut shard = self.shard(&key).write(self);
+        let replaced = shard.insert(
             key,
             Entry {
                 daemon,
@@ -434,6 +448,16 @@ impl Index {
                 state: State::Visible { checksum },
             },
         );
+        match replaced.and_then(|old| old.visible()) {
+            Some(old) if old.daemon == daemon => {}
+            Some(old) => {
+                self.events
+                    .removed(old.daemon, &block.namespace, block.hash);
+                self.events.stored(daemon, &block.namespace, block.hash);
+            }
+            None => self.events.stored(daemon, &block.namespace, block.hash),
+        }
+        drop(shard);
         if replaced.is_some() {
             // The entry it replaced already held the namespace's reference.
             self.namespaces.release(key.ns);
@@ -442,9 +466,9 @@ impl Index {
 
     /// Phase two: makes a stored block visible, or drops the reservation
     /// of one that was not stored.
-    pub fn commit(&self, ns: &Namespace, item: &CommitItem) -> ErrorCode {
+    pub fn commit(&self, namespace: &Namespace, item: &CommitItem) -> ErrorCode {
         let names = self.names();
-        let Some(&ns) = names.ids.get(ns) else {
+        let Some(&ns) = names.ids.get(namespace) else {
             // Nothing was ever reserved in this namespace: dropping a
             // reservation is done, making one visible is not possible.
             return if item.stored {
@@ -470,6 +494,7 @@ impl Index {
                         ..e
                     };
                     shard.insert(key, visible);
+                    self.events.stored(item.daemon, namespace, item.hash);
                 } else {
                     shard.remove(&key);
                 }
@@ -526,9 +551,9 @@ impl Index {
     }
 
     /// Removes visible keys; returns where each was (`None`: not stored).
-    pub fn remove(&self, ns: &Namespace, hashes: &[BlockHash]) -> Vec<Option<u32>> {
+    pub fn remove(&self, namespace: &Namespace, hashes: &[BlockHash]) -> Vec<Option<u32>> {
         let names = self.names();
-        let Some(&ns) = names.ids.get(ns) else {
+        let Some(&ns) = names.ids.get(namespace) else {
             return vec![None; hashes.len()];
         };
         hashes
@@ -540,6 +565,7 @@ impl Index {
                     Some(e) if matches!(e.state, State::Visible { .. }) => {
                         let daemon = e.daemon;
                         shard.remove(&key);
+                        self.events.removed(daemon, namespace, *hash);
                         Some(daemon)
                     }
                     _ => None,
@@ -553,12 +579,15 @@ impl Index {
     /// put of it not committed yet stays reserved, marked evicted: its
     /// commit then succeeds (the block was stored, and evicted as any
     /// block may be) without making it visible.
-    pub fn remove_at(&self, key: &BlockKey, daemon: u32) -> bool {
+    pub fn remove_at(&self, block: &BlockKey, daemon: u32) -> bool {
         let names = self.names();
-        let Some(&ns) = names.ids.get(&key.namespace) else {
+        let Some(&ns) = names.ids.get(&block.namespace) else {
             return false;
         };
-        let key = IdxKey { ns, hash: key.hash };
+        let key = IdxKey {
+            ns,
+            hash: block.hash,
+        };
         let mut shard = self.shard(&key).write(self);
         let Some(e) = shard.get(&key).copied().filter(|e| e.daemon == daemon) else {
             return false;
@@ -572,21 +601,46 @@ impl Index {
             shard.insert(key, Entry { state, ..e });
         } else {
             shard.remove(&key);
+            self.events.removed(daemon, &block.namespace, block.hash);
         }
         true
     }
 
     /// Drops every entry of a dead daemon; returns how many.
     pub fn remove_daemon(&self, daemon: u32) -> usize {
+        let names = self.names();
         self.shards
             .iter()
             .map(|s| {
                 let mut shard = s.write(self);
                 let before = shard.len();
-                shard.retain(|_, e| e.daemon != daemon);
+                shard.retain(|k, e| {
+                    if e.daemon != daemon {
+                        return true;
+                    }
+                    if e.visible().is_some() {
+                        self.events.removed(daemon, names.name(k.ns), k.hash);
+                    }
+                    false
+                });
                 before - shard.len()
             })
             .sum()
+    }
+
+    /// The visible blocks of shard `i` (daemon, namespace, hash), for a
+    /// resync of the events; `None` past the last shard.
+    pub fn visible_in_shard(&self, i: usize) -> Option<Vec<(u32, Namespace, BlockHash)>> {
+        let shard = self.shards.get(i)?;
+        let names = self.names();
+        let table = shard.read();
+        Some(
+            table
+                .iter()
+                .filter(|(_, e)| e.visible().is_some())
+                .map(|(k, e)| (e.daemon, names.name(k.ns).clone(), k.hash))
+                .collect(),
+        )
     }
 
     /// Drops reservations older than `deadline`; returns them, so that their

@@ -11,6 +11,7 @@
 mod clients;
 pub mod config;
 mod daemons;
+pub mod events;
 mod index;
 pub mod metrics;
 mod removals;
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use clients::Client;
 pub use config::MetaConfig;
+use events::Events;
 pub use index::{Index, PrefixStats};
 pub use metrics::MetaMetrics;
 pub use mooncake_coord::{Coordinator, CoordinatorError, Leadership};
@@ -89,6 +91,33 @@ impl MetaHandle {
     }
 }
 
+/// Binds the event sockets the config asks for, so that a port in use is
+/// refused when the term starts.
+fn bind_events(config: &MetaConfig) -> Result<Option<events::Sockets>, MetaError> {
+    if config.events_listen.is_empty() {
+        return Ok(None);
+    }
+    let bind = |what: &str, addr: &str| {
+        let listener = std::net::TcpListener::bind(addr)
+            .map_err(|e| MetaError::Config(format!("{what} = {addr}: {e}")))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| MetaError::Config(format!("{what} = {addr}: {e}")))?;
+        Ok::<_, MetaError>(listener)
+    };
+    let replay = match config.events_replay_listen.as_str() {
+        "" => None,
+        addr => Some(bind("events_replay_listen", addr)?),
+    };
+    Ok(Some(events::Sockets {
+        publish: bind("events_listen", &config.events_listen)?,
+        replay,
+        topic: config.events_topic.clone(),
+        keep: config.events_replay_batches,
+        window: config.events_window.0,
+    }))
+}
+
 /// Starts a meta service on `listener`: it campaigns for leadership through
 /// `coordinator` (at once with the embedded one), then serves.
 pub async fn start(
@@ -121,12 +150,21 @@ pub fn serve(
     let stop = shutdown.child_token();
     let lost = leadership.lost.clone();
     let stop_on_loss = stop.clone();
+    let events = bind_events(&config)?;
+    let (index_events, feed) = match &events {
+        Some(_) => {
+            let (events, feed) = Events::new(config.events_queue, metrics.events.clone());
+            (events, Some(feed))
+        }
+        None => (Events::default(), None),
+    };
     let state = Arc::new(server::State::new(
         &config,
         addr.to_string(),
         leadership.revision,
         coordinator,
         stop.clone(),
+        index_events,
     )?);
     metrics.set_term(&state);
     let server = Server::new(
@@ -159,6 +197,17 @@ pub fn serve(
         tokio::spawn(server::reaper(state.clone(), stop.clone())),
         tokio::spawn(server.clone().run_tcp(listener, tcp_tls, stop.clone())),
     ];
+    if let (Some(sockets), Some(feed)) = (events, feed) {
+        tracing::info!(publish = %config.events_listen, replay = %config.events_replay_listen, "meta service publishing store events");
+        let index = state.clone();
+        let snapshot: events::Snapshot = Arc::new(move |shard| index.index.visible_in_shard(shard));
+        tasks.push(tokio::spawn(events::run(
+            feed,
+            sockets,
+            snapshot,
+            stop.clone(),
+        )));
+    }
     if config.quic {
         // UDP at the TCP address: clients set up for QUIC dial the meta
         // address they already have.

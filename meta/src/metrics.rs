@@ -51,6 +51,8 @@ pub struct MetaMetrics {
     pub match_hits: IntCounter,
     pub match_misses: IntCounter,
     pub elections_won: IntCounter,
+    /// The store events' counters.
+    pub events: crate::events::EventCounters,
     term: Arc<RwLock<Option<Weak<State>>>>,
 }
 
@@ -76,8 +78,17 @@ impl MetaMetrics {
             "mooncake_meta_elections_won_total",
             "Times this replica became the leader.",
         )?;
+        let events = IntCounterVec::new(
+            Opts::new(
+                "mooncake_meta_events_total",
+                "Store events: batches published, block changes dropped (queue full), \
+                 resyncs of subscribers, replay requests answered.",
+            ),
+            &["what"],
+        )?;
         let term = Arc::new(RwLock::new(None));
         registry.register(Box::new(keys.clone()))?;
+        registry.register(Box::new(events.clone()))?;
         registry.register(Box::new(elections.clone()))?;
         registry.register(Box::new(TermCollector::new(term.clone())?))?;
         Ok(Arc::new(MetaMetrics {
@@ -87,6 +98,12 @@ impl MetaMetrics {
             match_hits: keys.with_label_values(&["match_prefix", "hit"]),
             match_misses: keys.with_label_values(&["match_prefix", "miss"]),
             elections_won: elections,
+            events: crate::events::EventCounters {
+                batches: events.with_label_values(&["batches"]),
+                dropped: events.with_label_values(&["dropped"]),
+                resyncs: events.with_label_values(&["resyncs"]),
+                replays: events.with_label_values(&["replays"]),
+            },
             term,
         }))
     }

@@ -26,6 +26,7 @@ use mooncake_coord::{Coordinator, MemberKind};
 use crate::clients::Client;
 use crate::config::MetaConfig;
 use crate::daemons::Daemons;
+use crate::events::Events;
 use crate::index::{Index, ListFilter, Reservation};
 use crate::metrics::MetaMetrics;
 use crate::removals::OwedRemovals;
@@ -36,6 +37,8 @@ const REAPER_PERIOD: Duration = Duration::from_millis(200);
 
 pub struct State {
     pub index: Index,
+    /// The store events' queue (off: does nothing).
+    events: Events,
     pub daemons: Daemons,
     /// Removals that daemons have not confirmed.
     owed: Arc<OwedRemovals>,
@@ -65,9 +68,11 @@ impl State {
         revision: u64,
         coordinator: Arc<dyn Coordinator>,
         stop: CancellationToken,
+        events: Events,
     ) -> Result<Self, crate::MetaError> {
         Ok(State {
-            index: Index::new(),
+            index: Index::with_events(events.clone()),
+            events,
             daemons: Daemons::default(),
             owed: Arc::default(),
             daemon_ttl: cfg.daemon_ttl.0,
@@ -445,8 +450,9 @@ async fn dispatch(
                 tracing::warn!(addr = %req.addr, "daemon refused: it requires no token of its clients, and this meta service requires authentication");
                 return Err(Failure::Code(ErrorCode::Unauthorized));
             }
-            let (addr, capacity) = (req.addr.clone(), req.capacity);
+            let (addr, capacity, node) = (req.addr.clone(), req.capacity, req.node.clone());
             let daemon = state.daemons.register(req, now);
+            state.events.set_node(daemon, &node);
             // A (re)registering daemon's blocks are whatever its inventory
             // says next: entries from its previous life go.
             let dropped = state.index.remove_daemon(daemon);

@@ -80,9 +80,35 @@ pub struct UpArgs {
     quic: QuicArgs,
     #[command(flatten)]
     rdma: RdmaArgs,
+    #[command(flatten)]
+    events: EventsArgs,
     /// Admin address (/metrics, /health) of the process; "" for none.
     #[arg(long)]
     admin: Option<String>,
+}
+
+/// Store events for routers (docs/events.md).
+#[derive(clap::Args, Debug)]
+pub struct EventsArgs {
+    /// Publish store events (vLLM's KV-event format, ZeroMQ PUB) on this
+    /// address, e.g. 127.0.0.1:5557.
+    #[arg(long)]
+    events: Option<String>,
+    /// Answer event replay requests (ZeroMQ ROUTER) on this address, e.g.
+    /// 127.0.0.1:5558; needs --events.
+    #[arg(long)]
+    events_replay: Option<String>,
+}
+
+impl EventsArgs {
+    fn apply(self, cfg: &mut mooncake_meta::MetaConfig) {
+        if let Some(a) = self.events {
+            cfg.events_listen = a;
+        }
+        if let Some(a) = self.events_replay {
+            cfg.events_replay_listen = a;
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -110,6 +136,8 @@ pub struct MetaArgs {
     quic: bool,
     #[command(flatten)]
     tls: TlsArgs,
+    #[command(flatten)]
+    events: EventsArgs,
     #[command(flatten)]
     etcd: EtcdArgs,
 }
@@ -319,6 +347,7 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     }
     args.quic.apply(&mut cfg.daemon);
     args.rdma.apply(&mut cfg.daemon);
+    args.events.apply(&mut cfg.meta);
     // One host, one certificate: clients set up for QUIC or TLS reach the
     // meta service the same way.
     if cfg.daemon.tls && cfg.daemon.peer_ca.is_none() {
@@ -393,6 +422,7 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         cfg.token = args.token;
     }
     cfg.quic |= args.quic;
+    args.events.apply(&mut cfg);
     args.tls.apply(TlsFields {
         tcp: &mut cfg.tls,
         cert: &mut cfg.tls_cert,

@@ -106,6 +106,9 @@ pub struct Cluster {
     /// With TLS on every TCP port: the development CA and certificates,
     /// which every server and client of the cluster uses.
     pub tls: Option<PathBuf>,
+    /// With store events: each meta replica's events and replay addresses,
+    /// by replica.
+    pub events: Option<Vec<(String, String)>>,
 }
 
 impl Cluster {
@@ -127,14 +130,20 @@ impl Cluster {
         dram: &str,
         daemon_lease: &str,
     ) -> Cluster {
-        Self::launch(metas, daemons, dram, daemon_lease, false).await
+        Self::launch(metas, daemons, dram, daemon_lease, false, false).await
+    }
+
+    /// As `start_sized`, each meta replica publishing store events on
+    /// ports of its own (`events`).
+    pub async fn start_events(metas: usize, daemons: usize, dram: &str) -> Cluster {
+        Self::launch(metas, daemons, dram, "2s", false, true).await
     }
 
     /// As `start_sized`, with TLS on every TCP port: clients, daemons and
     /// meta replicas all speak TLS to each other (mutual TLS between the
     /// servers), with a development CA.
     pub async fn start_tls(metas: usize, daemons: usize, dram: &str) -> Cluster {
-        Self::launch(metas, daemons, dram, "2s", true).await
+        Self::launch(metas, daemons, dram, "2s", true, false).await
     }
 
     async fn launch(
@@ -143,6 +152,7 @@ impl Cluster {
         dram: &str,
         daemon_lease: &str,
         tls: bool,
+        events: bool,
     ) -> Cluster {
         let logs = scratch_dir("cluster");
         let tls = tls.then(|| {
@@ -174,6 +184,7 @@ impl Cluster {
             daemon_dram: dram.to_string(),
             daemon_lease: daemon_lease.to_string(),
             tls,
+            events: events.then(Vec::new),
         };
         for _ in 0..metas {
             cluster.spawn_meta();
@@ -209,6 +220,13 @@ impl Cluster {
         .map(String::from)
         .to_vec();
         args.extend(self.tls_args());
+        if let Some(events) = &mut self.events {
+            let publish = format!("127.0.0.1:{}", free_port());
+            let replay = format!("127.0.0.1:{}", free_port());
+            args.extend(["--events".into(), publish.clone()]);
+            args.extend(["--events-replay".into(), replay.clone()]);
+            events.push((publish, replay));
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let p = Proc::spawn(&name, BIN, &args, &self.logs);
         self.metas.push((addr, p));

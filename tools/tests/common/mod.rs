@@ -4,6 +4,7 @@
 use std::net::TcpListener;
 
 pub mod cluster;
+pub mod events;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_mooncake-store");
 

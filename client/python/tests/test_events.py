@@ -1,0 +1,183 @@
+"""Store events as vLLM's consumers read them: a ZeroMQ SUB socket on the
+meta service's events port and a REQ socket on its replay port, each batch
+decoded with msgspec into vLLM's `KVEventBatch` schema (vLLM 0.33,
+`vllm/distributed/kv_events.py`, declared below from the consumer's side
+as vLLM's own subscriber example does), block hashes matched to keys with
+`mooncake_store.opaque_hash`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Union
+
+import msgspec
+import zmq
+
+import mooncake_store
+
+from conftest import free_port, single_host_store
+
+ExternalBlockHash = Union[bytes, int]
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: Optional[int] = None
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[ExternalBlockHash]
+    parent_block_hash: Optional[ExternalBlockHash]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+    lora_name: Optional[str]
+    extra_keys: Optional[list[Optional[tuple[Any, ...]]]] = None
+    group_idx: Optional[int] = None
+    kv_cache_spec_kind: Optional[str] = None
+    kv_cache_spec_sliding_window: Optional[int] = None
+    locality: Optional[str] = None
+    ownership: Optional[str] = None
+    session_id: Optional[str] = None
+    lookahead_token_ids: Optional[list[list[int]]] = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[ExternalBlockHash]
+    medium: Optional[str]
+    group_idx: Optional[int] = None
+    locality: Optional[str] = None
+    ownership: Optional[str] = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
+
+
+DECODER = msgspec.msgpack.Decoder(type=KVEventBatch)
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+class Consumer:
+    """A subscriber as vLLM's example writes one: live batches from SUB, a
+    gap filled by asking the replay port from the first missing number.
+    The replay socket is a DEALER that frames its request as REQ does (an
+    empty delimiter first): a REQ socket takes one answer per request,
+    and a replay answers with many batches."""
+
+    def __init__(self, events: str, replay: str):
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.connect(f"tcp://{events}")
+        self.sub.setsockopt_string(zmq.SUBSCRIBE, "")
+        self.replay = self.ctx.socket(zmq.DEALER)
+        self.replay.connect(f"tcp://{replay}")
+        self.last: Optional[int] = None
+        self.blocks: set[bytes] = set()
+        self.seqs: list[int] = []
+        self.clears = 0
+        self.media: set[str] = set()
+        self.topics: set[str] = set()
+
+    def apply(self, topic: bytes, seq: int, payload: bytes) -> None:
+        if self.last is not None and seq <= self.last:
+            return
+        self.last = seq
+        self.seqs.append(seq)
+        self.topics.add(topic.decode())
+        for event in DECODER.decode(payload).events:
+            if isinstance(event, AllBlocksCleared):
+                self.clears += 1
+                self.blocks.clear()
+            elif isinstance(event, BlockStored):
+                self.media.add(event.medium)
+                self.blocks.update(event.block_hashes)
+            else:
+                self.media.add(event.medium)
+                self.blocks.difference_update(event.block_hashes)
+
+    def ask_replay(self, start: int) -> None:
+        self.replay.send_multipart([b"", start.to_bytes(8, "big")])
+        while self.replay.poll(timeout=5000):
+            empty, topic, seq, payload = self.replay.recv_multipart()
+            assert empty == b""
+            if seq == END_SEQ:
+                return
+            self.apply(topic, int.from_bytes(seq, "big"), payload)
+        raise AssertionError("the replay did not end within 5 s")
+
+    def follow_until(self, done, timeout: float = 20.0) -> bool:
+        """Applies live batches until `done(self)`; False after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while not done(self):
+            if time.monotonic() > deadline:
+                return False
+            if not self.sub.poll(timeout=100):
+                continue
+            topic, seq_bytes, payload = self.sub.recv_multipart()
+            seq = int.from_bytes(seq_bytes, "big")
+            if self.last is not None and seq > self.last + 1:
+                self.ask_replay(self.last + 1)
+            self.apply(topic, seq, payload)
+        return True
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+def test_a_vllm_style_consumer_sees_puts_and_removals_and_catches_up_by_replay():
+    events, replay = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    with single_host_store("256MiB", "--events", events, "--events-replay", replay) as meta:
+        client = mooncake_store.Client(meta, namespace="t/events")
+        consumer = Consumer(events, replay)
+        try:
+            # Everything so far (the term's AllBlocksCleared first), then live.
+            consumer.ask_replay(0)
+            assert consumer.clears == 1
+            keys = [f"prefix-block-{i}" for i in range(32)]
+            assert client.put_batch(keys, [bytes([i]) * 4096 for i in range(32)]) == [0] * 32
+            hashes = {mooncake_store.opaque_hash(k) for k in keys}
+            assert consumer.follow_until(lambda c: hashes <= c.blocks)
+            assert client.remove(keys[:4]) == [True] * 4
+            gone = {mooncake_store.opaque_hash(k) for k in keys[:4]}
+            assert consumer.follow_until(lambda c: not (gone & c.blocks))
+            assert consumer.blocks == hashes - gone
+            assert consumer.media == {"CPU"}
+            # AllBlocksCleared on the prefix alone; blocks on prefix@host@namespace
+            # (the readiness probe's namespace too).
+            assert "kv" in consumer.topics
+            mine = {t for t in consumer.topics if t.endswith("@t/events")}
+            assert len(mine) == 1 and next(iter(mine)).startswith("kv@"), consumer.topics
+            assert all(b == a + 1 for a, b in zip(consumer.seqs, consumer.seqs[1:])), "no gap"
+
+            # A consumer that starts late sees a gap at its first live batch
+            # and gets what it missed from the replay port.
+            # (Its SUB socket joins in the background: puts go on until a
+            # live batch reaches it.)
+            late = Consumer(events, replay)
+            try:
+                late.last = 0
+                extra = []
+                while not late.seqs:
+                    assert len(extra) < 100, "no live batch reached the late consumer"
+                    extra.append(f"late-{len(extra)}")
+                    client.put(extra[-1], b"x" * 100)
+                    late.follow_until(lambda c: bool(c.seqs), timeout=0.2)
+                expected = (hashes - gone) | {mooncake_store.opaque_hash(k) for k in extra}
+                assert late.follow_until(lambda c: c.blocks == expected)
+                assert late.clears == 1, "the replay began with the term"
+                assert all(b == a + 1 for a, b in zip(late.seqs, late.seqs[1:])), "gap filled"
+            finally:
+                late.close()
+        finally:
+            consumer.close()

@@ -1,0 +1,220 @@
+//! Store events for routers: every block that becomes visible in the index
+//! or leaves it, published in vLLM's KV-event format (`wire`) over ZeroMQ
+//! (`publisher`), so that a consumer of vLLM's events (a KV-aware router)
+//! reads ours unchanged. `docs/events.md` is the user's side of this.
+//!
+//! The index emits a change while it holds the lock of the entry it
+//! changed, so that the changes of one key are queued in the order they
+//! happened. The queue is bounded and never waited on: when it is full the
+//! change is dropped and counted, and the publisher resynchronizes its
+//! subscribers (`AllBlocksCleared`, then every visible block). A slow
+//! publisher never slows a put, and a subscriber never keeps a wrong
+//! picture.
+//!
+//! Changes carry the generation they were made in; a resync starts a new
+//! generation and the changes of the old one still queued are skipped:
+//! the snapshot, read after the new generation began, already holds them
+//! (and one that came after a dropped change would undo it).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use mooncake_proto::{BlockHash, Namespace};
+use parking_lot::RwLock;
+use prometheus::IntCounter;
+use tokio::sync::mpsc;
+
+mod publisher;
+mod wire;
+
+pub use publisher::{run, Snapshot, Sockets};
+pub use wire::MEDIUM;
+
+/// What happened to a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Stored,
+    Removed,
+}
+
+/// One block's change, as the index emits it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub kind: Kind,
+    pub daemon: u32,
+    pub ns: Namespace,
+    pub hash: BlockHash,
+    /// When the index changed, in microseconds since the Unix epoch: a
+    /// batch is stamped with its oldest change's time, so that a
+    /// subscriber reads the delay from the change to itself.
+    pub at_us: u64,
+    generation: u64,
+}
+
+/// The publisher's counters (kept across terms by the metrics).
+#[derive(Clone)]
+pub struct EventCounters {
+    pub batches: IntCounter,
+    pub dropped: IntCounter,
+    pub resyncs: IntCounter,
+    pub replays: IntCounter,
+}
+
+/// The index's handle on the event queue; does nothing when events are
+/// off.
+#[derive(Clone, Default)]
+pub struct Events(Option<Arc<Shared>>);
+
+struct Shared {
+    tx: mpsc::Sender<Change>,
+    /// The generation shifted left by one; the low bit set: a change was
+    /// dropped in it, and a resync is due.
+    state: AtomicU64,
+    counters: EventCounters,
+    /// Daemon ids to the node (host) names they registered with; kept
+    /// after a daemon left, for the removals that follow.
+    nodes: RwLock<HashMap<u32, Arc<str>>>,
+}
+
+/// The publisher's end of the queue.
+pub struct Feed {
+    rx: mpsc::Receiver<Change>,
+    shared: Arc<Shared>,
+}
+
+impl Events {
+    /// Events on, with a queue of `queue` changes.
+    pub fn new(queue: usize, counters: EventCounters) -> (Events, Feed) {
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        let shared = Arc::new(Shared {
+            tx,
+            state: AtomicU64::new(0),
+            counters,
+            nodes: RwLock::default(),
+        });
+        (Events(Some(shared.clone())), Feed { rx, shared })
+    }
+
+    /// Remembers which node (host) a daemon runs on.
+    pub fn set_node(&self, daemon: u32, node: &str) {
+        if let Some(s) = &self.0 {
+            s.nodes.write().insert(daemon, Arc::from(node));
+        }
+    }
+
+    #[inline]
+    pub fn stored(&self, daemon: u32, ns: &Namespace, hash: BlockHash) {
+        if let Some(s) = &self.0 {
+            s.emit(Kind::Stored, daemon, ns, hash);
+        }
+    }
+
+    #[inline]
+    pub fn removed(&self, daemon: u32, ns: &Namespace, hash: BlockHash) {
+        if let Some(s) = &self.0 {
+            s.emit(Kind::Removed, daemon, ns, hash);
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch.
+pub(crate) fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+impl Shared {
+    fn emit(&self, kind: Kind, daemon: u32, ns: &Namespace, hash: BlockHash) {
+        let state = self.state.load(Ordering::SeqCst);
+        if state & 1 == 1 {
+            // A resync is due: its snapshot will hold this change.
+            self.counters.dropped.inc();
+            return;
+        }
+        let change = Change {
+            kind,
+            daemon,
+            ns: ns.clone(),
+            hash,
+            at_us: now_us(),
+            generation: state >> 1,
+        };
+        if self.tx.try_send(change).is_err() {
+            self.counters.dropped.inc();
+            self.state.fetch_or(1, Ordering::SeqCst);
+        }
+    }
+
+    fn resync_due(&self) -> bool {
+        self.state.load(Ordering::SeqCst) & 1 == 1
+    }
+
+    /// Starts a new generation (no resync due); returns it.
+    fn next_generation(&self) -> u64 {
+        let generation = (self.state.load(Ordering::SeqCst) >> 1) + 1;
+        self.state.store(generation << 1, Ordering::SeqCst);
+        generation
+    }
+
+    fn node(&self, daemon: u32) -> Arc<str> {
+        self.nodes
+            .read()
+            .get(&daemon)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(format!("daemon-{daemon}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::IntCounter;
+
+    fn counters() -> EventCounters {
+        let c = |n: &str| IntCounter::new(n, n).unwrap();
+        EventCounters {
+            batches: c("b"),
+            dropped: c("d"),
+            resyncs: c("r"),
+            replays: c("p"),
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_counts_and_asks_for_a_resync_in_a_new_generation() {
+        let (events, mut feed) = Events::new(2, counters());
+        let ns = Namespace::new("t").unwrap();
+        let h = |i: u8| BlockHash([i; 32]);
+        events.stored(1, &ns, h(1));
+        events.removed(1, &ns, h(1));
+        assert!(!feed.shared.resync_due());
+        events.stored(1, &ns, h(2));
+        assert!(feed.shared.resync_due(), "the third change did not fit");
+        events.stored(1, &ns, h(3));
+        assert_eq!(feed.shared.counters.dropped.get(), 2, "dropped while due");
+        let queued: Vec<Change> = std::iter::from_fn(|| feed.rx.try_recv().ok()).collect();
+        assert_eq!(queued.len(), 2);
+        assert!(queued.iter().all(|c| c.generation == 0));
+        assert_eq!(
+            queued.iter().map(|c| c.kind).collect::<Vec<_>>(),
+            [Kind::Stored, Kind::Removed],
+            "one key's changes in order"
+        );
+        assert_eq!(feed.shared.next_generation(), 1);
+        assert!(!feed.shared.resync_due());
+        events.removed(1, &ns, h(3));
+        let next = feed.rx.try_recv().unwrap();
+        assert_eq!((next.kind, next.generation), (Kind::Removed, 1));
+    }
+
+    #[test]
+    fn events_off_do_nothing() {
+        let events = Events::default();
+        let ns = Namespace::new("t").unwrap();
+        events.stored(1, &ns, BlockHash([0; 32]));
+        events.set_node(1, "host");
+        assert!(events.0.is_none());
+    }
+}

@@ -1,0 +1,313 @@
+//! Publishes the queued changes as vLLM's `ZmqEventPublisher` frames them:
+//! each batch on a PUB socket as (topic, sequence number as 8 bytes big
+//! endian, payload), the last `keep` batches kept for a ROUTER socket that
+//! replays them. A replay request carries the first sequence number wanted
+//! (8 bytes big endian); the answer is every kept batch from there as
+//! (topic, sequence number, payload), then an empty topic, the sequence
+//! number -1 and an empty payload.
+//!
+//! A batch's topic is `{topic}@{node}@{namespace}`: the host whose daemon
+//! holds the blocks, and their namespace. `AllBlocksCleared` goes out on
+//! `{topic}` alone. Subscribing to `{topic}` (or to everything) sees all.
+//!
+//! Sequence numbers start at the term's start time in microseconds since
+//! the Unix epoch, so that they grow across leaders; each term opens with
+//! `AllBlocksCleared`, and the blocks follow as daemons report them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use mooncake_proto::{BlockHash, Namespace};
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use super::wire::{encode_batch, Event};
+use super::{now_us, Change, EventCounters, Feed, Kind, Shared};
+
+/// Most blocks in one batch.
+const MAX_BATCH_BLOCKS: usize = 1024;
+/// Most changes taken off the queue at once.
+const MAX_DRAIN: usize = 16 * 1024;
+/// How long one replayed batch may wait for a subscriber that reads slowly.
+const REPLAY_SEND_TIMEOUT: Duration = Duration::from_secs(1);
+/// The replay answer's last frame's sequence number.
+const END_SEQ: i64 = -1;
+
+/// The sockets, bound by the caller (so that a taken port is refused when
+/// the service starts), and what to publish on them.
+pub struct Sockets {
+    pub publish: std::net::TcpListener,
+    pub replay: Option<std::net::TcpListener>,
+    /// The topic prefix.
+    pub topic: String,
+    /// Batches kept for replay.
+    pub keep: usize,
+    /// How long changes are gathered after the first arrives.
+    pub window: Duration,
+}
+
+/// The visible blocks of one shard of the index (daemon, namespace,
+/// hash); `None` past the last shard.
+pub type Snapshot = Arc<dyn Fn(usize) -> Option<Vec<(u32, Namespace, BlockHash)>> + Send + Sync>;
+
+type Kept = Arc<Mutex<VecDeque<(u64, Bytes, Bytes)>>>;
+
+/// Publishes until `stop`.
+pub async fn run(feed: Feed, sockets: Sockets, snapshot: Snapshot, stop: CancellationToken) {
+    let Feed { mut rx, shared } = feed;
+    let window = sockets.window;
+    let mut socket = PubSocket::new();
+    if let Err(err) = socket.bind_listener(sockets.publish).await {
+        tracing::error!(%err, "events: cannot publish on the bound port");
+        return;
+    }
+    let kept: Kept = Arc::new(Mutex::new(VecDeque::new()));
+    let replay = sockets.replay.map(|listener| {
+        tokio::spawn(serve_replay(
+            listener,
+            kept.clone(),
+            shared.counters.clone(),
+            stop.clone(),
+        ))
+    });
+    let mut out = Out {
+        socket,
+        // Above the numbers of any earlier term (whose clocks agree).
+        seq: now_us(),
+        kept,
+        keep: sockets.keep.max(1),
+        prefix: sockets.topic,
+        counters: shared.counters.clone(),
+    };
+    // The changes of this term so far are generation 0: kept, after this.
+    out.cleared().await;
+    let mut generation = 0;
+    loop {
+        let first = tokio::select! {
+            change = rx.recv() => change,
+            _ = stop.cancelled() => break,
+        };
+        let Some(first) = first else { break };
+        if !window.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(window) => {}
+                _ = stop.cancelled() => {}
+            }
+        }
+        let mut changes = vec![first];
+        while changes.len() < MAX_DRAIN {
+            match rx.try_recv() {
+                Ok(change) => changes.push(change),
+                Err(_) => break,
+            }
+        }
+        if shared.resync_due() {
+            generation = shared.next_generation();
+            out.resync(&shared, &snapshot).await;
+            continue;
+        }
+        changes.retain(|c| c.generation == generation);
+        out.changes(&shared, changes).await;
+    }
+    // Unbound now, so that the next term (on this replica too) binds the
+    // same ports.
+    out.socket.unbind_all().await;
+    if let Some(task) = replay {
+        let _ = task.await;
+    }
+}
+
+struct Out {
+    socket: PubSocket,
+    seq: u64,
+    kept: Kept,
+    keep: usize,
+    prefix: String,
+    counters: EventCounters,
+}
+
+impl Out {
+    async fn cleared(&mut self) {
+        let topic = self.prefix.clone();
+        self.publish(topic, &[Event::AllCleared], now_us()).await;
+    }
+
+    /// `AllBlocksCleared`, then every visible block.
+    async fn resync(&mut self, shared: &Shared, snapshot: &Snapshot) {
+        self.counters.resyncs.inc();
+        tracing::warn!("events: the queue overflowed; subscribers are resynchronized");
+        self.cleared().await;
+        let mut shard = 0;
+        while let Some(blocks) = snapshot(shard) {
+            let mut by_topic: HashMap<(u32, Namespace), Vec<BlockHash>> = HashMap::new();
+            for (daemon, ns, hash) in blocks {
+                by_topic.entry((daemon, ns)).or_default().push(hash);
+            }
+            for ((daemon, ns), hashes) in by_topic {
+                let topic = self.topic(&shared.node(daemon), &ns);
+                let at = now_us();
+                for chunk in hashes.chunks(MAX_BATCH_BLOCKS) {
+                    self.publish(topic.clone(), &[Event::Stored(chunk.to_vec())], at)
+                        .await;
+                }
+            }
+            shard += 1;
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Batches changes in their order: a batch ends where the topic
+    /// changes, and holds one event per run of one kind.
+    async fn changes(&mut self, shared: &Shared, changes: Vec<Change>) {
+        let mut current: Option<(u32, Namespace)> = None;
+        let mut events: Vec<Event> = Vec::new();
+        let (mut blocks, mut oldest) = (0, u64::MAX);
+        for c in changes {
+            let same = current
+                .as_ref()
+                .is_some_and(|(d, ns)| *d == c.daemon && *ns == c.ns);
+            if !same || blocks == MAX_BATCH_BLOCKS {
+                if let Some((daemon, ns)) = current.take() {
+                    let topic = self.topic(&shared.node(daemon), &ns);
+                    self.publish(topic, &std::mem::take(&mut events), oldest)
+                        .await;
+                    (blocks, oldest) = (0, u64::MAX);
+                }
+                current = Some((c.daemon, c.ns.clone()));
+            }
+            oldest = oldest.min(c.at_us);
+            match (events.last_mut(), c.kind) {
+                (Some(Event::Stored(h)), Kind::Stored)
+                | (Some(Event::Removed(h)), Kind::Removed) => h.push(c.hash),
+                (_, Kind::Stored) => events.push(Event::Stored(vec![c.hash])),
+                (_, Kind::Removed) => events.push(Event::Removed(vec![c.hash])),
+            }
+            blocks += 1;
+        }
+        if let Some((daemon, ns)) = current {
+            let topic = self.topic(&shared.node(daemon), &ns);
+            self.publish(topic, &events, oldest).await;
+        }
+    }
+
+    fn topic(&self, node: &str, ns: &Namespace) -> String {
+        format!("{}@{node}@{ns}", self.prefix)
+    }
+
+    /// Publishes one batch stamped `at_us` (microseconds since the Unix
+    /// epoch).
+    async fn publish(&mut self, topic: String, events: &[Event], at_us: u64) {
+        let payload = Bytes::from(encode_batch(at_us as f64 / 1e6, events));
+        let seq = self.seq;
+        self.seq += 1;
+        let topic = Bytes::from(topic);
+        let frames = vec![
+            topic.clone(),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            payload.clone(),
+        ];
+        let message = ZmqMessage::try_from(frames).expect("three frames");
+        // PUB never waits: a subscriber whose queue is full misses the
+        // batch, sees the gap in the numbers and asks for a replay.
+        if let Err(err) = self.socket.send(message).await {
+            tracing::debug!(%err, seq, "events: batch not published");
+        }
+        let mut kept = self.kept.lock();
+        kept.push_back((seq, topic, payload));
+        while kept.len() > self.keep {
+            kept.pop_front();
+        }
+        self.counters.batches.inc();
+    }
+}
+
+/// Answers replay requests until `stop`, one at a time; a subscriber that
+/// stops reading loses its answer after `REPLAY_SEND_TIMEOUT`, nobody else.
+async fn serve_replay(
+    listener: std::net::TcpListener,
+    kept: Kept,
+    counters: EventCounters,
+    stop: CancellationToken,
+) {
+    let mut router = RouterSocket::new();
+    if let Err(err) = router.bind_listener(listener).await {
+        tracing::error!(%err, "events: cannot serve replays on the bound port");
+        return;
+    }
+    loop {
+        let request = tokio::select! {
+            r = router.recv() => r,
+            _ = stop.cancelled() => {
+                router.unbind_all().await;
+                return;
+            }
+        };
+        let frames = match request {
+            Ok(message) => message.into_vec(),
+            Err(err) => {
+                tracing::debug!(%err, "events: replay request not read");
+                continue;
+            }
+        };
+        let (Some(peer), Some(last)) = (frames.first(), frames.last()) else {
+            continue;
+        };
+        counters.replays.inc();
+        // vLLM's subscribers send the number after an empty delimiter.
+        let from = <[u8; 8]>::try_from(&last[..]).ok().map(u64::from_be_bytes);
+        let batches: Vec<(u64, Bytes, Bytes)> = match from {
+            Some(from) => kept
+                .lock()
+                .iter()
+                .filter(|(seq, _, _)| *seq >= from)
+                .cloned()
+                .collect(),
+            None => {
+                tracing::debug!(frames = frames.len(), "events: malformed replay request");
+                Vec::new()
+            }
+        };
+        let mut answered = true;
+        for (seq, topic, payload) in batches {
+            let frames = vec![
+                peer.clone(),
+                Bytes::new(),
+                topic,
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                payload,
+            ];
+            if !send(&mut router, frames).await {
+                answered = false;
+                break;
+            }
+        }
+        if answered {
+            let end = vec![
+                peer.clone(),
+                Bytes::new(),
+                Bytes::new(),
+                Bytes::copy_from_slice(&END_SEQ.to_be_bytes()),
+                Bytes::new(),
+            ];
+            send(&mut router, end).await;
+        }
+    }
+}
+
+async fn send(router: &mut RouterSocket, frames: Vec<Bytes>) -> bool {
+    let message = ZmqMessage::try_from(frames).expect("frames");
+    match tokio::time::timeout(REPLAY_SEND_TIMEOUT, router.send(message)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(err)) => {
+            tracing::debug!(%err, "events: replay answer not sent");
+            false
+        }
+        Err(_) => {
+            tracing::debug!("events: a replaying subscriber stopped reading");
+            false
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! A subscriber to the store events, as a KV-aware router runs one: a
+//! ZeroMQ SUB socket on the leader's events port, each batch decoded as
+//! vLLM's `KVEventBatch`, batches it missed (a late start, a gap in the
+//! numbers) asked of the replay port, and the blocks applied to a picture
+//! of what the store holds.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use rmpv::Value;
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Stored(Vec<Vec<u8>>, String),
+    Removed(Vec<Vec<u8>>, String),
+    Cleared,
+}
+
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub topic: String,
+    pub seq: u64,
+    pub events: Vec<Event>,
+}
+
+/// Decodes a `KVEventBatch`: `[ts, events]`, each event a map tagged by
+/// `type` (vLLM 0.33's layout).
+pub fn decode(payload: &[u8]) -> Vec<Event> {
+    let batch = rmpv::decode::read_value(&mut &payload[..]).expect("msgpack");
+    let batch = batch.as_array().expect("a batch is an array");
+    assert!(batch[0].as_f64().is_some(), "ts first");
+    let field = |map: &Value, name: &str| -> Value {
+        map.as_map()
+            .expect("an event is a map")
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(name))
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("event without {name}"))
+    };
+    let hashes = |map: &Value| -> Vec<Vec<u8>> {
+        field(map, "block_hashes")
+            .as_array()
+            .expect("block_hashes")
+            .iter()
+            .map(|h| h.as_slice().expect("bytes").to_vec())
+            .collect()
+    };
+    batch[1]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| {
+            let medium = || field(e, "medium").as_str().unwrap_or("").to_string();
+            match field(e, "type").as_str() {
+                Some("BlockStored") => Event::Stored(hashes(e), medium()),
+                Some("BlockRemoved") => Event::Removed(hashes(e), medium()),
+                Some("AllBlocksCleared") => Event::Cleared,
+                other => panic!("unknown event type {other:?}"),
+            }
+        })
+        .collect()
+}
+
+fn batch_of(frames: &[bytes::Bytes]) -> Batch {
+    let [topic, seq, payload] = frames else {
+        panic!("a batch is three frames, got {}", frames.len());
+    };
+    Batch {
+        topic: String::from_utf8(topic.to_vec()).expect("topic"),
+        seq: u64::from_be_bytes(seq[..].try_into().expect("8-byte seq")),
+        events: decode(payload),
+    }
+}
+
+/// Asks `replay` for the kept batches from `from` on.
+pub async fn replay(replay: &str, from: u64) -> Vec<Batch> {
+    let mut socket = DealerSocket::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        socket.connect(&format!("tcp://{replay}")),
+    )
+    .await
+    .expect("replay port answers")
+    .expect("replay connect");
+    let request = vec![
+        bytes::Bytes::new(),
+        bytes::Bytes::copy_from_slice(&from.to_be_bytes()),
+    ];
+    socket
+        .send(ZmqMessage::try_from(request).unwrap())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    loop {
+        let frames = tokio::time::timeout(Duration::from_secs(5), socket.recv())
+            .await
+            .expect("replay answers within 5 s")
+            .expect("replay frame")
+            .into_vec();
+        // An empty delimiter, then (topic, seq, payload).
+        assert!(frames[0].is_empty(), "delimiter first");
+        if i64::from_be_bytes(frames[2][..].try_into().unwrap()) == -1 {
+            return out;
+        }
+        out.push(batch_of(&frames[1..]));
+    }
+}
+
+/// The store as the events describe it: each topic's blocks.
+#[derive(Default)]
+pub struct Picture {
+    pub blocks: HashMap<String, BTreeSet<Vec<u8>>>,
+    /// Sequence numbers applied, in order.
+    pub seqs: Vec<u64>,
+    pub clears: usize,
+    /// Every (topic, hash) ever stored, and removed, in order.
+    pub log: Vec<(String, Vec<u8>, bool)>,
+}
+
+impl Picture {
+    fn apply(&mut self, batch: &Batch) {
+        self.seqs.push(batch.seq);
+        for event in &batch.events {
+            match event {
+                Event::Cleared => {
+                    self.clears += 1;
+                    self.blocks.clear();
+                }
+                Event::Stored(hashes, _) => {
+                    let set = self.blocks.entry(batch.topic.clone()).or_default();
+                    for h in hashes {
+                        set.insert(h.clone());
+                        self.log.push((batch.topic.clone(), h.clone(), true));
+                    }
+                }
+                Event::Removed(hashes, _) => {
+                    let set = self.blocks.entry(batch.topic.clone()).or_default();
+                    for h in hashes {
+                        set.remove(h);
+                        self.log.push((batch.topic.clone(), h.clone(), false));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every block held, whichever host.
+    pub fn all(&self) -> BTreeSet<Vec<u8>> {
+        self.blocks.values().flatten().cloned().collect()
+    }
+}
+
+async fn sub_socket(publish: &str) -> SubSocket {
+    let mut sub = SubSocket::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        sub.connect(&format!("tcp://{publish}")),
+    )
+    .await
+    .expect("events port answers")
+    .expect("events connect");
+    sub.subscribe("").await.unwrap();
+    sub
+}
+
+pub struct Subscriber {
+    sub: SubSocket,
+    replay: String,
+    pub picture: Picture,
+    last: Option<u64>,
+    /// Batches that arrived after a gap, and were filled by a replay.
+    pub gaps: usize,
+}
+
+impl Subscriber {
+    /// Subscribes to every topic at `publish`, then catches up from the
+    /// replay port: from `from` (0: everything kept).
+    pub async fn connect(publish: &str, replay: &str, from: u64) -> Subscriber {
+        let mut s = Subscriber {
+            sub: sub_socket(publish).await,
+            replay: replay.to_string(),
+            picture: Picture::default(),
+            last: None,
+            gaps: 0,
+        };
+        s.catch_up(from).await;
+        s
+    }
+
+    /// Subscribes as one that last applied batch `last`, without catching
+    /// up first: the first live batch shows the gap.
+    pub async fn resume(publish: &str, replay: &str, last: u64) -> Subscriber {
+        Subscriber {
+            sub: sub_socket(publish).await,
+            replay: replay.to_string(),
+            picture: Picture::default(),
+            last: Some(last),
+            gaps: 0,
+        }
+    }
+
+    /// Follows another publisher (a new leader), catching up on all it
+    /// kept.
+    pub async fn switch(&mut self, publish: &str, replay: &str) {
+        self.sub = sub_socket(publish).await;
+        self.replay = replay.to_string();
+        self.catch_up(0).await;
+    }
+
+    async fn catch_up(&mut self, from: u64) {
+        for batch in replay(&self.replay, from).await {
+            self.take(batch);
+        }
+    }
+
+    fn take(&mut self, batch: Batch) {
+        if self.last.is_some_and(|last| batch.seq <= last) {
+            return;
+        }
+        self.last = Some(batch.seq);
+        self.picture.apply(&batch);
+    }
+
+    /// Follows the live batches until `done` holds of the picture, or
+    /// `within` passed; false then. A gap is filled from the replay port.
+    pub async fn follow_until(
+        &mut self,
+        within: Duration,
+        mut done: impl FnMut(&Picture) -> bool,
+    ) -> bool {
+        let start = Instant::now();
+        while !done(&self.picture) {
+            let left = within.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return false;
+            }
+            let wait = left.min(Duration::from_millis(200));
+            let Ok(message) = tokio::time::timeout(wait, self.sub.recv()).await else {
+                continue;
+            };
+            let batch = batch_of(&message.expect("live frame").into_vec());
+            match self.last {
+                Some(last) if batch.seq > last + 1 => {
+                    self.gaps += 1;
+                    self.catch_up(last + 1).await;
+                    self.take(batch);
+                }
+                _ => self.take(batch),
+            }
+        }
+        true
+    }
+}

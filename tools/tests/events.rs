@@ -1,0 +1,300 @@
+//! Store events, as a KV-aware router consumes them: a real ZeroMQ
+//! subscriber decoding vLLM's `KVEventBatch` from `mooncake-store`
+//! processes, through puts, evictions, removals, an overflowing queue and
+//! the kill of the leading meta replica.
+
+mod common;
+use common::cluster::{scratch_dir, Cluster, Proc};
+use common::events::Subscriber;
+use common::{free_port, BIN};
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use mooncake_client::{Client, ClientConfig, PutOutcome};
+use mooncake_proto::message::ListRequest;
+use mooncake_proto::{BlockHash, ErrorCode, Namespace};
+
+fn ns() -> Namespace {
+    Namespace::new("t/events").unwrap()
+}
+
+fn hash(i: u64) -> BlockHash {
+    BlockHash::from_opaque(&i.to_le_bytes())
+}
+
+/// A single-host store (`up`) publishing events; its meta address, events
+/// and replay addresses.
+struct Up {
+    _proc: Proc,
+    meta: String,
+    events: String,
+    replay: String,
+    admin: String,
+}
+
+async fn up(dram: &str, config: Option<&str>) -> Up {
+    let logs = scratch_dir("events");
+    let (meta, events, replay, admin) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let daemon = format!("127.0.0.1:{}", free_port());
+    let config_path = logs.join("store.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "[daemon]\nhugepages = false\nprefault = false\nheartbeat_interval = \"100ms\"\n{}",
+            config.unwrap_or("")
+        ),
+    )
+    .unwrap();
+    let args = [
+        "up",
+        "--config",
+        config_path.to_str().unwrap(),
+        "--meta-listen",
+        &meta,
+        "--listen",
+        &daemon,
+        "--dram",
+        dram,
+        "--admin",
+        &admin,
+        "--events",
+        &events,
+        "--events-replay",
+        &replay,
+    ];
+    let proc = Proc::spawn("up", BIN, &args, &logs);
+    let client = client(&meta);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !client
+        .cluster_stats()
+        .await
+        .is_ok_and(|st| st.daemons.iter().any(|d| d.alive))
+    {
+        assert!(Instant::now() < deadline, "store not up; logs in {logs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Up {
+        _proc: proc,
+        meta,
+        events,
+        replay,
+        admin,
+    }
+}
+
+fn client(meta: &str) -> Client {
+    Client::new(ClientConfig::new(meta.to_string()).with_timeout(Duration::from_secs(5)))
+}
+
+/// The hashes the store's index holds in the test's namespace.
+async fn stored(client: &Client) -> BTreeSet<Vec<u8>> {
+    let mut out = BTreeSet::new();
+    let mut after = None;
+    loop {
+        let page = client
+            .list(&ListRequest {
+                namespace: Some(ns()),
+                after: after.clone(),
+                prefix: Vec::new(),
+                daemon: 0,
+                limit: 1000,
+            })
+            .await
+            .unwrap();
+        after = page.entries.last().map(|e| e.key.clone());
+        out.extend(page.entries.iter().map(|e| e.key.hash.0.to_vec()));
+        if !page.more {
+            return out;
+        }
+    }
+}
+
+/// Follows `sub` until its picture is what the store holds (read again
+/// each round, as evictions reports land), for at most `within`.
+async fn converge(sub: &mut Subscriber, client: &Client, within: Duration) -> BTreeSet<Vec<u8>> {
+    let deadline = Instant::now() + within;
+    loop {
+        let truth = stored(client).await;
+        if sub
+            .follow_until(Duration::from_millis(500), |p| p.all() == truth)
+            .await
+        {
+            return truth;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the events never showed what the store holds: {} blocks held, {} in the picture",
+            truth.len(),
+            sub.picture.all().len()
+        );
+    }
+}
+
+async fn put_range(client: &Client, range: std::ops::Range<u64>, len: usize) {
+    let value = vec![7u8; len];
+    let hashes: Vec<BlockHash> = range.map(hash).collect();
+    for chunk in hashes.chunks(8) {
+        let blocks: Vec<(BlockHash, &[u8])> = chunk.iter().map(|h| (*h, &value[..])).collect();
+        let out = client.put(&ns(), &blocks).await.unwrap();
+        assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    }
+}
+
+async fn metric(admin: &str, series: &str) -> u64 {
+    let body = tokio::task::spawn_blocking({
+        let admin = admin.to_string();
+        move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(&admin).unwrap();
+            write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+            let mut body = String::new();
+            s.read_to_string(&mut body).unwrap();
+            body
+        }
+    })
+    .await
+    .unwrap();
+    body.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_sees_every_put_eviction_and_removal_in_order() {
+    let store = up("4MiB", None).await;
+    let client = client(&store.meta);
+    let mut sub = Subscriber::connect(&store.events, &store.replay, 0).await;
+    // 7.5 MiB of 64 KiB blocks into 4 MiB: the early ones are evicted.
+    put_range(&client, 0..120, 64 << 10).await;
+    let held = converge(&mut sub, &client, Duration::from_secs(20)).await;
+    assert!(held.len() < 120, "some blocks were evicted");
+    let victims: Vec<BlockHash> = held
+        .iter()
+        .take(5)
+        .map(|h| BlockHash(h[..].try_into().unwrap()))
+        .collect();
+    let codes = client.remove(&ns(), &victims).await.unwrap();
+    assert!(codes.iter().all(|c| *c == ErrorCode::Ok), "{codes:?}");
+    let held = converge(&mut sub, &client, Duration::from_secs(20)).await;
+    assert_eq!(held.len(), sub.picture.all().len());
+
+    let p = &sub.picture;
+    // One term, opened by AllBlocksCleared, numbered without a gap.
+    assert_eq!(p.clears, 1);
+    assert!(
+        p.seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "sequence numbers follow each other"
+    );
+    // Every block was stored, once, before it left; each that left, left
+    // once: 120 stored, the evicted and the removed gone.
+    let stored_count = p.log.iter().filter(|(_, _, s)| *s).count();
+    assert_eq!(stored_count, 120);
+    let removed: Vec<&Vec<u8>> = p
+        .log
+        .iter()
+        .filter(|(_, _, s)| !s)
+        .map(|(_, h, _)| h)
+        .collect();
+    assert_eq!(removed.len(), 120 - held.len());
+    for victim in &victims {
+        let at = |stored: bool| {
+            p.log
+                .iter()
+                .position(|(_, h, s)| *s == stored && h[..] == victim.0[..])
+                .expect("stored and removed")
+        };
+        assert!(at(true) < at(false), "stored before removed");
+    }
+    // Topic: prefix, host, namespace.
+    let topics: BTreeSet<&String> = p.blocks.keys().collect();
+    assert_eq!(topics.len(), 1, "{topics:?}");
+    let topic = topics.into_iter().next().unwrap();
+    assert!(
+        topic.starts_with("kv@") && topic.ends_with("@t/events"),
+        "{topic}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_fell_behind_recovers_through_the_replay_port() {
+    let store = up("64MiB", None).await;
+    let client = client(&store.meta);
+    put_range(&client, 0..40, 4096).await;
+    // A subscriber whose last batch is long gone (a router that restarted
+    // with the number it had saved): the first live batch shows the gap.
+    let mut sub = Subscriber::resume(&store.events, &store.replay, 0).await;
+    put_range(&client, 40..48, 4096).await;
+    let held = converge(&mut sub, &client, Duration::from_secs(20)).await;
+    assert_eq!(held.len(), 48);
+    assert!(sub.gaps >= 1, "the gap was seen and filled");
+    assert_eq!(sub.picture.clears, 1, "the replay began with the term");
+    assert!(sub.picture.seqs.windows(2).all(|w| w[1] == w[0] + 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overflowing_queue_resynchronizes_subscribers_with_the_index() {
+    // A queue of one change: a put of many blocks overflows it.
+    let store = up("64MiB", Some("[meta]\nevents_queue = 1\n")).await;
+    let client = client(&store.meta);
+    let mut sub = Subscriber::connect(&store.events, &store.replay, 0).await;
+    let value = vec![1u8; 1024];
+    let hashes: Vec<BlockHash> = (0..512).map(hash).collect();
+    let blocks: Vec<(BlockHash, &[u8])> = hashes.iter().map(|h| (*h, &value[..])).collect();
+    let out = client.put(&ns(), &blocks).await.unwrap();
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored));
+    let held = converge(&mut sub, &client, Duration::from_secs(20)).await;
+    assert_eq!(held.len(), 512);
+    let dropped = metric(&store.admin, "mooncake_meta_events_total{what=\"dropped\"}").await;
+    let resyncs = metric(&store.admin, "mooncake_meta_events_total{what=\"resyncs\"}").await;
+    eprintln!("changes dropped {dropped}, resyncs {resyncs}");
+    if dropped > 0 {
+        assert!(resyncs >= 1, "a dropped change is followed by a resync");
+        assert!(sub.picture.clears >= 2, "the resync cleared, then restated");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_leader_is_killed_a_subscriber_ends_with_exactly_the_stored_blocks() {
+    let mut cluster = Cluster::start_events(2, 2, "64MiB").await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    let leader = cluster.leader_index().await;
+    let (events, replay) = cluster.events.as_ref().unwrap()[leader].clone();
+    let mut sub = Subscriber::connect(&events, &replay, 0).await;
+    put_range(&client, 0..100, 16 << 10).await;
+    converge(&mut sub, &client, Duration::from_secs(20)).await;
+    let first_term_last = *sub.picture.seqs.last().unwrap();
+
+    cluster.metas[leader].1.kill9();
+    // The standby leads once the old leader's lease ends; the daemons
+    // report their blocks to it.
+    cluster.wait_healthy(2, Duration::from_secs(30)).await;
+    let new_leader = cluster.leader_index().await;
+    assert_ne!(new_leader, leader);
+    let (events, replay) = cluster.events.as_ref().unwrap()[new_leader].clone();
+    sub.switch(&events, &replay).await;
+    put_range(&client, 100..120, 16 << 10).await;
+    let held = converge(&mut sub, &client, Duration::from_secs(30)).await;
+    assert_eq!(held.len(), 120, "every block of the live daemons kept");
+    assert_eq!(
+        sub.picture.clears, 2,
+        "the new term opened with AllBlocksCleared"
+    );
+    assert!(
+        sub.picture.seqs.iter().any(|s| *s > first_term_last),
+        "the new term's numbers are above the old one's"
+    );
+    assert!(
+        sub.picture
+            .log
+            .iter()
+            .all(|(topic, _, _)| topic.ends_with("@t/events")),
+        "every batch names its namespace"
+    );
+}
