@@ -40,6 +40,8 @@ fn for_each_body(body: &[u8]) {
     round_trip::<DrainRequest>(body);
     round_trip::<KeysRequest>(body);
     round_trip::<PinRequest>(body);
+    round_trip::<RouteRequest>(body);
+    round_trip::<RouteAnswer>(body);
     round_trip::<Locations>(body);
     round_trip::<PutStartRequest>(body);
     round_trip::<PutStartResponse>(body);

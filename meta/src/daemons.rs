@@ -20,9 +20,22 @@ struct Member {
     /// Bytes placed on it since its last heartbeat (not in `stats` yet).
     placed: u64,
     last_seen: Instant,
+    /// Gets answered per second between its last two heartbeats.
+    reads_per_sec: u64,
     alive: bool,
     /// Takes no new blocks (an operator is taking it out).
     draining: bool,
+}
+
+/// A host's live daemons together.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Host {
+    pub node: String,
+    pub daemons: Vec<u32>,
+    /// Gets its daemons answered per second, over their last heartbeats.
+    pub reads_per_sec: u64,
+    pub used: u64,
+    pub capacity: u64,
 }
 
 #[derive(Default)]
@@ -67,6 +80,7 @@ impl Daemons {
                 },
                 placed: 0,
                 last_seen: now,
+                reads_per_sec: 0,
                 alive: true,
                 draining: false,
             },
@@ -80,6 +94,11 @@ impl Daemons {
         let mut members = self.members.write();
         match members.get_mut(&id) {
             Some(m) if m.alive => {
+                let reads = |s: &PoolStats| s.hits + s.misses;
+                let secs = now.duration_since(m.last_seen).as_secs_f64();
+                if secs > 0.0 && reads(&stats) >= reads(&m.stats) {
+                    m.reads_per_sec = ((reads(&stats) - reads(&m.stats)) as f64 / secs) as u64;
+                }
                 m.stats = stats;
                 m.placed = 0;
                 m.last_seen = now;
@@ -205,6 +224,31 @@ impl Daemons {
             }
             None => false,
         }
+    }
+
+    /// The live daemons by host (`node`), sorted by name, for `route`.
+    pub fn hosts(&self) -> Vec<Host> {
+        let members = self.members.read();
+        let mut hosts: Vec<Host> = Vec::new();
+        for (id, m) in members.iter().filter(|(_, m)| m.alive) {
+            let at = match hosts.iter().position(|h| h.node == m.node) {
+                Some(i) => i,
+                None => {
+                    hosts.push(Host {
+                        node: m.node.clone(),
+                        ..Host::default()
+                    });
+                    hosts.len() - 1
+                }
+            };
+            let h = &mut hosts[at];
+            h.daemons.push(*id);
+            h.reads_per_sec += m.reads_per_sec;
+            h.used += m.stats.used;
+            h.capacity += m.stats.capacity;
+        }
+        hosts.sort_by(|a, b| a.node.cmp(&b.node));
+        hosts
     }
 
     pub fn infos(&self) -> Vec<DaemonInfo> {

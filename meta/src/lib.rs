@@ -16,6 +16,7 @@ mod index;
 pub mod metrics;
 mod removals;
 mod replica;
+mod route;
 mod server;
 mod table;
 

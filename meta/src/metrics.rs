@@ -33,6 +33,7 @@ const OPS: &[Opcode] = &[
     Opcode::Inventory,
     Opcode::Leave,
     Opcode::Drain,
+    Opcode::Route,
 ];
 const CODES: usize = ErrorCode::COUNT;
 /// Operations timed in a histogram.

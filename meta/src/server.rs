@@ -11,7 +11,8 @@ use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::{
     Body, ClusterStats, Empty, EventsRequest, HeartbeatRequest, InventoryRequest, KeyRequest,
     KeysRequest, ListRequest, ListResponse, Locations, PinRequest, PutCommitRequest,
-    PutStartRequest, PutStartResponse, RegisterRequest, RegisterResponse, Slot, Statuses,
+    PutStartRequest, PutStartResponse, RegisterRequest, RegisterResponse, RouteRequest, Slot,
+    Statuses,
 };
 use mooncake_proto::transport::TransportKind;
 use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, ProtoError};
@@ -431,6 +432,16 @@ async fn dispatch(
                     .index
                     .list(req.namespace.as_ref(), req.after.as_ref(), filter, limit);
             ListResponse { entries, more }.to_bytes()
+        }
+        Opcode::Route => {
+            let req = RouteRequest::from_bytes(body)?;
+            owns(who, &req.keys.namespace)?;
+            let answer = crate::route::route(&state.index, &state.daemons.hosts(), &req);
+            metrics.match_hits.inc_by(u64::from(answer.matched));
+            metrics
+                .match_misses
+                .inc_by(u64::from(answer.blocks - answer.matched));
+            answer.to_bytes()
         }
         Opcode::Drain => {
             let req = mooncake_proto::message::DrainRequest::from_bytes(body)?;

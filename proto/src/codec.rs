@@ -75,6 +75,17 @@ impl<'a> Reader<'a> {
     pub fn u8(&mut self) -> Result<u8, ProtoError> {
         Ok(self.take(1)?[0])
     }
+    /// A byte that must be 0 or 1; `field` names it in the refusal.
+    pub fn bool(&mut self, field: &'static str) -> Result<bool, ProtoError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(ProtoError::Invalid {
+                field,
+                why: format!("{v} is not a boolean"),
+            }),
+        }
+    }
     pub fn u16(&mut self) -> Result<u16, ProtoError> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
     }

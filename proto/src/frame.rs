@@ -107,6 +107,9 @@ opcodes! {
     MetaPin = 0x27,
     /// Stop or resume placing blocks on a daemon (before taking it out).
     Drain = 0x28,
+    /// For a request's chain and candidate hosts: how much of its prefix
+    /// each holds, and the cheapest to serve it.
+    Route = 0x29,
 
     // Daemon to meta service.
     /// A daemon joins and gets its id.

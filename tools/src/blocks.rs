@@ -156,7 +156,7 @@ pub async fn live_capacity(client: &Client) -> Result<u64, Failure> {
     Ok(capacity)
 }
 
-fn namespace(s: &str) -> Result<Namespace, Failure> {
+pub fn namespace(s: &str) -> Result<Namespace, Failure> {
     Namespace::new(s).map_err(|e| Failure::usage(format!("--namespace {s:?}: {e}")))
 }
 

@@ -16,6 +16,7 @@ mod hash;
 mod health;
 mod operate;
 mod replay;
+mod route;
 mod serve;
 mod simulate;
 mod svg;
@@ -143,6 +144,9 @@ enum Command {
     Drain(operate::DrainArgs),
     /// Print the block keys of a token sequence.
     Hash(hash::HashArgs),
+    /// Which host holds most of a request's prefix, and where serving it
+    /// costs least (for a KV-aware router).
+    Route(route::RouteArgs),
     /// Drive a put/get load and report throughput and latency.
     Bench(bench::BenchArgs),
     /// Replay a serving trace against the store and report its hit rates.
@@ -206,6 +210,7 @@ fn main() {
             Command::Put(a) => blocks::put(a).await,
             Command::Get(a) => blocks::get(a).await,
             Command::Rm(a) => blocks::rm(a).await,
+            Command::Route(a) => route::run(a).await,
             Command::Stat(a) => blocks::stat(a).await,
             Command::Ls(a) => blocks::ls(a).await,
             Command::Hash(a) => hash::run(a),

@@ -828,3 +828,46 @@ fn health_asks_the_admin_port() {
     assert_eq!(why.trim_end().lines().count(), 1, "{why}");
     assert!(why.contains(&dead), "{why}");
 }
+
+#[test]
+fn route_names_the_host_holding_a_prompts_prefix_as_the_readme_shows() {
+    let store = Store::up();
+    // The README's pipeline: `hash` the prompt's tokens, `route` the keys.
+    let tokens: String = (0..64).map(|t| format!("{t} ")).collect();
+    let hashed = Command::new(BIN)
+        .args(["hash", "--block-tokens", "16"])
+        .args(tokens.split_whitespace())
+        .output()
+        .unwrap();
+    succeeded(&hashed);
+    let keys: Vec<String> = String::from_utf8_lossy(&hashed.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().nth(1).unwrap().to_string())
+        .collect();
+    assert_eq!(keys.len(), 4);
+    for key in &keys[..3] {
+        succeeded(&run(&store.meta, &["put", key], Some(b"kv")));
+    }
+    let mut args = vec!["route", "--json"];
+    args.extend(keys.iter().map(String::as_str));
+    let out = run(&store.meta, &args, None);
+    succeeded(&out);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (answer["blocks"].as_u64(), answer["matched"].as_u64()),
+        (Some(4), Some(3))
+    );
+    let host = &answer["hosts"][0];
+    assert_eq!(
+        (host["leading"].as_u64(), host["held"].as_u64()),
+        (Some(3), Some(3))
+    );
+    assert_eq!(answer["best"], host["node"]);
+    assert_eq!(host["cost"].as_f64(), Some(1.0), "one block to prefill");
+    // A queue on a host that is not a candidate is a usage error.
+    let mut bad = vec!["route", "--candidates", "a", "--queue", "b=1"];
+    bad.extend(keys.iter().map(String::as_str));
+    let out = run(&store.meta, &bad, None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--queue names b"));
+}

@@ -3,15 +3,16 @@
 //! read, or a negative code from `codes`), so that one bad key does not
 //! hide what happened to the others.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_client::{ClientConfig, GetOutcome};
-use mooncake_proto::message::ListRequest;
+use mooncake_proto::message::{ListRequest, RouteCandidate};
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 
 use mooncake_client::bindings::except;
 
@@ -557,6 +558,73 @@ impl Client {
             .detach(|| runtime().block_on(client.match_prefix(ns, &hashes)))
             .map_err(codes::to_py)?;
         Ok(m.matched)
+    }
+
+    /// The router's question (`docs/events.md`): for a request's keys and
+    /// candidate hosts (the node names daemons registered with; `None`:
+    /// every host with a live daemon), how much of its prefix each holds
+    /// and which serves it at the least cost. `queues` maps a host to work
+    /// waiting there, in blocks of prefill; `transfer_cost` is what moving
+    /// one block costs against prefilling it. Returns a dict: `blocks`,
+    /// `matched`, `best` (a node name or `None`) and `hosts`.
+    #[pyo3(signature = (keys, candidates = None, queues = None, transfer_cost = 0.1))]
+    fn route<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'_, PyAny>,
+        candidates: Option<Vec<String>>,
+        queues: Option<HashMap<String, u32>>,
+        transfer_cost: f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        if !(transfer_cost >= 0.0 && transfer_cost.is_finite()) {
+            return Err(PyValueError::new_err("transfer_cost must be 0 or more"));
+        }
+        let hashes = hashes_of(keys)?;
+        let queues = queues.unwrap_or_default();
+        let every_host = candidates.is_none();
+        let mut nodes = candidates.unwrap_or_default();
+        for node in queues.keys() {
+            if !nodes.contains(node) {
+                nodes.push(node.clone());
+            }
+        }
+        let asked: Vec<RouteCandidate> = nodes
+            .into_iter()
+            .map(|node| RouteCandidate {
+                queue: queues.get(&node).copied().unwrap_or(0),
+                node,
+            })
+            .collect();
+        let (client, ns) = (&self.inner, &self.namespace);
+        let answer = py
+            .detach(|| {
+                runtime().block_on(client.route(ns, &hashes, &asked, every_host, transfer_cost))
+            })
+            .map_err(codes::to_py)?;
+        let out = PyDict::new(py);
+        out.set_item("blocks", answer.blocks)?;
+        out.set_item("matched", answer.matched)?;
+        let best = answer.best.map(|i| answer.hosts[i as usize].node.clone());
+        out.set_item("best", best)?;
+        let hosts = answer
+            .hosts
+            .iter()
+            .map(|h| {
+                let d = PyDict::new(py);
+                d.set_item("node", &h.node)?;
+                d.set_item("daemons", h.daemons)?;
+                d.set_item("leading", h.leading)?;
+                d.set_item("held", h.held)?;
+                d.set_item("reads_per_sec", h.reads_per_sec)?;
+                d.set_item("used", h.used)?;
+                d.set_item("capacity", h.capacity)?;
+                d.set_item("queue", h.queue)?;
+                d.set_item("cost", h.cost_milli as f64 / 1000.0)?;
+                Ok(d)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        out.set_item("hosts", hosts)?;
+        Ok(out)
     }
 
     /// Whether each key is stored.

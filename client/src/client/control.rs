@@ -49,6 +49,32 @@ impl Client {
         Ok(out)
     }
 
+    /// The router's question (`docs/events.md`): for a request's chain and
+    /// candidate hosts (with `every_host`, every host with a live daemon
+    /// too), how much of its prefix each holds, and which serves it at the
+    /// least cost; `transfer` is what moving one block costs against
+    /// prefilling it (e.g. 0.1). A chain is judged on its first
+    /// `MAX_BATCH` blocks.
+    pub async fn route(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+        candidates: &[RouteCandidate],
+        every_host: bool,
+        transfer: f64,
+    ) -> Result<RouteAnswer, ClientError> {
+        let req = RouteRequest {
+            keys: KeysRequest {
+                namespace: namespace.clone(),
+                hashes: hashes[..hashes.len().min(MAX_BATCH)].to_vec(),
+            },
+            candidates: candidates.to_vec(),
+            every_host,
+            transfer_permille: (transfer.max(0.0) * 1000.0).round() as u32,
+        };
+        self.meta_call(Opcode::Route, &req, "route").await
+    }
+
     /// Whether each key is stored and visible.
     pub async fn exists(
         &self,

@@ -19,7 +19,7 @@ use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::{
     Body, ClusterStats, CommitItem, DaemonAddr, Empty, KeyRequest, KeysRequest, ListRequest,
     ListResponse, Location, Locations, PinRequest, PutCommitRequest, PutStartRequest,
-    PutStartResponse, Revision, Slot, Statuses,
+    PutStartResponse, Revision, RouteAnswer, RouteCandidate, RouteRequest, Slot, Statuses,
 };
 use mooncake_proto::{checksum, BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
 use parking_lot::RwLock;

@@ -2,7 +2,8 @@
 //! is validated once on receive by `decode`, into fields that are valid by
 //! construction (namespaces checked, batch sizes bounded). By who sends
 //! them: `data` (client to daemon), `placement` (client to meta service),
-//! `membership` (daemon to meta service), `admin` (operators), `shm` and
+//! `membership` (daemon to meta service), `admin` (operators), `route`
+//! (a router's question), `shm` and
 //! `rdma` (the control messages of those data paths).
 
 use crate::codec::{Reader, Writer};
@@ -15,6 +16,7 @@ mod data;
 mod membership;
 mod placement;
 mod rdma;
+mod route;
 mod shm;
 #[cfg(test)]
 mod tests;
@@ -24,6 +26,7 @@ pub use data::*;
 pub use membership::*;
 pub use placement::*;
 pub use rdma::*;
+pub use route::*;
 pub use shm::*;
 
 /// A message body: encoded into a frame, decoded from exactly its bytes.

@@ -94,16 +94,7 @@ impl Body for PinRequest {
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let keys = KeysRequest::decode(r)?;
-        let pin = match r.u8()? {
-            0 => false,
-            1 => true,
-            v => {
-                return Err(ProtoError::Invalid {
-                    field: "pin",
-                    why: format!("{v} is not a boolean"),
-                })
-            }
-        };
+        let pin = r.bool("pin")?;
         Ok(PinRequest { keys, pin })
     }
 }

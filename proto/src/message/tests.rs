@@ -35,6 +35,36 @@ fn every_body_round_trips_and_refuses_truncation() {
         namespace: ns(),
         hashes: vec![h, h],
     });
+    round_trip(RouteRequest {
+        keys: KeysRequest {
+            namespace: ns(),
+            hashes: vec![h, h],
+        },
+        candidates: vec![RouteCandidate {
+            node: "gpu-1".into(),
+            queue: 7,
+        }],
+        every_host: true,
+        transfer_permille: 100,
+    });
+    for best in [None, Some(0)] {
+        round_trip(RouteAnswer {
+            blocks: 4,
+            matched: 3,
+            hosts: vec![RouteHost {
+                node: "gpu-1".into(),
+                daemons: 1,
+                leading: 2,
+                held: 3,
+                reads_per_sec: 10,
+                used: 5,
+                capacity: 9,
+                queue: 1,
+                cost_milli: 2100,
+            }],
+            best,
+        });
+    }
     round_trip(PinRequest {
         keys: KeysRequest {
             namespace: ns(),
