@@ -17,6 +17,7 @@ mod health;
 mod operate;
 mod replay;
 mod route;
+mod route_sim;
 mod serve;
 mod simulate;
 mod svg;
@@ -151,6 +152,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Replay a serving trace against the store and report its hit rates.
     Replay(replay::ReplayArgs),
+    /// Routing policies compared on a trace: simulated prefill instances,
+    /// one per host of a real store, routed at random, by prefix, by route.
+    RouteSim(route_sim::RouteSimArgs),
     /// Hit rate against cache size for a trace, offline: exact LRU, the
     /// daemon's eviction orders (its own pool) and Belady's MIN.
     Simulate(simulate::SimulateArgs),
@@ -225,6 +229,7 @@ fn main() {
             Command::BenchMemcpy(a) => bench_memcpy::run(a),
             Command::BenchPool(a) => bench_pool::run(a),
             Command::Replay(a) => replay::run(a).await,
+            Command::RouteSim(a) => route_sim::run(a).await,
             Command::Simulate(a) => simulate::run(a),
             Command::GenTrace(a) => trace_gen::run(a),
             Command::Config(c) => config::run(c),

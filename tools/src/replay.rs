@@ -59,7 +59,8 @@ pub struct ReplayArgs {
     json: bool,
 }
 
-fn key(id: u64) -> BlockHash {
+/// The block key of trace block `id` (also `route-sim`'s).
+pub(crate) fn key(id: u64) -> BlockHash {
     let mut bytes = *b"trace-block-\0\0\0\0\0\0\0\0";
     bytes[12..].copy_from_slice(&id.to_le_bytes());
     BlockHash::from_opaque(&bytes)

@@ -871,3 +871,67 @@ fn route_names_the_host_holding_a_prompts_prefix_as_the_readme_shows() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--queue names b"));
 }
+
+#[test]
+fn route_sim_compares_policies_on_a_trace_with_exact_hits_and_times() {
+    // Ten requests 100 s apart (every prefill done before the next
+    // arrives), each four shared blocks and one of its own: the first
+    // hits nothing, the others four blocks of five.
+    let dir = std::env::temp_dir().join(format!("mooncake-route-sim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.jsonl");
+    let lines: String = (0..10)
+        .map(|i| {
+            format!(
+                "{{\"timestamp\": {}, \"input_length\": 2560, \"output_length\": 1, \"hash_ids\": [0, 1, 2, 3, {}]}}\n",
+                i * 100_000,
+                100 + i
+            )
+        })
+        .collect();
+    std::fs::write(&trace, lines).unwrap();
+    let plot = dir.join("ttft.svg");
+    let out = Command::new(BIN)
+        .args([
+            "route-sim",
+            trace.to_str().unwrap(),
+            "--hosts",
+            "3",
+            "--dram",
+            "8MiB",
+        ])
+        .args(["--plot", plot.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    succeeded(&out);
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let policies = result["policies"].as_array().unwrap();
+    let names: Vec<&str> = policies
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["random", "longest prefix", "route (prefix vs load)"]
+    );
+    for p in policies {
+        assert_eq!(p["requests"].as_u64(), Some(10));
+        // 9 requests x 4 blocks x 512 tokens of 10 x 2560.
+        assert!(
+            (p["token_hit_rate"].as_f64().unwrap() - 0.72).abs() < 1e-9,
+            "{p}"
+        );
+        assert_eq!(p["over_slo"].as_u64(), Some(0));
+    }
+    for p in &policies[1..] {
+        assert_eq!(p["local_hit_share"].as_f64(), Some(1.0), "{p}");
+        // One block to prefill at 10,000 tokens/s, nothing to move or wait for.
+        assert!(
+            (p["ttft_p50_s"].as_f64().unwrap() - 0.0512).abs() < 1e-9,
+            "{p}"
+        );
+    }
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("route (prefix vs load)"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
