@@ -11,6 +11,7 @@ mod bench_pool;
 mod blocks;
 mod certs;
 mod config;
+mod events;
 mod exit;
 mod hash;
 mod health;
@@ -148,6 +149,9 @@ enum Command {
     /// Which host holds most of a request's prefix, and where serving it
     /// costs least (for a KV-aware router).
     Route(route::RouteArgs),
+    /// Follow the store events (blocks stored and removed) as a router
+    /// would, one line a batch.
+    Events(events::EventsArgs),
     /// Drive a put/get load and report throughput and latency.
     Bench(bench::BenchArgs),
     /// Replay a serving trace against the store and report its hit rates.
@@ -215,6 +219,7 @@ fn main() {
             Command::Get(a) => blocks::get(a).await,
             Command::Rm(a) => blocks::rm(a).await,
             Command::Route(a) => route::run(a).await,
+            Command::Events(a) => events::run(a).await,
             Command::Stat(a) => blocks::stat(a).await,
             Command::Ls(a) => blocks::ls(a).await,
             Command::Hash(a) => hash::run(a),

@@ -935,3 +935,47 @@ fn route_sim_compares_policies_on_a_trace_with_exact_hits_and_times() {
     assert!(svg.starts_with("<svg") && svg.contains("route (prefix vs load)"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn events_follows_the_store_events_from_the_terms_start() {
+    let (events, replay) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let store = Store::up_with(&["--events", &events, "--events-replay", &replay]);
+    succeeded(&run(
+        &store.meta,
+        &["put", "-n", "t/events", "k1"],
+        Some(b"v"),
+    ));
+    let out = Command::new(BIN)
+        .args(["events", "--events", &events, "--replay", &replay])
+        .args(["--from-start", "--count", "2", "--keys", "--json"])
+        .output()
+        .unwrap();
+    succeeded(&out);
+    let batches: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(batches.len(), 2);
+    assert_eq!(batches[0]["events"][0]["type"], "AllBlocksCleared");
+    assert_eq!(batches[0]["topic"], "kv");
+    let stored = &batches[1]["events"][0];
+    assert_eq!(stored["type"], "BlockStored");
+    let key = mooncake_proto::BlockHash::from_opaque(b"k1").to_hex();
+    assert_eq!(stored["block_hashes"][0].as_str(), Some(key.as_str()));
+    assert!(batches[1]["topic"].as_str().unwrap().ends_with("@t/events"));
+    assert_eq!(
+        batches[1]["seq"].as_u64(),
+        batches[0]["seq"].as_u64().map(|s| s + 1)
+    );
+    // Nothing publishing there: exit 3 within the connect timeout.
+    let out = Command::new(BIN)
+        .args(["events", "--events", &format!("127.0.0.1:{}", free_port())])
+        .args(["--connect-timeout", "1s"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no answer within"));
+}

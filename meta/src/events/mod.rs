@@ -29,7 +29,7 @@ mod publisher;
 mod wire;
 
 pub use publisher::{run, Snapshot, Sockets};
-pub use wire::MEDIUM;
+pub use wire::{decode_batch, Event, MEDIUM};
 
 /// What happened to a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -37,6 +37,55 @@ impl Event {
     }
 }
 
+/// Decodes a batch this store published: `(ts, events)`. Anything else
+/// (another schema, hashes that are not 32 bytes) is an error naming what
+/// did not fit.
+pub fn decode_batch(payload: &[u8]) -> Result<(f64, Vec<Event>), String> {
+    let value = rmpv::decode::read_value(&mut &payload[..]).map_err(|e| format!("msgpack: {e}"))?;
+    let batch = value.as_array().ok_or("a batch is not an array")?;
+    let ts = batch
+        .first()
+        .and_then(rmpv::Value::as_f64)
+        .ok_or("a batch's first field is not its time")?;
+    let events = batch
+        .get(1)
+        .and_then(rmpv::Value::as_array)
+        .ok_or("a batch's second field is not its events")?;
+    let events = events
+        .iter()
+        .map(decode_event)
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok((ts, events))
+}
+
+fn decode_event(event: &rmpv::Value) -> Result<Event, String> {
+    let map = event.as_map().ok_or("an event is not a map")?;
+    let field = |name: &str| {
+        map.iter()
+            .find(|(k, _)| k.as_str() == Some(name))
+            .map(|(_, v)| v)
+    };
+    let hashes = || -> Result<Vec<BlockHash>, String> {
+        field("block_hashes")
+            .and_then(rmpv::Value::as_array)
+            .ok_or("an event without block_hashes")?
+            .iter()
+            .map(|h| {
+                h.as_slice()
+                    .and_then(|b| <[u8; 32]>::try_from(b).ok())
+                    .map(BlockHash)
+                    .ok_or_else(|| format!("block hash {h} is not 32 bytes"))
+            })
+            .collect()
+    };
+    match field("type").and_then(rmpv::Value::as_str) {
+        Some("BlockStored") => Ok(Event::Stored(hashes()?)),
+        Some("BlockRemoved") => Ok(Event::Removed(hashes()?)),
+        Some("AllBlocksCleared") => Ok(Event::AllCleared),
+        other => Err(format!("unknown event type {other:?}")),
+    }
+}
+
 /// Encodes a batch stamped `ts` (seconds since the Unix epoch).
 pub fn encode_batch(ts: f64, events: &[Event]) -> Vec<u8> {
     let blocks: usize = events.iter().map(Event::blocks).sum();
@@ -150,5 +199,16 @@ mod tests {
             field(&events[2], "block_hashes").as_array().unwrap().len(),
             1
         );
+        let (ts, decoded) = decode_batch(&bytes).unwrap();
+        assert_eq!(ts, 1.5);
+        assert_eq!(
+            decoded,
+            [
+                Event::AllCleared,
+                Event::Stored(vec![a, b]),
+                Event::Removed(vec![b])
+            ]
+        );
+        assert!(decode_batch(b"\x01").is_err());
     }
 }

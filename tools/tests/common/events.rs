@@ -1,65 +1,21 @@
 //! A subscriber to the store events, as a KV-aware router runs one: a
 //! ZeroMQ SUB socket on the leader's events port, each batch decoded as
-//! vLLM's `KVEventBatch`, batches it missed (a late start, a gap in the
-//! numbers) asked of the replay port, and the blocks applied to a picture
-//! of what the store holds.
+//! vLLM's `KVEventBatch` (by the meta service's own decoder; the Python
+//! tests decode with vLLM's schema), batches it missed (a late start, a
+//! gap in the numbers) asked of the replay port, and the blocks applied to
+//! a picture of what the store holds.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use rmpv::Value;
+use mooncake_meta::events::{decode_batch, Event};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    Stored(Vec<Vec<u8>>, String),
-    Removed(Vec<Vec<u8>>, String),
-    Cleared,
-}
 
 #[derive(Debug, Clone)]
 pub struct Batch {
     pub topic: String,
     pub seq: u64,
     pub events: Vec<Event>,
-}
-
-/// Decodes a `KVEventBatch`: `[ts, events]`, each event a map tagged by
-/// `type` (vLLM 0.33's layout).
-pub fn decode(payload: &[u8]) -> Vec<Event> {
-    let batch = rmpv::decode::read_value(&mut &payload[..]).expect("msgpack");
-    let batch = batch.as_array().expect("a batch is an array");
-    assert!(batch[0].as_f64().is_some(), "ts first");
-    let field = |map: &Value, name: &str| -> Value {
-        map.as_map()
-            .expect("an event is a map")
-            .iter()
-            .find(|(k, _)| k.as_str() == Some(name))
-            .map(|(_, v)| v.clone())
-            .unwrap_or_else(|| panic!("event without {name}"))
-    };
-    let hashes = |map: &Value| -> Vec<Vec<u8>> {
-        field(map, "block_hashes")
-            .as_array()
-            .expect("block_hashes")
-            .iter()
-            .map(|h| h.as_slice().expect("bytes").to_vec())
-            .collect()
-    };
-    batch[1]
-        .as_array()
-        .expect("events")
-        .iter()
-        .map(|e| {
-            let medium = || field(e, "medium").as_str().unwrap_or("").to_string();
-            match field(e, "type").as_str() {
-                Some("BlockStored") => Event::Stored(hashes(e), medium()),
-                Some("BlockRemoved") => Event::Removed(hashes(e), medium()),
-                Some("AllBlocksCleared") => Event::Cleared,
-                other => panic!("unknown event type {other:?}"),
-            }
-        })
-        .collect()
 }
 
 fn batch_of(frames: &[bytes::Bytes]) -> Batch {
@@ -69,7 +25,7 @@ fn batch_of(frames: &[bytes::Bytes]) -> Batch {
     Batch {
         topic: String::from_utf8(topic.to_vec()).expect("topic"),
         seq: u64::from_be_bytes(seq[..].try_into().expect("8-byte seq")),
-        events: decode(payload),
+        events: decode_batch(payload).expect("a batch of this store").1,
     }
 }
 
@@ -123,22 +79,22 @@ impl Picture {
         self.seqs.push(batch.seq);
         for event in &batch.events {
             match event {
-                Event::Cleared => {
+                Event::AllCleared => {
                     self.clears += 1;
                     self.blocks.clear();
                 }
-                Event::Stored(hashes, _) => {
+                Event::Stored(hashes) => {
                     let set = self.blocks.entry(batch.topic.clone()).or_default();
                     for h in hashes {
-                        set.insert(h.clone());
-                        self.log.push((batch.topic.clone(), h.clone(), true));
+                        set.insert(h.0.to_vec());
+                        self.log.push((batch.topic.clone(), h.0.to_vec(), true));
                     }
                 }
-                Event::Removed(hashes, _) => {
+                Event::Removed(hashes) => {
                     let set = self.blocks.entry(batch.topic.clone()).or_default();
                     for h in hashes {
-                        set.remove(h);
-                        self.log.push((batch.topic.clone(), h.clone(), false));
+                        set.remove(&h.0[..]);
+                        self.log.push((batch.topic.clone(), h.0.to_vec(), false));
                     }
                 }
             }
