@@ -194,6 +194,15 @@ impl MetaConfig {
         if self.auth_timeout.0.is_zero() || self.idle_timeout.0.is_zero() {
             return Err("auth_timeout and idle_timeout must be more than 0".into());
         }
+        for (what, addr) in [
+            ("events_listen", &self.events_listen),
+            ("events_replay_listen", &self.events_replay_listen),
+        ] {
+            let port = addr.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+            if !addr.is_empty() && !matches!(port, Some(Ok(_))) {
+                return Err(format!("{what} = {addr:?} is not host:port"));
+            }
+        }
         if self.events_listen.is_empty() && !self.events_replay_listen.is_empty() {
             return Err("events_replay_listen needs events_listen".into());
         }
@@ -228,5 +237,18 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().is_err());
+        let events = |listen: &str, replay: &str| MetaConfig {
+            events_listen: listen.into(),
+            events_replay_listen: replay.into(),
+            ..Default::default()
+        };
+        events("127.0.0.1:5557", "127.0.0.1:5558")
+            .validate()
+            .unwrap();
+        assert!(events("127.0.0.1", "").validate().is_err(), "no port");
+        assert!(
+            events("", "127.0.0.1:5558").validate().is_err(),
+            "replay alone"
+        );
     }
 }

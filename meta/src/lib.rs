@@ -200,6 +200,9 @@ pub fn serve(
     ];
     if let (Some(sockets), Some(feed)) = (events, feed) {
         tracing::info!(publish = %config.events_listen, replay = %config.events_replay_listen, "meta service publishing store events");
+        if config.auth.is_some() {
+            tracing::warn!(publish = %config.events_listen, "the events ports take no token: whoever reaches them reads every block hash, host and namespace (docs/security.md)");
+        }
         let index = state.clone();
         let snapshot: events::Snapshot = Arc::new(move |shard| index.index.visible_in_shard(shard));
         tasks.push(tokio::spawn(events::run(

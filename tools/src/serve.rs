@@ -366,6 +366,9 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     if let Some(a) = args.admin {
         cfg.meta.admin = a;
     }
+    cfg.meta
+        .validate()
+        .map_err(|e| Failure::usage(format!("[meta] {e}")))?;
     let registry = Registry::new();
     let meta_listener = bind(&cfg.meta.listen, "meta service").await?;
     let daemon_listener = bind(&cfg.daemon.listen, "daemon").await?;
