@@ -1,5 +1,6 @@
 //! `bench-meta`: the meta service on its own. Prefix matches of 128-key
-//! chains and two-phase puts, in keys per second: once against the index in
+//! chains, the router's question (`route`) on the same chains, and two-phase
+//! puts, in keys per second: once against the index in
 //! this process on one core (the engine's ceiling), once over the wire
 //! against a meta service (what a scheduler sees). No block data moves.
 
@@ -114,45 +115,15 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
     }
     let put_rate = keys as f64 / start.elapsed().as_secs_f64();
 
-    // 3. Prefix matches over the wire, from concurrent callers.
+    // 3. Prefix matches, then the router's question, over the wire, from
+    // concurrent callers.
     let client = Arc::new(Client::new(ClientConfig {
         location_cache: 0,
         ..client.config().clone()
     }));
-    let next = Arc::new(AtomicUsize::new(0));
-    let start = Instant::now();
-    let workers: Vec<_> = (0..args.concurrency)
-        .map(|_| {
-            let (client, chains, next, ns) =
-                (client.clone(), chains.clone(), next.clone(), ns.clone());
-            let total = args.requests;
-            tokio::spawn(async move {
-                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
-                let mut matched = 0usize;
-                loop {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    if n >= total {
-                        break;
-                    }
-                    let t = Instant::now();
-                    if let Ok(m) = client.match_prefix(&ns, &chains[n % chains.len()]).await {
-                        matched += m.matched;
-                    }
-                    hist.saturating_record(t.elapsed().as_micros() as u64);
-                }
-                (hist, matched)
-            })
-        })
-        .collect();
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
-    let mut matched = 0;
-    for w in workers {
-        if let Ok((h, m)) = w.await {
-            hist.add(h).expect("same bounds");
-            matched += m;
-        }
-    }
-    let wire = matched as f64 / start.elapsed().as_secs_f64();
+    let (wire, hist, matched) = over_the_wire(&client, &chains, &ns, &args, Op::Match).await;
+    let (route_rate, route_hist, routed) =
+        over_the_wire(&client, &chains, &ns, &args, Op::Route).await;
     let expected = args.requests * args.chain_len;
     let _ = client
         .remove(&ns, &chains.iter().flatten().copied().collect::<Vec<_>>())
@@ -166,7 +137,10 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
                    "wire_put_start_commit_keys_per_sec": put_rate,
                    "wire_match_keys_per_sec": wire, "wire_match_p50_us": hist.value_at_quantile(0.5),
                    "wire_match_p99_us": hist.value_at_quantile(0.99),
-                   "matched": matched, "expected": expected})
+                   "wire_route_keys_per_sec": route_rate,
+                   "wire_route_p50_us": route_hist.value_at_quantile(0.5),
+                   "wire_route_p99_us": route_hist.value_at_quantile(0.99),
+                   "matched": matched, "routed": routed, "expected": expected})
         );
     } else {
         println!(
@@ -188,9 +162,77 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
             hist.value_at_quantile(0.99),
             args.chain_len
         );
-        if matched != expected {
-            println!("warning: matched {matched} keys of {expected} expected");
+        println!(
+            "meta over TCP                 route          {:>12.0} keys/s   p50 {} us  p99 {} us per {}-key request",
+            route_rate,
+            route_hist.value_at_quantile(0.5),
+            route_hist.value_at_quantile(0.99),
+            args.chain_len
+        );
+        if matched != expected || routed != expected {
+            println!("warning: matched {matched} and routed {routed} keys of {expected} expected");
         }
     }
     Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Match,
+    Route,
+}
+
+/// `args.requests` calls of `op`, one chain each, `args.concurrency` at a
+/// time: keys matched per second, the latency of each call, keys matched.
+async fn over_the_wire(
+    client: &Arc<Client>,
+    chains: &Arc<Vec<Vec<BlockHash>>>,
+    ns: &Namespace,
+    args: &BenchMetaArgs,
+    op: Op,
+) -> (f64, Histogram<u64>, usize) {
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..args.concurrency)
+        .map(|_| {
+            let (client, chains, next, ns) =
+                (client.clone(), chains.clone(), next.clone(), ns.clone());
+            let total = args.requests;
+            tokio::spawn(async move {
+                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+                let mut matched = 0usize;
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n >= total {
+                        break;
+                    }
+                    let chain = &chains[n % chains.len()];
+                    let t = Instant::now();
+                    matched += match op {
+                        Op::Match => client.match_prefix(&ns, chain).await.map(|m| m.matched),
+                        Op::Route => client
+                            .route(&ns, chain, &[], true, 0.1)
+                            .await
+                            .map(|r| r.matched as usize),
+                    }
+                    .unwrap_or(0);
+                    hist.saturating_record(t.elapsed().as_micros() as u64);
+                }
+                (hist, matched)
+            })
+        })
+        .collect();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+    let mut matched = 0;
+    for w in workers {
+        if let Ok((h, m)) = w.await {
+            hist.add(h).expect("same bounds");
+            matched += m;
+        }
+    }
+    (
+        matched as f64 / start.elapsed().as_secs_f64(),
+        hist,
+        matched,
+    )
 }
