@@ -248,7 +248,10 @@ async fn serve_replay(
         let frames = match request {
             Ok(message) => message.into_vec(),
             Err(err) => {
+                // A peer's broken request; a pause keeps a socket that keeps
+                // failing from spinning.
                 tracing::debug!(%err, "events: replay request not read");
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
         };
