@@ -608,17 +608,19 @@ impl Index {
 
     /// Drops every entry of a dead daemon; returns how many.
     pub fn remove_daemon(&self, daemon: u32) -> usize {
-        let names = self.names();
         self.shards
             .iter()
             .map(|s| {
+                // The names only for the events, and per shard: a writer of
+                // a new namespace waits for one shard, not the whole scan.
+                let names = self.events.is_on().then(|| self.names());
                 let mut shard = s.write(self);
                 let before = shard.len();
                 shard.retain(|k, e| {
                     if e.daemon != daemon {
                         return true;
                     }
-                    if e.visible().is_some() {
+                    if let (Some(names), Some(_)) = (&names, e.visible()) {
                         self.events.removed(daemon, names.name(k.ns), k.hash);
                     }
                     false

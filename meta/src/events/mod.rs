@@ -96,6 +96,11 @@ impl Events {
         (Events(Some(shared.clone())), Feed { rx, shared })
     }
 
+    /// Whether events are published (the index skips their work if not).
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// Remembers which node (host) a daemon runs on.
     pub fn set_node(&self, daemon: u32, node: &str) {
         if let Some(s) = &self.0 {
