@@ -106,6 +106,10 @@ pub struct MetaConfig {
     /// per block for the service and its subscribers), and delay events
     /// by up to this much. Default 1ms; 0 publishes what is queued at once.
     pub events_window: HumanDuration,
+    /// The serving instance on each host, by the `node` name its daemons
+    /// register with (e.g. `gpu-node-1 = "prefill-0"`): `route` names
+    /// them and takes them as candidates. Default none.
+    pub instances: std::collections::BTreeMap<String, String>,
     /// Block changes queued for the publisher; past it they are dropped,
     /// counted, and subscribers are resynchronized. Default 65536.
     pub events_queue: usize,
@@ -142,6 +146,7 @@ impl Default for MetaConfig {
             events_replay_batches: 10_000,
             events_window: HumanDuration(Duration::from_millis(1)),
             events_queue: 65_536,
+            instances: Default::default(),
         }
     }
 }

@@ -18,15 +18,21 @@
 //! One prefix match and one pass over its locations: a 128-block request
 //! costs about a `match_prefix`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use mooncake_proto::message::{RouteAnswer, RouteCandidate, RouteHost, RouteRequest};
 
 use crate::daemons::Host;
 use crate::index::Index;
 
-/// Answers `req` from the index and the live hosts.
-pub fn route(index: &Index, hosts: &[Host], req: &RouteRequest) -> RouteAnswer {
+/// Answers `req` from the index, the live hosts and the serving instance
+/// on each host (by node name).
+pub fn route(
+    index: &Index,
+    hosts: &[Host],
+    instances: &BTreeMap<String, String>,
+    req: &RouteRequest,
+) -> RouteAnswer {
     let locations = index.match_prefix(&req.keys.namespace, &req.keys.hashes);
     let matched = locations.len() as u32;
     let host_of: HashMap<u32, usize> = hosts
@@ -48,7 +54,25 @@ pub fn route(index: &Index, hosts: &[Host], req: &RouteRequest) -> RouteAnswer {
             .take_while(|l| host_of.get(&l.daemon) == Some(&h))
             .count() as u32
     });
-    let mut candidates = req.candidates.clone();
+    // A candidate named by its instance (and not a host's name) stands
+    // for that instance's host.
+    let host_named = |name: &str| {
+        if hosts.iter().any(|h| h.node == name) {
+            return name.to_string();
+        }
+        instances
+            .iter()
+            .find(|(_, instance)| *instance == name)
+            .map_or_else(|| name.to_string(), |(node, _)| node.clone())
+    };
+    let mut candidates: Vec<RouteCandidate> = req
+        .candidates
+        .iter()
+        .map(|c| RouteCandidate {
+            node: host_named(&c.node),
+            queue: c.queue,
+        })
+        .collect();
     if req.every_host {
         for h in hosts {
             if !candidates.iter().any(|c| c.node == h.node) {
@@ -70,6 +94,7 @@ pub fn route(index: &Index, hosts: &[Host], req: &RouteRequest) -> RouteAnswer {
                 + u64::from(req.transfer_permille) * u64::from(matched - held)
                 + u64::from(c.queue) * 1000;
             RouteHost {
+                instance: instances.get(&c.node).cloned().unwrap_or_default(),
                 daemons: host.map_or(0, |h| h.daemons.len() as u32),
                 leading: if at.is_some() && at == first.copied() {
                     leading

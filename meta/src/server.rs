@@ -60,6 +60,8 @@ pub struct State {
     /// How daemons are called: plain TCP, or with `peer_ca` TLS over TCP
     /// or QUIC.
     peer: Dialer,
+    /// The serving instance on each host, by node name (for `route`).
+    instances: std::collections::BTreeMap<String, String>,
 }
 
 impl State {
@@ -91,6 +93,7 @@ impl State {
                 .tls_files()
                 .peer_dialer()
                 .map_err(crate::MetaError::Config)?,
+            instances: cfg.instances.clone(),
         })
     }
 
@@ -436,7 +439,8 @@ async fn dispatch(
         Opcode::Route => {
             let req = RouteRequest::from_bytes(body)?;
             owns(who, &req.keys.namespace)?;
-            let answer = crate::route::route(&state.index, &state.daemons.hosts(), &req);
+            let answer =
+                crate::route::route(&state.index, &state.daemons.hosts(), &state.instances, &req);
             metrics.match_hits.inc_by(u64::from(answer.matched));
             metrics
                 .match_misses

@@ -156,3 +156,41 @@ async fn route_answers_each_hosts_prefix_and_the_cheapest_host() {
         .iter()
         .all(|h| h.cost_milli == 12_000 && h.held == 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_names_the_serving_instance_on_each_host_and_takes_it_as_a_candidate() {
+    let meta = mooncake_meta::MetaConfig {
+        instances: [("gpu-a", "prefill-0"), ("gpu-b", "prefill-1")]
+            .into_iter()
+            .map(|(n, i)| (n.to_string(), i.to_string()))
+            .collect(),
+        ..fast_meta()
+    };
+    let cluster = TestCluster::start_with(meta, vec![on_node("gpu-a"), on_node("gpu-b")]).await;
+    let tokens: Vec<u32> = (0..4 * 16).collect();
+    let chain = PrefixHasher::chain(b"model", &tokens, 16, b"");
+    put(&writer(&cluster, "gpu-b"), &chain[..3]).await;
+    let client = cluster.client();
+    let all = client.route(&ns(), &chain, &[], true, 0.1).await.unwrap();
+    let named: Vec<(&str, &str)> = all
+        .hosts
+        .iter()
+        .map(|h| (h.node.as_str(), h.instance.as_str()))
+        .collect();
+    assert_eq!(named, [("gpu-a", "prefill-0"), ("gpu-b", "prefill-1")]);
+    assert_eq!(all.best, Some(1));
+    // Asked by instance: the answer is that instance's host.
+    let by_instance = [RouteCandidate {
+        node: "prefill-1".into(),
+        queue: 0,
+    }];
+    let answer = client
+        .route(&ns(), &chain, &by_instance, false, 0.1)
+        .await
+        .unwrap();
+    let h = &answer.hosts[0];
+    assert_eq!(
+        (h.node.as_str(), h.instance.as_str(), h.held),
+        ("gpu-b", "prefill-1", 3)
+    );
+}

@@ -16,8 +16,9 @@ pub struct RouteArgs {
     target: Target,
     #[command(flatten)]
     ns: KeyArgs,
-    /// Candidate hosts (the node names daemons registered with), comma
-    /// separated; default: every host with a live daemon.
+    /// Candidate hosts (the node names daemons registered with, or the
+    /// serving instances the meta service's `instances` puts on them),
+    /// comma separated; default: every host with a live daemon.
     #[arg(long, value_delimiter = ',')]
     candidates: Vec<String>,
     /// Work waiting at a candidate's serving instance, in blocks of
@@ -89,7 +90,7 @@ pub async fn run(args: RouteArgs) -> Result<(), Failure> {
         let hosts: Vec<_> = hosts
             .iter()
             .map(|h| {
-                json!({"node": h.node, "daemons": h.daemons, "leading": h.leading, "held": h.held,
+                json!({"node": h.node, "instance": h.instance, "daemons": h.daemons, "leading": h.leading, "held": h.held,
                        "reads_per_sec": h.reads_per_sec, "used": h.used, "capacity": h.capacity,
                        "queue": h.queue, "cost": h.cost_milli as f64 / 1000.0})
             })
@@ -106,13 +107,18 @@ pub async fn run(args: RouteArgs) -> Result<(), Failure> {
         answer.matched, answer.blocks, args.transfer_cost
     );
     println!(
-        "{:<16} {:>7} {:>7} {:>6} {:>8} {:>10} {:>6} {:>9}",
-        "host", "daemons", "leading", "held", "reads/s", "used", "queue", "cost"
+        "{:<16} {:<12} {:>7} {:>7} {:>6} {:>8} {:>10} {:>6} {:>9}",
+        "host", "instance", "daemons", "leading", "held", "reads/s", "used", "queue", "cost"
     );
     for (i, h) in hosts.iter().enumerate() {
         println!(
-            "{:<16} {:>7} {:>7} {:>6} {:>8} {:>10} {:>6} {:>9.2}{}",
+            "{:<16} {:<12} {:>7} {:>7} {:>6} {:>8} {:>10} {:>6} {:>9.2}{}",
             h.node,
+            if h.instance.is_empty() {
+                "-"
+            } else {
+                &h.instance
+            },
             h.daemons,
             h.leading,
             h.held,

@@ -612,6 +612,7 @@ impl Client {
             .map(|h| {
                 let d = PyDict::new(py);
                 d.set_item("node", &h.node)?;
+                d.set_item("instance", &h.instance)?;
                 d.set_item("daemons", h.daemons)?;
                 d.set_item("leading", h.leading)?;
                 d.set_item("held", h.held)?;

@@ -16,6 +16,8 @@ def test_route_answers_the_prefix_per_host_and_the_cheapest(client):
     assert (answer["blocks"], answer["matched"]) == (5, 3)
     (host,) = answer["hosts"]
     assert (host["leading"], host["held"], host["daemons"]) == (3, 3, 1)
+    assert host["instance"] == "", "no instances configured"
+
     assert host["cost"] == pytest.approx(2.0), "two blocks to prefill, none to move"
     assert answer["best"] == host["node"]
 

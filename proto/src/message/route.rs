@@ -9,7 +9,8 @@ use super::*;
 /// of its own queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteCandidate {
-    /// The `node` name its daemon registered with.
+    /// The `node` name its daemon registered with, or the name of the
+    /// serving instance the meta service's `instances` puts there.
     pub node: String,
     /// Work already queued on the serving instance there, in blocks of
     /// prefill (0: unknown or idle).
@@ -68,6 +69,8 @@ impl Body for RouteRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteHost {
     pub node: String,
+    /// The serving instance there (the meta service's `instances`), or "".
+    pub instance: String,
     /// Its live daemons.
     pub daemons: u32,
     /// Leading blocks of the request all held on this host: what an
@@ -109,6 +112,7 @@ impl Body for RouteAnswer {
         w.count(self.hosts.len());
         for h in &self.hosts {
             w.str(&h.node);
+            w.str(&h.instance);
             w.u32(h.daemons);
             w.u32(h.leading);
             w.u32(h.held);
@@ -123,11 +127,12 @@ impl Body for RouteAnswer {
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let blocks = r.u32()?;
         let matched = r.u32()?;
-        let n = r.count(2 + 4 * 4 + 8 * 4)?;
+        let n = r.count(2 + 2 + 4 * 4 + 8 * 4)?;
         let hosts: Vec<RouteHost> = (0..n)
             .map(|_| {
                 Ok(RouteHost {
                     node: r.str()?.to_string(),
+                    instance: r.str()?.to_string(),
                     daemons: r.u32()?,
                     leading: r.u32()?,
                     held: r.u32()?,

@@ -53,6 +53,7 @@ fn every_body_round_trips_and_refuses_truncation() {
             matched: 3,
             hosts: vec![RouteHost {
                 node: "gpu-1".into(),
+                instance: "prefill-0".into(),
                 daemons: 1,
                 leading: 2,
                 held: 3,
