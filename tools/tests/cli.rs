@@ -877,9 +877,7 @@ fn route_sim_compares_policies_on_a_trace_with_exact_hits_and_times() {
     // Ten requests 100 s apart (every prefill done before the next
     // arrives), each four shared blocks and one of its own: the first
     // hits nothing, the others four blocks of five.
-    let dir = std::env::temp_dir().join(format!("mooncake-route-sim-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let trace = dir.join("trace.jsonl");
+    let (dir, trace) = dir_with_trace("route-sim");
     let lines: String = (0..10)
         .map(|i| {
             format!(
