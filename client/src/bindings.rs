@@ -92,7 +92,9 @@ pub mod status {
 
     pub fn of_put(outcome: PutOutcome) -> i64 {
         match outcome {
-            PutOutcome::Stored | PutOutcome::AlreadyExists => OK,
+            // Stored on fewer hosts than asked is stored: the block is
+            // visible and readable (the shortfall is counted and logged).
+            PutOutcome::Stored | PutOutcome::Short { .. } | PutOutcome::AlreadyExists => OK,
             PutOutcome::Failed(ErrorCode::ChecksumMismatch) => WRITE_FAIL,
             PutOutcome::Failed(code) => of_code(code),
         }

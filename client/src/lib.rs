@@ -12,7 +12,7 @@ mod locations;
 mod metrics;
 pub mod transport;
 
-pub use client::{Client, ClientConfig, GetOutcome, PrefixMatch, PutOutcome};
+pub use client::{Client, ClientConfig, GetOutcome, PrefixMatch, PutOptions, PutOutcome};
 pub use metrics::ClientMetrics;
 pub use mooncake_net as net;
 /// What a client call returns when it fails: which side, at which

@@ -82,25 +82,23 @@ mod tests {
         BlockKey::new(Namespace::new("t").unwrap(), BlockHash([i; 32]))
     }
 
-    const LOC: Location = Location {
-        daemon: 1,
-        size: 2,
-        checksum: 3,
-    };
+    fn loc() -> Location {
+        Location::on(1, 2, 3)
+    }
 
     #[test]
     fn stays_within_capacity_and_forgets() {
         let c = LocationCache::new(2);
-        c.insert(key(1), LOC);
-        c.insert(key(2), LOC);
-        assert_eq!(c.get(&key(1)), Some(LOC));
-        c.insert(key(3), LOC);
+        c.insert(key(1), loc());
+        c.insert(key(2), loc());
+        assert_eq!(c.get(&key(1)), Some(loc()));
+        c.insert(key(3), loc());
         assert!(c.map.lock().len() <= 2);
-        assert_eq!(c.get(&key(3)), Some(LOC));
+        assert_eq!(c.get(&key(3)), Some(loc()));
         c.forget(&key(3));
         assert_eq!(c.get(&key(3)), None);
         let off = LocationCache::new(0);
-        off.insert(key(1), LOC);
+        off.insert(key(1), loc());
         assert_eq!(off.get(&key(1)), None);
     }
 }

@@ -22,6 +22,7 @@ pub struct ClientMetrics {
     get_failed: IntCounter,
     put_stored: IntCounter,
     put_exists: IntCounter,
+    put_short: IntCounter,
     put_failed: IntCounter,
     bytes_read: IntCounter,
     bytes_written: IntCounter,
@@ -79,6 +80,7 @@ impl ClientMetrics {
             get_failed: blocks.with_label_values(&["get", "failed"]),
             put_stored: blocks.with_label_values(&["put", "stored"]),
             put_exists: blocks.with_label_values(&["put", "exists"]),
+            put_short: blocks.with_label_values(&["put", "short"]),
             put_failed: blocks.with_label_values(&["put", "failed"]),
             bytes_read: bytes.with_label_values(&["read"]),
             bytes_written: bytes.with_label_values(&["written"]),
@@ -112,6 +114,10 @@ impl ClientMetrics {
             match o {
                 PutOutcome::Stored => {
                     self.put_stored.inc();
+                    self.bytes_written.inc_by(size as u64);
+                }
+                PutOutcome::Short { .. } => {
+                    self.put_short.inc();
                     self.bytes_written.inc_by(size as u64);
                 }
                 PutOutcome::AlreadyExists => self.put_exists.inc(),

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use mooncake_proto::message::MAX_COPIES;
 use mooncake_proto::units::HumanDuration;
 use mooncake_server::{Deadlines, Limits, TlsFiles};
 use serde::{Deserialize, Serialize};
@@ -37,7 +38,7 @@ pub struct MetaConfig {
     pub request_timeout: HumanDuration,
     /// Most puts reserved and not yet committed, cluster-wide; past it a
     /// put is answered busy (back-pressure) instead of growing the index
-    /// (about 100 bytes each). Default 1000000.
+    /// (about 150 bytes each). Default 1000000.
     pub max_pending_puts: u64,
     /// Most of those one client may hold (clients are told apart by
     /// address, `docs/operations.md`), so that no client can turn every
@@ -113,6 +114,11 @@ pub struct MetaConfig {
     /// Block changes queued for the publisher; past it they are dropped,
     /// counted, and subscribers are resynchronized. Default 65536.
     pub events_queue: usize,
+    /// Copies of each block, on distinct hosts, for puts that ask for no
+    /// number of their own: by namespace, `"*"` for the others (e.g.
+    /// `"*" = 1` and `system-prompts = 3`). From 1 to 4. Default: 1
+    /// everywhere.
+    pub replicas: std::collections::BTreeMap<String, u8>,
 }
 
 impl Default for MetaConfig {
@@ -147,6 +153,7 @@ impl Default for MetaConfig {
             events_window: HumanDuration(Duration::from_millis(1)),
             events_queue: 65_536,
             instances: Default::default(),
+            replicas: Default::default(),
         }
     }
 }
@@ -214,8 +221,18 @@ impl MetaConfig {
         if self.events_queue == 0 || self.events_replay_batches == 0 {
             return Err("events_queue and events_replay_batches must be at least 1".into());
         }
+        for (ns, n) in &self.replicas {
+            if !(1..=MAX_COPIES).contains(&usize::from(*n)) {
+                return Err(format!("replicas.{ns} = {n} is not from 1 to {MAX_COPIES}"));
+            }
+        }
         self.tokens()?;
         Ok(())
+    }
+
+    /// Copies a put in `namespace` gets when it asks for none.
+    pub fn replicas_of(&self, namespace: &str) -> u8 {
+        replicas_in(&self.replicas, namespace)
     }
 
     /// The token table `auth` names, read now; `None` without one.
@@ -224,6 +241,16 @@ impl MetaConfig {
     ) -> Result<Option<std::sync::Arc<mooncake_proto::auth::TokenTable>>, String> {
         mooncake_proto::auth::TokenTable::load_optional(self.auth.as_deref())
     }
+}
+
+/// Copies a put in `namespace` gets when it asks for none, by the
+/// `replicas` table.
+pub fn replicas_in(table: &std::collections::BTreeMap<String, u8>, namespace: &str) -> u8 {
+    table
+        .get(namespace)
+        .or_else(|| table.get("*"))
+        .copied()
+        .unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -255,5 +282,11 @@ mod tests {
             events("", "127.0.0.1:5558").validate().is_err(),
             "replay alone"
         );
+        let cfg: MetaConfig = toml::from_str("[replicas]\n\"*\" = 2\nhot = 3").unwrap();
+        cfg.validate().unwrap();
+        assert_eq!((cfg.replicas_of("hot"), cfg.replicas_of("other")), (3, 2));
+        assert_eq!(MetaConfig::default().replicas_of("any"), 1);
+        let five: MetaConfig = toml::from_str("[replicas]\nhot = 5").unwrap();
+        assert!(five.validate().is_err(), "more than MAX_COPIES");
     }
 }

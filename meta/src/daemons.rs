@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use mooncake_proto::message::{DaemonAddr, DaemonInfo, PoolStats, RegisterRequest};
+use mooncake_proto::message::{
+    Copies, DaemonAddr, DaemonInfo, PoolStats, RegisterRequest, MAX_COPIES,
+};
 use mooncake_proto::transport::Endpoint;
 use parking_lot::RwLock;
 
@@ -142,15 +144,49 @@ impl Daemons {
     /// given the least of its capacity since its last report, so that they
     /// spread evenly instead of following the last few free bytes. Draining
     /// daemons take nothing.
+    #[cfg(test)]
     pub fn place(&self, size: u64, node: &str) -> Option<u32> {
+        self.place_copies(size, node, 1).first()
+    }
+
+    /// Where the `copies` copies of a new block go, each on a distinct host
+    /// (`node`; two daemons of one host are not two copies): the first as
+    /// `place` puts a single copy, each next one as `place` puts a block
+    /// of a writer on no host, among the hosts not chosen yet. Fewer if
+    /// fewer hosts can take it; none if no daemon can.
+    pub fn place_copies(&self, size: u64, node: &str, copies: usize) -> Copies {
         let mut members = self.members.write();
+        let mut chosen = Copies::default();
+        let mut hosts: Vec<String> = Vec::new();
+        for i in 0..copies.clamp(1, MAX_COPIES) {
+            let writer = if i == 0 { node } else { "" };
+            let Some(id) = Self::place_one(&members, size, writer, &hosts) else {
+                break;
+            };
+            let m = members.get_mut(&id).expect("just chosen");
+            m.placed += size;
+            hosts.push(m.node.clone());
+            chosen.push(id);
+        }
+        chosen
+    }
+
+    /// One daemon for a copy, on none of the hosts in `taken`.
+    fn place_one(
+        members: &HashMap<u32, Member>,
+        size: u64,
+        node: &str,
+        taken: &[String],
+    ) -> Option<u32> {
         let room = |m: &Member| {
             i128::from(m.stats.capacity) - i128::from(m.stats.used) - i128::from(m.placed)
         };
         let roomy = |m: &Member| {
             room(m) >= i128::from(size) + (m.stats.capacity as f64 * FULL_MARGIN) as i128
         };
-        let open = |m: &Member| m.alive && !m.draining && m.stats.capacity >= size;
+        let open = |m: &Member| {
+            m.alive && !m.draining && m.stats.capacity >= size && !taken.contains(&m.node)
+        };
         let local = members
             .iter()
             .filter(|(_, m)| open(m) && !node.is_empty() && m.node == node && roomy(m))
@@ -175,9 +211,7 @@ impl Daemons {
                 })
                 .map(|(id, _)| *id)
         };
-        let id = local.or_else(roomiest).or_else(least_loaded)?;
-        members.get_mut(&id).expect("just chosen").placed += size;
-        Some(id)
+        local.or_else(roomiest).or_else(least_loaded)
     }
 
     /// Largest pool among live daemons: no block larger can be placed.
@@ -207,6 +241,7 @@ impl Daemons {
             .filter_map(|id| {
                 members.get(&id).map(|m| DaemonAddr {
                     id,
+                    node: m.node.clone(),
                     addr: m.addr.clone(),
                     endpoints: m.endpoints.clone(),
                 })
@@ -398,6 +433,80 @@ mod tests {
         let picks: Vec<u32> = (0..6).map(|_| d.place(10, "").unwrap()).collect();
         for id in &ids {
             assert_eq!(picks.iter().filter(|p| *p == id).count(), 2, "{picks:?}");
+        }
+    }
+
+    #[test]
+    fn copies_go_to_distinct_hosts_the_writers_first() {
+        let d = Daemons::default();
+        let t = Instant::now();
+        // Two daemons on gpu-1, one each on gpu-2 and gpu-3.
+        let a = d.register(req("gpu-1", "a:1", 100, 0), t);
+        let b = d.register(req("gpu-1", "b:1", 1000, 0), t);
+        let c = d.register(req("gpu-2", "c:1", 100, 0), t);
+        let e = d.register(req("gpu-3", "e:1", 100, 0), t);
+        let three = d.place_copies(10, "gpu-2", 3);
+        assert_eq!(three.len(), 3);
+        assert_eq!(three.first(), Some(c), "the writer's host first");
+        assert!(
+            !(three.contains(a) && three.contains(b)),
+            "two daemons of one host are one copy: {three:?}"
+        );
+        assert!(three.contains(e));
+        assert_eq!(
+            d.place_copies(10, "", 4).len(),
+            3,
+            "three hosts, three copies"
+        );
+        assert!(d.set_draining(e, true));
+        assert_eq!(
+            d.place_copies(10, "", 3).len(),
+            2,
+            "a draining host takes none"
+        );
+    }
+
+    proptest::proptest! {
+        /// Against a model: copies land on distinct, open hosts that fit the
+        /// block, as many as asked where enough hosts can take one, the
+        /// writer's own host first when it has room.
+        #[test]
+        fn placement_of_copies_follows_the_rules(
+            daemons in proptest::collection::vec((0u8..4, 1u64..200, 0u64..200, proptest::bool::ANY), 1..8),
+            size in 1u64..150,
+            writer in 0u8..5,
+            asked in 1usize..5,
+        ) {
+            let d = Daemons::default();
+            let t = Instant::now();
+            let mut open_hosts = std::collections::HashSet::new();
+            let mut roomy_writer = false;
+            for (i, (host, capacity, used, draining)) in daemons.iter().enumerate() {
+                let id = d.register(req(&format!("h{host}"), &format!("a:{i}"), *capacity, 0), t);
+                let stats = PoolStats { capacity: *capacity, used: (*used).min(*capacity), ..Default::default() };
+                d.heartbeat(id, stats, t);
+                d.set_draining(id, *draining);
+                if !draining && *capacity >= size {
+                    open_hosts.insert(*host);
+                    let room = capacity - stats.used;
+                    roomy_writer |= *host == writer
+                        && room as f64 >= size as f64 + *capacity as f64 * FULL_MARGIN;
+                }
+            }
+            let node = format!("h{writer}");
+            let copies = d.place_copies(size, &node, asked);
+            let infos = d.infos();
+            let info = |id: u32| infos.iter().find(|i| i.id == id).unwrap().clone();
+            proptest::prop_assert_eq!(copies.len(), asked.min(open_hosts.len()));
+            let mut seen = std::collections::HashSet::new();
+            for id in copies.iter() {
+                let i = info(id);
+                proptest::prop_assert!(!i.draining && i.capacity >= size);
+                proptest::prop_assert!(seen.insert(i.node.clone()), "one copy per host");
+            }
+            if roomy_writer {
+                proptest::prop_assert_eq!(info(copies.first().unwrap()).node, node);
+            }
         }
     }
 }

@@ -9,7 +9,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use mooncake_proto::message::{CommitItem, ListEntry, Location};
+#[cfg(test)]
+use mooncake_proto::message::MAX_COPIES;
+use mooncake_proto::message::{CommitItem, Copies, ListEntry, Location};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -37,13 +39,14 @@ impl TableKey for IdxKey {
 }
 
 /// An entry's phase; the checksum is known once the block is stored, and
-/// the reserving client only while it is being stored (an entry stays 32
+/// the reserving client only while it is being stored (an entry stays 48
 /// bytes).
 #[derive(Clone, Copy)]
 enum State {
-    /// `evicted`: the daemon evicted the block before the put committed
-    /// (a pool of 2Q lets a long new chain pass through its probation
-    /// while it is still being written).
+    /// `evicted`: a daemon it was placed on evicted the block before the
+    /// put committed (a pool of 2Q lets a long new chain pass through its
+    /// probation while it is still being written); that daemon has left
+    /// the entry's copies.
     Pending {
         since: Instant,
         client: Client,
@@ -54,9 +57,11 @@ enum State {
     },
 }
 
+/// A block: the daemons holding its copies (while pending: those it is
+/// being written to), its size and phase.
 #[derive(Clone, Copy)]
 struct Entry {
-    daemon: u32,
+    copies: Copies,
     size: u32,
     state: State,
 }
@@ -65,13 +70,38 @@ impl Entry {
     fn visible(&self) -> Option<Location> {
         match self.state {
             State::Visible { checksum } => Some(Location {
-                daemon: self.daemon,
+                daemons: self.copies,
                 size: self.size,
                 checksum,
             }),
             State::Pending { .. } => None,
         }
     }
+
+    fn is_pending(&self) -> bool {
+        matches!(self.state, State::Pending { .. })
+    }
+
+    /// Takes `daemon`'s copy out (it evicted the block, or died): a pending
+    /// entry remembers that one of its copies went.
+    fn lose(&mut self, daemon: u32) -> bool {
+        if !self.copies.remove(daemon) {
+            return false;
+        }
+        if let State::Pending { evicted, .. } = &mut self.state {
+            *evicted = true;
+        }
+        true
+    }
+}
+
+/// What a daemon's leaving cost the index.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gone {
+    /// Copies it held (visible or being written).
+    pub copies: usize,
+    /// Blocks whose last copy it held: gone from the index.
+    pub blocks: usize,
 }
 
 /// Keys of a prefix match whose slots are prefetched ahead of the probe.
@@ -100,6 +130,8 @@ struct Shard {
     /// lock) so that `stats` (every metrics scrape) reads three numbers
     /// instead of every entry.
     visible: AtomicU64,
+    /// The visible entries' copies.
+    copies: AtomicU64,
     bytes: AtomicU64,
     pending: AtomicU64,
 }
@@ -169,7 +201,10 @@ impl ShardWrite<'_> {
         old
     }
 
-    fn retain(&mut self, mut keep: impl FnMut(&IdxKey, &Entry) -> bool) {
+    /// Keeps the entries `keep` says to, which it may change in place
+    /// (their phase and size must stay, and a visible entry's copies
+    /// taken out must be counted out by `keep`: the counts do not see it).
+    fn retain(&mut self, mut keep: impl FnMut(&IdxKey, &mut Entry) -> bool) {
         let (shard, names, clients) = (self.shard, self.names, self.clients);
         self.table.retain(|k, e| {
             let kept = keep(k, e);
@@ -197,6 +232,7 @@ fn count((shard, clients): (&Shard, &PendingByClient), e: &Entry, added: bool) {
     match e.state {
         State::Visible { .. } => {
             change(&shard.visible, 1);
+            change(&shard.copies, e.copies.len() as u64);
             change(&shard.bytes, u64::from(e.size));
         }
         State::Pending { client, .. } => {
@@ -231,6 +267,7 @@ pub struct ListFilter<'a> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PrefixStats {
     pub visible: u64,
+    pub copies: u64,
     pub bytes: u64,
     pub pending: u64,
 }
@@ -393,13 +430,13 @@ impl Index {
         self.pending_by_client.of(client)
     }
 
-    /// Phase one: reserves a key on a daemon for `client` unless it is
-    /// already stored or being stored.
+    /// Phase one: reserves a key on daemons (one per copy) for `client`
+    /// unless it is already stored or being stored.
     pub fn reserve(
         &self,
         ns: &Namespace,
         hash: BlockHash,
-        (size, daemon): (u32, u32),
+        (size, copies): (u32, Copies),
         client: Client,
         now: Instant,
     ) -> Reservation {
@@ -417,7 +454,7 @@ impl Index {
         table.insert(
             key,
             Entry {
-                daemon,
+                copies,
                 size,
                 state: State::Pending {
                     since: now,
@@ -430,33 +467,44 @@ impl Index {
         Reservation::Reserved
     }
 
-    /// Adds a block a daemon reports holding (index rebuild). The report
-    /// wins over an existing entry: the reporting daemon holds complete,
-    /// verified bytes now, while the entry may point at a daemon that is
-    /// gone (a restart at a new address) and about to be dropped.
+    /// Adds a block a daemon reports holding (index rebuild): one more
+    /// copy of a visible entry with the same bytes (size and checksum).
+    /// Otherwise the report wins over the existing entry: the reporting
+    /// daemon holds complete, verified bytes now, while the entry may point
+    /// at a daemon that is gone (a restart at a new address) and about to
+    /// be dropped.
     pub fn insert_visible(&self, block: &BlockKey, daemon: u32, size: u32, checksum: u64) {
         let key = IdxKey {
             ns: self.namespaces.acquire(&block.namespace),
             hash: block.hash,
         };
         let mut shard = self.shard(&key).write(self);
+        let old = shard.get(&key).and_then(Entry::visible);
+        let same = old.filter(|o| o.size == size && o.checksum == checksum);
+        let copies = match same {
+            Some(o) if o.daemons.contains(daemon) || o.daemons.is_full() => o.daemons,
+            Some(o) => {
+                let mut copies = o.daemons;
+                copies.push(daemon);
+                self.events.stored(daemon, &block.namespace, block.hash);
+                copies
+            }
+            None => {
+                for d in old.iter().flat_map(|o| o.daemons.iter()) {
+                    self.events.removed(d, &block.namespace, block.hash);
+                }
+                self.events.stored(daemon, &block.namespace, block.hash);
+                Copies::one(daemon)
+            }
+        };
         let replaced = shard.insert(
             key,
             Entry {
-                daemon,
+                copies,
                 size,
                 state: State::Visible { checksum },
             },
         );
-        match replaced.and_then(|old| old.visible()) {
-            Some(old) if old.daemon == daemon => {}
-            Some(old) => {
-                self.events
-                    .removed(old.daemon, &block.namespace, block.hash);
-                self.events.stored(daemon, &block.namespace, block.hash);
-            }
-            None => self.events.stored(daemon, &block.namespace, block.hash),
-        }
         drop(shard);
         if replaced.is_some() {
             // The entry it replaced already held the namespace's reference.
@@ -464,14 +512,16 @@ impl Index {
         }
     }
 
-    /// Phase two: makes a stored block visible, or drops the reservation
-    /// of one that was not stored.
+    /// Phase two: makes a stored block visible on the daemons that stored
+    /// it, or drops the reservation of one that was not stored. A commit
+    /// naming none of the daemons the block was placed on is another
+    /// writer's (unless its copies were evicted meanwhile).
     pub fn commit(&self, namespace: &Namespace, item: &CommitItem) -> ErrorCode {
         let names = self.names();
         let Some(&ns) = names.ids.get(namespace) else {
             // Nothing was ever reserved in this namespace: dropping a
             // reservation is done, making one visible is not possible.
-            return if item.stored {
+            return if item.stored() {
                 ErrorCode::NoReservation
             } else {
                 ErrorCode::Ok
@@ -482,30 +532,42 @@ impl Index {
             hash: item.hash,
         };
         let mut shard = self.shard(&key).write(self);
-        match shard.get(&key).copied() {
-            Some(e) if matches!(e.state, State::Pending { .. }) && e.daemon == item.daemon => {
-                let evicted = matches!(e.state, State::Pending { evicted: true, .. });
-                if item.stored && !evicted {
-                    let visible = Entry {
-                        state: State::Visible {
-                            checksum: item.checksum,
-                        },
-                        size: item.size,
-                        ..e
-                    };
-                    shard.insert(key, visible);
-                    self.events.stored(item.daemon, namespace, item.hash);
-                } else {
-                    shard.remove(&key);
-                }
-                ErrorCode::Ok
-            }
-            // Another writer's reservation: neither released nor "done".
-            Some(e) if matches!(e.state, State::Pending { .. }) => ErrorCode::NoReservation,
+        let Some(e) = shard.get(&key).copied().filter(Entry::is_pending) else {
             // Nothing of this writer's is left to release.
-            _ if !item.stored => ErrorCode::Ok,
-            _ => ErrorCode::NoReservation,
+            return if item.stored() {
+                ErrorCode::NoReservation
+            } else {
+                ErrorCode::Ok
+            };
+        };
+        let evicted = matches!(e.state, State::Pending { evicted: true, .. });
+        let copies: Copies = item
+            .stored_on
+            .iter()
+            .filter(|d| e.copies.contains(*d))
+            .collect();
+        if item.stored() && copies.is_empty() && !evicted {
+            // Another writer's reservation: neither released nor "done".
+            return ErrorCode::NoReservation;
         }
+        if copies.is_empty() {
+            // Not stored, or stored and evicted everywhere since (as any
+            // block may be): done, and not visible.
+            shard.remove(&key);
+        } else {
+            let visible = Entry {
+                copies,
+                size: item.size,
+                state: State::Visible {
+                    checksum: item.checksum,
+                },
+            };
+            shard.insert(key, visible);
+            for d in copies.iter() {
+                self.events.stored(d, namespace, item.hash);
+            }
+        }
+        ErrorCode::Ok
     }
 
     fn visible(&self, ns: NsId, hash: BlockHash) -> Option<Location> {
@@ -551,7 +613,7 @@ impl Index {
     }
 
     /// Removes visible keys; returns where each was (`None`: not stored).
-    pub fn remove(&self, namespace: &Namespace, hashes: &[BlockHash]) -> Vec<Option<u32>> {
+    pub fn remove(&self, namespace: &Namespace, hashes: &[BlockHash]) -> Vec<Option<Copies>> {
         let names = self.names();
         let Some(&ns) = names.ids.get(namespace) else {
             return vec![None; hashes.len()];
@@ -562,11 +624,13 @@ impl Index {
                 let key = IdxKey { ns, hash: *hash };
                 let mut shard = self.shard(&key).write(self);
                 match shard.get(&key) {
-                    Some(e) if matches!(e.state, State::Visible { .. }) => {
-                        let daemon = e.daemon;
+                    Some(e) if !e.is_pending() => {
+                        let copies = e.copies;
                         shard.remove(&key);
-                        self.events.removed(daemon, namespace, *hash);
-                        Some(daemon)
+                        for d in copies.iter() {
+                            self.events.removed(d, namespace, *hash);
+                        }
+                        Some(copies)
                     }
                     _ => None,
                 }
@@ -574,11 +638,11 @@ impl Index {
             .collect()
     }
 
-    /// Drops a key if (and only if) it lives on `daemon`: a daemon's report
-    /// that it evicted a block must not remove a newer copy elsewhere. A
-    /// put of it not committed yet stays reserved, marked evicted: its
-    /// commit then succeeds (the block was stored, and evicted as any
-    /// block may be) without making it visible.
+    /// Drops `daemon`'s copy of a key: a daemon's report that it evicted a
+    /// block must not remove a copy elsewhere. The key goes with its last
+    /// copy. A put of it not committed yet stays reserved, marked evicted:
+    /// its commit then succeeds (the block was stored, and evicted as any
+    /// block may be) without making that copy visible.
     pub fn remove_at(&self, block: &BlockKey, daemon: u32) -> bool {
         let names = self.names();
         let Some(&ns) = names.ids.get(&block.namespace) else {
@@ -589,45 +653,49 @@ impl Index {
             hash: block.hash,
         };
         let mut shard = self.shard(&key).write(self);
-        let Some(e) = shard.get(&key).copied().filter(|e| e.daemon == daemon) else {
+        let Some(mut e) = shard.get(&key).copied() else {
             return false;
         };
-        if let State::Pending { since, client, .. } = e.state {
-            let state = State::Pending {
-                since,
-                client,
-                evicted: true,
-            };
-            shard.insert(key, Entry { state, ..e });
-        } else {
-            shard.remove(&key);
+        if !e.lose(daemon) {
+            return false;
+        }
+        if !e.is_pending() {
             self.events.removed(daemon, &block.namespace, block.hash);
+        }
+        if e.copies.is_empty() && !e.is_pending() {
+            shard.remove(&key);
+        } else {
+            shard.insert(key, e);
         }
         true
     }
 
-    /// Drops every entry of a dead daemon; returns how many.
-    pub fn remove_daemon(&self, daemon: u32) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                // The names only for the events, and per shard: a writer of
-                // a new namespace waits for one shard, not the whole scan.
-                let names = self.events.is_on().then(|| self.names());
-                let mut shard = s.write(self);
-                let before = shard.len();
-                shard.retain(|k, e| {
-                    if e.daemon != daemon {
-                        return true;
-                    }
-                    if let (Some(names), Some(_)) = (&names, e.visible()) {
+    /// Drops a dead daemon's copies; entries left with none go (a put
+    /// being written only there too).
+    pub fn remove_daemon(&self, daemon: u32) -> Gone {
+        let mut gone = Gone::default();
+        for s in &self.shards {
+            // The names only for the events, and per shard: a writer of a
+            // new namespace waits for one shard, not the whole scan.
+            let names = self.events.is_on().then(|| self.names());
+            let mut shard = s.write(self);
+            let before = shard.len();
+            shard.retain(|k, e| {
+                if !e.lose(daemon) {
+                    return true;
+                }
+                gone.copies += 1;
+                if !e.is_pending() {
+                    s.copies.fetch_sub(1, Ordering::Relaxed);
+                    if let Some(names) = &names {
                         self.events.removed(daemon, names.name(k.ns), k.hash);
                     }
-                    false
-                });
-                before - shard.len()
-            })
-            .sum()
+                }
+                !e.copies.is_empty()
+            });
+            gone.blocks += before - shard.len();
+        }
+        gone
     }
 
     /// The visible blocks of shard `i` (daemon, namespace, hash), for a
@@ -639,8 +707,11 @@ impl Index {
         Some(
             table
                 .iter()
-                .filter(|(_, e)| e.visible().is_some())
-                .map(|(k, e)| (e.daemon, names.name(k.ns).clone(), k.hash))
+                .filter(|(_, e)| !e.is_pending())
+                .flat_map(|(k, e)| {
+                    let name = names.name(k.ns);
+                    e.copies.iter().map(move |d| (d, name.clone(), k.hash))
+                })
                 .collect(),
         )
     }
@@ -649,7 +720,7 @@ impl Index {
     /// daemons can free whatever bytes arrived. Visits only the reservations
     /// made before `deadline` (an entry reserved again since, or committed,
     /// is left alone).
-    pub fn expire_pending(&self, deadline: Instant) -> Vec<(BlockKey, u32)> {
+    pub fn expire_pending(&self, deadline: Instant) -> Vec<(BlockKey, Copies)> {
         let due = |s: &Shard| {
             s.reservations
                 .lock()
@@ -670,7 +741,7 @@ impl Index {
                 );
                 if still_pending {
                     let entry = table.remove(&key).expect("just found");
-                    expired.push((key, entry.daemon));
+                    expired.push((key, entry.copies));
                 }
             }
         }
@@ -708,7 +779,7 @@ impl Index {
                 };
                 if wanted.is_some_and(|w| w != k.ns)
                     || !k.hash.0.starts_with(filter.prefix)
-                    || filter.daemon.is_some_and(|d| d != e.daemon)
+                    || filter.daemon.is_some_and(|d| !e.copies.contains(d))
                 {
                     continue;
                 }
@@ -729,6 +800,7 @@ impl Index {
         let mut st = PrefixStats::default();
         for s in &self.shards {
             st.visible += s.visible.load(Ordering::Relaxed);
+            st.copies += s.copies.load(Ordering::Relaxed);
             st.bytes += s.bytes.load(Ordering::Relaxed);
             st.pending += s.pending.load(Ordering::Relaxed);
         }

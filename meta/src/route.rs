@@ -40,20 +40,18 @@ pub fn route(
         .enumerate()
         .flat_map(|(i, h)| h.daemons.iter().map(move |d| (*d, i)))
         .collect();
+    // Per host: the matched blocks it holds a copy of, and how many of
+    // the leading ones in a row (copies are on distinct hosts).
     let mut held = vec![0u32; hosts.len()];
-    for l in &locations {
-        if let Some(&h) = host_of.get(&l.daemon) {
-            held[h] += 1;
+    let mut leading = vec![0u32; hosts.len()];
+    for (i, l) in locations.iter().enumerate() {
+        for h in l.daemons.iter().filter_map(|d| host_of.get(&d)) {
+            held[*h] += 1;
+            if leading[*h] as usize == i {
+                leading[*h] += 1;
+            }
         }
     }
-    // Only the host of the first block can hold a leading run.
-    let first = locations.first().and_then(|l| host_of.get(&l.daemon));
-    let leading = first.map_or(0, |&h| {
-        locations
-            .iter()
-            .take_while(|l| host_of.get(&l.daemon) == Some(&h))
-            .count() as u32
-    });
     // A candidate named by its instance (and not a host's name) stands
     // for that instance's host.
     let host_named = |name: &str| {
@@ -96,11 +94,7 @@ pub fn route(
             RouteHost {
                 instance: instances.get(&c.node).cloned().unwrap_or_default(),
                 daemons: host.map_or(0, |h| h.daemons.len() as u32),
-                leading: if at.is_some() && at == first.copied() {
-                    leading
-                } else {
-                    0
-                },
+                leading: at.map_or(0, |i| leading[i]),
                 held,
                 reads_per_sec: host.map_or(0, |h| h.reads_per_sec),
                 used: host.map_or(0, |h| h.used),

@@ -62,6 +62,8 @@ pub struct State {
     peer: Dialer,
     /// The serving instance on each host, by node name (for `route`).
     instances: std::collections::BTreeMap<String, String>,
+    /// Copies per block by namespace, for puts that ask for none.
+    replicas: std::collections::BTreeMap<String, u8>,
 }
 
 impl State {
@@ -94,6 +96,7 @@ impl State {
                 .peer_dialer()
                 .map_err(crate::MetaError::Config)?,
             instances: cfg.instances.clone(),
+            replicas: cfg.replicas.clone(),
         })
     }
 
@@ -213,8 +216,13 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
         }
         let now = Instant::now();
         for daemon in state.daemons.expire(state.daemon_ttl, now) {
-            let dropped = state.index.remove_daemon(daemon);
-            tracing::warn!(daemon, dropped, "daemon silent past its ttl: declared dead");
+            let gone = state.index.remove_daemon(daemon);
+            tracing::warn!(
+                daemon,
+                copies = gone.copies,
+                lost = gone.blocks,
+                "daemon silent past its ttl: declared dead"
+            );
         }
         let Some(deadline) = now.checked_sub(state.put_timeout) else {
             continue;
@@ -229,9 +237,11 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
             tracing::info!(count = expired.len(), "abandoned puts reclaimed");
             let state = state.clone();
             tokio::spawn(async move {
-                for (key, daemon) in expired {
+                for (key, copies) in expired {
                     // The bytes may never have arrived: NotFound is fine.
-                    state.tell_daemon(daemon, Opcode::Remove, key).await;
+                    for daemon in copies.iter() {
+                        state.tell_daemon(daemon, Opcode::Remove, key.clone()).await;
+                    }
                 }
             });
         }
@@ -369,14 +379,21 @@ async fn dispatch(
             owns(who, &req.namespace)?;
             let removed = state.index.remove(&req.namespace, &req.hashes);
             let mut codes = Vec::with_capacity(removed.len());
-            for (hash, daemon) in req.hashes.iter().zip(removed) {
-                match daemon {
-                    Some(d) => {
-                        // Invisible already. Removed only once the daemon
-                        // that holds the bytes drops them; until then the
-                        // caller hears that it could not be confirmed.
+            for (hash, copies) in req.hashes.iter().zip(removed) {
+                match copies {
+                    Some(copies) => {
+                        // Invisible already. Removed only once every daemon
+                        // that holds a copy drops it; until then the caller
+                        // hears that it could not be confirmed.
                         let key = BlockKey::new(req.namespace.clone(), *hash);
-                        codes.push(state.remove_on_daemon(d, key).await);
+                        let mut code = ErrorCode::Ok;
+                        for d in copies.iter() {
+                            let said = state.remove_on_daemon(d, key.clone()).await;
+                            if code == ErrorCode::Ok {
+                                code = said;
+                            }
+                        }
+                        codes.push(code);
                     }
                     None => codes.push(ErrorCode::NotFound),
                 }
@@ -391,14 +408,21 @@ async fn dispatch(
             let op = if req.pin { Opcode::Pin } else { Opcode::Unpin };
             let mut codes = Vec::with_capacity(locations.len());
             for (hash, loc) in req.keys.hashes.iter().zip(locations) {
-                codes.push(match loc {
-                    Some(loc) => {
-                        state
-                            .tell_daemon(loc.daemon, op, BlockKey::new(ns.clone(), *hash))
-                            .await
+                let Some(loc) = loc else {
+                    codes.push(ErrorCode::NotFound);
+                    continue;
+                };
+                // Every copy pinned, or the first refusal.
+                let mut code = ErrorCode::Ok;
+                for d in loc.daemons.iter() {
+                    let said = state
+                        .tell_daemon(d, op, BlockKey::new(ns.clone(), *hash))
+                        .await;
+                    if code == ErrorCode::Ok {
+                        code = said;
                     }
-                    None => ErrorCode::NotFound,
-                });
+                }
+                codes.push(code);
             }
             Statuses { codes }.to_bytes()
         }
@@ -410,6 +434,7 @@ async fn dispatch(
                 revision: state.revision,
                 standbys: state.standbys().await,
                 blocks: st.visible,
+                copies: st.copies,
                 bytes: st.bytes,
                 pending: st.pending,
                 daemons: state.daemons.infos(),
@@ -470,8 +495,8 @@ async fn dispatch(
             state.events.set_node(daemon, &node);
             // A (re)registering daemon's blocks are whatever its inventory
             // says next: entries from its previous life go.
-            let dropped = state.index.remove_daemon(daemon);
-            tracing::info!(daemon, %addr, capacity, dropped, "daemon registered");
+            let gone = state.index.remove_daemon(daemon);
+            tracing::info!(daemon, %addr, capacity, dropped = gone.copies, "daemon registered");
             RegisterResponse {
                 daemon,
                 revision: state.revision,
@@ -509,8 +534,14 @@ async fn dispatch(
             if !state.daemons.leave(req.daemon, &req.addr) {
                 return Err(Failure::Code(ErrorCode::NotFound));
             }
-            let dropped = state.index.remove_daemon(req.daemon);
-            tracing::info!(daemon = req.daemon, addr = %req.addr, dropped, "daemon left");
+            let gone = state.index.remove_daemon(req.daemon);
+            tracing::info!(
+                daemon = req.daemon,
+                addr = %req.addr,
+                copies = gone.copies,
+                lost = gone.blocks,
+                "daemon left"
+            );
             Vec::new()
         }
         Opcode::Events => {
@@ -557,6 +588,10 @@ fn put_start(
                 .max_pending_puts_per_client
                 .saturating_sub(state.index.pending_of(client)),
         ));
+    let copies = match req.replicas {
+        0 => crate::config::replicas_in(&state.replicas, req.namespace.as_str()),
+        n => n,
+    };
     let mut placed = Vec::new();
     let slots = req
         .items
@@ -575,25 +610,29 @@ fn put_start(
             if room == 0 {
                 return Slot::Skip(ErrorCode::Busy);
             }
-            let Some(daemon) = state.daemons.place(size, &req.node) else {
+            let daemons = state
+                .daemons
+                .place_copies(size, &req.node, usize::from(copies));
+            if daemons.is_empty() {
                 // Live daemons, all draining: none offers room (a refusal;
                 // no live daemon at all is `Unavailable`, above).
                 return Slot::Skip(ErrorCode::NoSpace);
-            };
+            }
             match state
                 .index
-                .reserve(&req.namespace, *hash, (size as u32, daemon), client, now)
+                .reserve(&req.namespace, *hash, (size as u32, daemons), client, now)
             {
                 Reservation::Reserved => {
                     room -= 1;
-                    // The put replaces any stale bytes the daemon holds.
+                    // The put replaces any stale bytes the daemons hold.
                     if state.owed.any() {
-                        state
-                            .owed
-                            .settle(daemon, &BlockKey::new(req.namespace.clone(), *hash));
+                        let key = BlockKey::new(req.namespace.clone(), *hash);
+                        for d in daemons.iter() {
+                            state.owed.settle(d, &key);
+                        }
                     }
-                    placed.push(daemon);
-                    Slot::Place(daemon)
+                    placed.extend(daemons.iter());
+                    Slot::Place(daemons)
                 }
                 Reservation::Exists => Slot::Skip(ErrorCode::AlreadyExists),
             }
@@ -608,6 +647,6 @@ fn put_start(
 fn with_daemons(state: &State, items: Vec<Option<mooncake_proto::message::Location>>) -> Locations {
     let daemons = state
         .daemons
-        .addrs(items.iter().flatten().map(|l| l.daemon));
+        .addrs(items.iter().flatten().flat_map(|l| l.daemons.iter()));
     Locations { items, daemons }
 }

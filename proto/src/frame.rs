@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field
 //!      0     2  magic "MK"
-//!      2     1  protocol version (1)
+//!      2     1  protocol version (2)
 //!      3     1  opcode
 //!      4     2  status (ErrorCode; 0 in requests)
 //!      6     2  flags (bit 0: response; other bits must be 0)
@@ -16,7 +16,7 @@
 use crate::error::ProtoError;
 
 pub const MAGIC: [u8; 2] = *b"MK";
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 20;
 /// Largest control body (every opcode but value-carrying ones).
 pub const MAX_CONTROL_BODY: u32 = 4 << 20;
@@ -280,7 +280,7 @@ mod tests {
         h[2] = 9;
         assert!(matches!(
             Header::parse(&h),
-            Err(ProtoError::UnsupportedVersion(9, 1))
+            Err(ProtoError::UnsupportedVersion(9, 2))
         ));
         let mut h = good;
         h[3] = 0xee;

@@ -285,11 +285,7 @@ mod tests {
             .map(|(k, buf)| GetItem {
                 index: k,
                 hash: BlockHash([k as u8 + 1; 32]),
-                location: Location {
-                    daemon: 0,
-                    size: values[k].len() as u32,
-                    checksum: checksum(&values[k]),
-                },
+                location: Location::on(0, values[k].len() as u32, checksum(&values[k])),
                 buf,
             })
             .collect();
@@ -327,11 +323,7 @@ mod tests {
         let mut get = [GetItem {
             index: 0,
             hash: BlockHash([9; 32]),
-            location: Location {
-                daemon: 0,
-                size: 1 << 20,
-                checksum: sum,
-            },
+            location: Location::on(0, 1 << 20, sum),
             buf: &mut into[..1 << 20],
         }];
         assert_eq!(

@@ -203,6 +203,7 @@ async fn an_abandoned_reservation_expires_and_frees_the_key() {
             &PutStartRequest {
                 namespace: ns(),
                 node: String::new(),
+                replicas: 0,
                 items: vec![(hash(9), 4096)],
             },
             "put_start",

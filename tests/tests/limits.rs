@@ -383,6 +383,7 @@ async fn hoard(conn: &mut mooncake_net::Connection, ns: &str, n: u32) -> (usize,
     let req = PutStartRequest {
         namespace: Namespace::new(ns).unwrap(),
         node: String::new(),
+        replicas: 1,
         items: (0..n)
             .map(|i| (BlockHash::from_opaque(&i.to_le_bytes()), 4096))
             .collect(),

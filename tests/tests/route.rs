@@ -65,7 +65,7 @@ async fn route_answers_each_hosts_prefix_and_the_cheapest_host() {
     let nodes: Vec<Option<&str>> = located
         .items
         .iter()
-        .map(|l| l.map(|l| node_of[&l.daemon].as_str()))
+        .map(|l| l.map(|l| node_of[&l.daemons.first().unwrap()].as_str()))
         .collect();
     let expect: Vec<Option<&str>> = [Some("gpu-a"); 6]
         .into_iter()

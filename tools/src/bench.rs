@@ -129,7 +129,9 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                         range.map(|i| (hashes[i], &value[..])).collect();
                     match client.put(&ns, &blocks).await {
                         Ok(outs) => outs.iter().fold((0, 0), |(m, e), o| match o {
-                            PutOutcome::Stored | PutOutcome::AlreadyExists => (m, e),
+                            PutOutcome::Stored
+                            | PutOutcome::Short { .. }
+                            | PutOutcome::AlreadyExists => (m, e),
                             PutOutcome::Failed(_) => (m, e + 1),
                         }),
                         Err(_) => (0, blocks.len() as u64),

@@ -90,6 +90,7 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
         let req = PutStartRequest {
             namespace: ns.clone(),
             node: String::new(),
+            replicas: 1,
             items: chain.iter().map(|h| (*h, 64)).collect(),
         };
         let placed: PutStartResponse = conn.call(Opcode::PutStart, &req, "put_start").await?;
@@ -97,12 +98,11 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
             .iter()
             .zip(&placed.slots)
             .filter_map(|(h, s)| match s {
-                Slot::Place(d) => Some(CommitItem {
+                Slot::Place(copies) => Some(CommitItem {
                     hash: *h,
-                    daemon: *d,
+                    stored_on: *copies,
                     size: 64,
                     checksum: 0,
-                    stored: true,
                 }),
                 Slot::Skip(_) => None,
             })

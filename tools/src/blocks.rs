@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use mooncake_client::{Client, ClientConfig, PutOutcome};
+use mooncake_client::{Client, ClientConfig, PutOptions, PutOutcome};
 use mooncake_coord::{leader_address, EtcdConfig, EtcdCoordinator};
 use mooncake_proto::message::ListRequest;
 use mooncake_proto::units::ByteSize;
@@ -33,6 +33,10 @@ pub struct PutArgs {
     key: String,
     /// File to store; stdin when absent or `-`.
     file: Option<PathBuf>,
+    /// Copies to store, each on a distinct host (1 to 4). Default: the
+    /// meta service's for the namespace.
+    #[arg(long, default_value_t = 0)]
+    replicas: u8,
     #[arg(long)]
     json: bool,
 }
@@ -179,10 +183,17 @@ pub async fn put(args: PutArgs) -> Result<(), Failure> {
         Some(p) => std::fs::read(p)
             .map_err(|e| Failure::usage(format!("cannot read {}: {e}", p.display())))?,
     };
-    let outcome = client(&args.target).await?.put_one(&key, &value).await?;
-    let word = match outcome {
-        PutOutcome::Stored => "stored",
-        PutOutcome::AlreadyExists => "already stored",
+    let opts = PutOptions {
+        replicas: args.replicas,
+    };
+    let outcome = client(&args.target)
+        .await?
+        .put_with(&ns, &[(key.hash, &value)], opts)
+        .await?[0];
+    let (word, copies) = match outcome {
+        PutOutcome::Stored => ("stored", None),
+        PutOutcome::Short { copies } => ("short", Some(copies)),
+        PutOutcome::AlreadyExists => ("already stored", None),
         PutOutcome::Failed(code) => {
             let message = format!("put of {} not stored ({code})", key.hash);
             return Err(Failure::refusal(code, message));
@@ -191,10 +202,19 @@ pub async fn put(args: PutArgs) -> Result<(), Failure> {
     if args.json {
         println!(
             "{}",
-            json!({"key": key.hash.to_hex(), "namespace": ns.as_str(), "outcome": word, "bytes": value.len()})
+            json!({"key": key.hash.to_hex(), "namespace": ns.as_str(), "outcome": word,
+                   "copies": copies, "bytes": value.len()})
         );
     } else {
-        println!("{word} {} ({})", key.hash, ByteSize(value.len() as u64));
+        let size = ByteSize(value.len() as u64);
+        match copies {
+            // Fewer hosts could take it than copies were asked.
+            Some(n) => println!(
+                "stored {} ({size}), {n} copies of {}",
+                key.hash, args.replicas
+            ),
+            None => println!("{word} {} ({size})", key.hash),
+        }
     }
     Ok(())
 }
@@ -295,7 +315,7 @@ pub async fn stat(args: StatArgs) -> Result<(), Failure> {
         println!(
             "{}",
             json!({"leader": st.leader, "revision": st.revision, "standbys": st.standbys,
-                   "blocks": st.blocks, "bytes": st.bytes, "pending": st.pending,
+                   "blocks": st.blocks, "copies": st.copies, "bytes": st.bytes, "pending": st.pending,
                    "hits": hits, "misses": misses, "daemons": daemons, "errors": errors})
         );
         return Ok(());
@@ -311,9 +331,10 @@ pub async fn stat(args: StatArgs) -> Result<(), Failure> {
         println!("standbys  {}", st.standbys.join(", "));
     }
     println!(
-        "blocks    {} ({}), {} puts in progress",
+        "blocks    {} ({}), {} copies, {} puts in progress",
         st.blocks,
         ByteSize(st.bytes),
+        st.copies,
         st.pending
     );
     println!(
@@ -408,15 +429,17 @@ pub async fn ls(args: LsArgs) -> Result<(), Failure> {
                 println!(
                     "{}",
                     json!({"namespace": e.key.namespace.as_str(), "key": e.key.hash.to_hex(),
-                           "size": e.location.size, "daemon": e.location.daemon})
+                           "size": e.location.size, "daemons": e.location.daemons.as_slice()})
                 );
             } else {
+                let on: Vec<String> = e.location.daemons.iter().map(|d| d.to_string()).collect();
+                let word = if on.len() == 1 { "daemon" } else { "daemons" };
                 println!(
-                    "{}  {}  {:>10}  daemon {}",
+                    "{}  {}  {:>10}  {word} {}",
                     e.key.namespace,
                     e.key.hash,
                     ByteSize(e.location.size as u64).to_string(),
-                    e.location.daemon
+                    on.join(",")
                 );
             }
         }

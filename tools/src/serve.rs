@@ -165,6 +165,11 @@ pub struct DaemonArgs {
     /// Address clients should use, when it differs from --listen.
     #[arg(long)]
     advertise: Option<String>,
+    /// This host's name in the cluster (default: the hostname): a block's
+    /// copies go to daemons of distinct nodes, and writers and readers on
+    /// a node use its daemons first.
+    #[arg(long)]
+    node: Option<String>,
     /// DRAM pool size, e.g. 8GiB.
     #[arg(long)]
     dram: Option<ByteSize>,
@@ -511,6 +516,9 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     }
     if let Some(a) = args.advertise {
         cfg.advertise = Some(a);
+    }
+    if let Some(n) = args.node {
+        cfg.node = n;
     }
     if let Some(d) = args.dram {
         cfg.dram = d;

@@ -152,6 +152,26 @@ fn put_get_stat_ls_rm_through_the_binary_then_a_clean_stop() {
     let out = run(&meta, &["ls", "-n", "acme/m1"], None);
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
 
+    // Two copies asked of a one-host store: one stored, and said so.
+    let out = run(
+        &meta,
+        &["put", "--replicas", "2", "two", "--json"],
+        Some(b"x"),
+    );
+    succeeded(&out);
+    let put = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        put.contains("\"outcome\":\"short\"") && put.contains("\"copies\":1"),
+        "{put}"
+    );
+    let out = run(&meta, &["ls", "--json"], None);
+    let ls = String::from_utf8_lossy(&out.stdout);
+    assert!(ls.lines().all(|l| l.contains("\"daemons\":[1]")), "{ls}");
+    let out = run(&meta, &["put", "--replicas", "5", "five"], Some(b"x"));
+    assert_eq!(out.status.code(), Some(2), "5 copies is a usage error");
+    let out = run(&meta, &["rm", "two"], None);
+    succeeded(&out);
+
     let out = run(&meta, &["rm", "-n", "acme/m1", "prompt-1"], None);
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("removed "));
     let out = run(&meta, &["get", "-n", "acme/m1", "prompt-1"], None);

@@ -68,7 +68,12 @@ async fn puts_spread_across_three_daemons_and_read_back_right() {
     let client = cluster.client(Duration::from_secs(5)).await;
     let hashes = put_blocks(&client, 0..90, 64 << 10).await;
     let locs = client.lookup(&ns(), &hashes).await.unwrap();
-    let used: HashSet<u32> = locs.items.iter().flatten().map(|l| l.daemon).collect();
+    let used: HashSet<u32> = locs
+        .items
+        .iter()
+        .flatten()
+        .flat_map(|l| l.daemons.iter())
+        .collect();
     assert_eq!(used.len(), 3, "blocks spread over every daemon");
     for (i, h) in hashes.iter().enumerate() {
         let got = client.get(&BlockKey::new(ns(), *h)).await.unwrap().unwrap();
@@ -189,7 +194,7 @@ async fn a_killed_daemon_leaves_the_index_within_its_lease_ttl() {
     let on_victim: Vec<BlockHash> = hashes
         .iter()
         .zip(&locs.items)
-        .filter(|(_, l)| l.unwrap().daemon == victim)
+        .filter(|(_, l)| l.unwrap().daemons.contains(victim))
         .map(|(h, _)| *h)
         .collect();
     assert!(!on_victim.is_empty());
@@ -269,7 +274,7 @@ async fn a_restarted_daemon_registers_again_with_an_empty_pool() {
     cluster.spawn_daemon(&addr);
     let cleared = eventually(TTL, || async {
         let locs = client.lookup(&ns(), &hashes).await.unwrap();
-        locs.items.iter().flatten().all(|l| l.daemon != id)
+        locs.items.iter().flatten().all(|l| !l.daemons.contains(id))
     })
     .await;
     assert!(

@@ -181,6 +181,7 @@ async fn vanish_mid_put(cluster: &Cluster, meta: &str, id: u64) {
             &PutStartRequest {
                 namespace: ns(),
                 node: String::new(),
+                replicas: 1,
                 items: vec![(hash(id), v.len() as u32)],
             },
             "put_start",

@@ -155,6 +155,7 @@ async fn flood_reservations(conn: &mut Connection, round: u32, requests: u32, pe
             let req = PutStartRequest {
                 namespace: Namespace::new(format!("flood/{round}/{i}")).unwrap(),
                 node: String::new(),
+                replicas: 1,
                 items: (0..per)
                     .map(|k| (BlockHash::from_opaque(&k.to_le_bytes()), 4096))
                     .collect(),

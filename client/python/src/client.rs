@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooncake_client::{ClientConfig, GetOutcome};
+use mooncake_client::{ClientConfig, GetOutcome, PutOptions};
 use mooncake_proto::message::{ListRequest, RouteCandidate};
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use pyo3::exceptions::PyValueError;
@@ -72,6 +72,7 @@ impl Client {
         hashes: Vec<BlockHash>,
         regions: Vec<Region>,
         chain: Option<Option<BlockHash>>,
+        opts: PutOptions,
     ) -> Vec<i64> {
         let n = regions.len();
         let (client, ns) = (&self.inner, &self.namespace);
@@ -85,8 +86,8 @@ impl Client {
                 .collect();
             runtime().block_on(async {
                 match chain {
-                    Some(parent) => client.put_chain(ns, parent, &blocks).await,
-                    None => client.put(ns, &blocks).await,
+                    Some(parent) => client.put_chain_with(ns, parent, &blocks, opts).await,
+                    None => client.put_with(ns, &blocks, opts).await,
                 }
             })
         });
@@ -283,19 +284,25 @@ impl Client {
     }
 
     /// Stores one block from any bytes-like object. Storing a key that is
-    /// already stored is a success (blocks are immutable).
+    /// already stored is a success (blocks are immutable). `replicas`:
+    /// copies on distinct hosts, 1 to 4 (0: the client's default).
+    #[pyo3(signature = (key, value, replicas = 0))]
     fn put(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
+        replicas: u8,
     ) -> PyResult<()> {
         let hash = hash_of(key)?;
         let region = Region::of_object(value, false)?;
         let (client, ns) = (&self.inner, &self.namespace);
         // SAFETY: the held buffer stays valid for the call.
         let out = py
-            .detach(|| runtime().block_on(client.put(ns, &[(hash, unsafe { region.as_slice() })])))
+            .detach(|| {
+                let block = [(hash, unsafe { region.as_slice() })];
+                runtime().block_on(client.put_with(ns, &block, PutOptions { replicas }))
+            })
             .map_err(codes::to_py)?;
         match codes::of_put(out[0]) {
             codes::OK => Ok(()),
@@ -354,36 +361,40 @@ impl Client {
     }
 
     /// Stores blocks from bytes-like objects, in one call; a status per key
-    /// (0, or a negative code).
+    /// (0, or a negative code). `replicas` as in `put`.
+    #[pyo3(signature = (keys, values, replicas = 0))]
     fn put_batch(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
         values: &Bound<'_, PyAny>,
+        replicas: u8,
     ) -> PyResult<Vec<i64>> {
         let hashes = hashes_of(keys)?;
         let regions = regions_of(values, false)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
-        Ok(self.put_regions(py, hashes, regions, None))
+        Ok(self.put_regions(py, hashes, regions, None, PutOptions { replicas }))
     }
 
     /// Like `put_batch`, for consecutive blocks of one chain: `keys[0]`
     /// extends `parent` (the last block of the matched prefix; `None`: it
     /// starts the chain), each next key the one before. Daemons then evict
     /// the chain from its tail, keeping the prefixes later requests match.
-    #[pyo3(signature = (keys, values, parent = None))]
+    #[pyo3(signature = (keys, values, parent = None, replicas = 0))]
     fn put_chain(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
         values: &Bound<'_, PyAny>,
         parent: Option<&Bound<'_, PyAny>>,
+        replicas: u8,
     ) -> PyResult<Vec<i64>> {
         let hashes = hashes_of(keys)?;
         let regions = regions_of(values, false)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
         let parent = parent.map(hash_of).transpose()?;
-        Ok(self.put_regions(py, hashes, regions, Some(parent)))
+        let opts = PutOptions { replicas };
+        Ok(self.put_regions(py, hashes, regions, Some(parent), opts))
     }
 
     /// Reads blocks into writable buffers, in one call; per key the bytes
@@ -436,7 +447,8 @@ impl Client {
 
     /// Stores blocks straight from address ranges of registered buffers;
     /// a status per key. `chain` and `parent` as in `put_from_ptr_lists`.
-    #[pyo3(signature = (keys, ptrs, sizes, chain = false, parent = None))]
+    #[pyo3(signature = (keys, ptrs, sizes, chain = false, parent = None, replicas = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn put_from_ptrs(
         &self,
         py: Python<'_>,
@@ -445,10 +457,12 @@ impl Client {
         sizes: Vec<usize>,
         chain: bool,
         parent: Option<&Bound<'_, PyAny>>,
+        replicas: u8,
     ) -> PyResult<Vec<i64>> {
         let chain = chain_of(chain, parent)?;
+        let opts = PutOptions { replicas };
         self.on_registered(py, keys, ptrs, sizes, |c, py, h, r| {
-            c.put_regions(py, h, r, chain)
+            c.put_regions(py, h, r, chain, opts)
         })
     }
 
@@ -458,7 +472,8 @@ impl Client {
     /// block with a piece outside every registered buffer). With `chain`,
     /// the blocks are consecutive blocks of one chain, as in `put_chain`:
     /// the first extends `parent` (`None`: it starts the chain).
-    #[pyo3(signature = (keys, ptr_lists, size_lists, chain = false, parent = None))]
+    #[pyo3(signature = (keys, ptr_lists, size_lists, chain = false, parent = None, replicas = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn put_from_ptr_lists(
         &self,
         py: Python<'_>,
@@ -467,6 +482,7 @@ impl Client {
         size_lists: Vec<Vec<usize>>,
         chain: bool,
         parent: Option<&Bound<'_, PyAny>>,
+        replicas: u8,
     ) -> PyResult<Vec<i64>> {
         let (hashes, pieces) = Pieces::of(keys, ptr_lists, size_lists)?;
         let chain = chain_of(chain, parent)?;
@@ -486,7 +502,7 @@ impl Client {
             });
             let regions = pieces.regions(&items, &starts, &mut staging);
             let hashes = items.iter().map(|(h, _)| *h).collect();
-            let codes = self.put_regions(py, hashes, regions, chain);
+            let codes = self.put_regions(py, hashes, regions, chain, PutOptions { replicas });
             self.staging.give_back(staging);
             codes
         }))
@@ -526,12 +542,14 @@ impl Client {
         }))
     }
 
-    /// Where each key is stored: `(size, daemon address)`, or `None`.
+    /// Where each key is stored: `(size, [daemon address of each copy])`,
+    /// or `None`.
+    #[allow(clippy::type_complexity)]
     fn locations(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<Option<(u32, String)>>> {
+    ) -> PyResult<Vec<Option<(u32, Vec<String>)>>> {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let locs = py
@@ -546,7 +564,7 @@ impl Client {
         Ok(locs
             .items
             .iter()
-            .map(|l| l.map(|l| (l.size, addr(l.daemon))))
+            .map(|l| l.map(|l| (l.size, l.daemons.iter().map(addr).collect())))
             .collect())
     }
 

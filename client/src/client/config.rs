@@ -76,6 +76,11 @@ pub struct ClientConfig {
     /// spread over, 8 MiB or more each. Default 4; 1 keeps every batch on
     /// one connection.
     pub stripes: usize,
+    /// Copies of each block a put stores, on distinct hosts, unless the
+    /// call asks for its own number (`PutOptions`). From 1 to 4; default
+    /// 0: the meta service's default for the namespace (1 unless its
+    /// `[meta.replicas]` says otherwise).
+    pub replicas: u8,
 }
 
 impl ClientConfig {
@@ -99,6 +104,7 @@ impl ClientConfig {
             rdma_device: None,
             rdma_gid_index: None,
             stripes: 4,
+            replicas: 0,
         }
     }
 

@@ -1,7 +1,9 @@
 //! Gets: locations from the cache or the meta service, then each daemon
 //! read in parallel straight into the caller's buffers, every block
-//! checked; a stale location costs one more lookup, a corrupt block a miss
-//! and a report.
+//! checked. Of a block's copies the best is read (this host's, else the
+//! least busy daemon's); a copy that fails (gone, unreachable, corrupt)
+//! costs one more read of the next copy, a stale location one more lookup,
+//! all within the call's deadline. A corrupt copy is reported.
 
 use super::*;
 
@@ -66,7 +68,8 @@ impl Client {
                     self.locations.forget(key);
                 }
                 GetOutcome::Failed(code) => {
-                    let addr = self.peer(location.daemon).map(|p| p.addr.clone());
+                    let first = location.daemons.first().unwrap_or_default();
+                    let addr = self.peer(first).map(|p| p.addr.clone());
                     return Err(ClientError::Server {
                         side: ErrorSource::Daemon,
                         addr: addr.unwrap_or_default(),
@@ -89,45 +92,77 @@ impl Client {
             .iter()
             .map(|h| self.locations.get(&BlockKey::new(namespace.clone(), *h)))
             .collect();
-        let from_cache: Vec<bool> = locations.iter().map(Option::is_some).collect();
+        let mut from_cache: Vec<bool> = locations.iter().map(Option::is_some).collect();
         let unknown: Vec<usize> = (0..hashes.len()).filter(|i| !from_cache[*i]).collect();
         self.locate(namespace, hashes, &unknown, &mut locations)
             .await?;
 
         let mut outcomes = vec![GetOutcome::Miss; hashes.len()];
-        let first = self
-            .read_located(namespace, hashes, &locations, bufs, |_| true)
-            .await;
-        // A hint from the cache that the daemon no longer backs is asked
-        // about once more, at the meta service.
-        let mut retry = Vec::new();
-        for (index, read) in first {
-            match read {
-                // An unreachable daemon too: the block may live elsewhere
-                // now, or nowhere (a miss).
-                Read::Stale
-                | Read::Missing
-                | Read::Failed(ErrorCode::Unavailable | ErrorCode::Timeout)
-                    if from_cache[index] =>
-                {
+        // Each round reads every block still wanted from a copy not tried
+        // yet; a block runs out of copies at most once per location (a
+        // cached one is then looked up again), so rounds are bounded.
+        let mut tried = vec![Copies::default(); hashes.len()];
+        let mut wanted: Vec<usize> = (0..hashes.len()).collect();
+        while !wanted.is_empty() {
+            let reads = self
+                .read_located(namespace, hashes, &locations, &mut tried, bufs, &wanted)
+                .await;
+            let mut next = Vec::new();
+            let mut relocate = Vec::new();
+            for (index, read) in reads {
+                // An unreachable daemon too: the block may live on another
+                // copy, or elsewhere now, or nowhere (a miss).
+                let retry = matches!(
+                    read,
+                    Read::Stale
+                        | Read::Missing
+                        | Read::Corrupt
+                        | Read::Failed(ErrorCode::Unavailable | ErrorCode::Timeout)
+                );
+                let untried = locations[index]
+                    .is_some_and(|l| l.daemons.iter().any(|d| !tried[index].contains(d)));
+                if retry && untried {
+                    next.push(index);
+                } else if retry && from_cache[index] {
+                    // A hint from the cache that no copy backs is asked
+                    // about once more, at the meta service.
                     self.locations
                         .forget(&BlockKey::new(namespace.clone(), hashes[index]));
-                    retry.push(index);
+                    from_cache[index] = false;
+                    tried[index] = Copies::default();
+                    relocate.push(index);
+                } else {
+                    outcomes[index] = read.outcome();
                 }
-                other => outcomes[index] = other.outcome(),
             }
-        }
-        if !retry.is_empty() {
-            self.locate(namespace, hashes, &retry, &mut locations)
-                .await?;
-            let again = self
-                .read_located(namespace, hashes, &locations, bufs, |i| retry.contains(&i))
-                .await;
-            for (index, read) in again {
-                outcomes[index] = read.outcome();
+            if !relocate.is_empty() {
+                self.locate(namespace, hashes, &relocate, &mut locations)
+                    .await?;
+                next.extend(relocate);
             }
+            next.sort_unstable();
+            wanted = next;
         }
         Ok(outcomes)
+    }
+
+    /// Of a block's copies not tried yet, the one to read: on this host
+    /// (shared memory, no network), else on the daemon with the fewest
+    /// bytes of this client's reads in flight; a daemon this client has
+    /// not been told of comes last.
+    fn best_copy(&self, location: &Location, tried: &Copies) -> Option<u32> {
+        let peers = self.daemons.read();
+        location
+            .daemons
+            .iter()
+            .filter(|d| !tried.contains(*d))
+            .min_by_key(|d| match peers.get(d) {
+                Some(p) => (
+                    p.advertised.node != self.cfg.node,
+                    p.reading.load(Ordering::Relaxed),
+                ),
+                None => (true, u64::MAX),
+            })
     }
 
     /// Fills `locations[i]` for each index in `which` with one meta lookup.
@@ -157,20 +192,23 @@ impl Client {
         Ok(())
     }
 
-    /// Reads every selected block that has a location, from all its daemons
-    /// in parallel; returns what each read found.
-    pub(super) async fn read_located(
+    /// Reads every wanted block that has a location from its best copy not
+    /// tried yet (which it marks tried), all daemons in parallel; returns
+    /// what each read found.
+    async fn read_located(
         &self,
         namespace: &Namespace,
         hashes: &[BlockHash],
         locations: &[Option<Location>],
+        tried: &mut [Copies],
         bufs: &mut [&mut [u8]],
-        selected: impl Fn(usize) -> bool,
+        wanted: &[usize],
     ) -> Vec<(usize, Read)> {
         let mut results = Vec::new();
         let mut by_daemon: HashMap<u32, Vec<GetItem<'_>>> = HashMap::new();
+        let mut want = wanted.iter().peekable();
         for (index, buf) in bufs.iter_mut().enumerate() {
-            if !selected(index) {
+            if want.next_if_eq(&&index).is_none() {
                 continue;
             }
             let Some(location) = locations[index] else {
@@ -181,7 +219,12 @@ impl Client {
                 results.push((index, Read::Failed(ErrorCode::TooLarge)));
                 continue;
             }
-            by_daemon.entry(location.daemon).or_default().push(GetItem {
+            let Some(daemon) = self.best_copy(&location, &tried[index]) else {
+                results.push((index, Read::Missing));
+                continue;
+            };
+            tried[index].push(daemon);
+            by_daemon.entry(daemon).or_default().push(GetItem {
                 index,
                 hash: hashes[index],
                 location,
@@ -213,6 +256,8 @@ impl Client {
         items: &mut [GetItem<'_>],
     ) -> Result<Vec<Read>, ClientError> {
         let peer = self.peer(daemon)?;
+        let bytes = items.iter().map(|it| u64::from(it.location.size)).sum();
+        let _reading = Reading::start(&peer, bytes);
         let mut reads = None;
         if let Some(link) = self.shm_link(&peer.addr, peer.data.kind()) {
             match link.get(namespace, items).await {
@@ -318,5 +363,24 @@ impl Client {
             };
             let _ = tokio::time::timeout(timeout, verify).await;
         });
+    }
+}
+
+/// Counts a read's bytes as in flight to its daemon until dropped.
+struct Reading<'a> {
+    peer: &'a Peer,
+    bytes: u64,
+}
+
+impl<'a> Reading<'a> {
+    fn start(peer: &'a Peer, bytes: u64) -> Self {
+        peer.reading.fetch_add(bytes, Ordering::Relaxed);
+        Reading { peer, bytes }
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.peer.reading.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }

@@ -17,9 +17,10 @@ use std::time::Duration;
 use futures::future::join_all;
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::{
-    Body, ClusterStats, CommitItem, DaemonAddr, Empty, KeyRequest, KeysRequest, ListRequest,
-    ListResponse, Location, Locations, PinRequest, PutCommitRequest, PutStartRequest,
+    Body, ClusterStats, CommitItem, Copies, DaemonAddr, Empty, KeyRequest, KeysRequest,
+    ListRequest, ListResponse, Location, Locations, PinRequest, PutCommitRequest, PutStartRequest,
     PutStartResponse, Revision, RouteAnswer, RouteCandidate, RouteRequest, Slot, Statuses,
+    MAX_COPIES,
 };
 use mooncake_proto::{checksum, BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
 use parking_lot::RwLock;
@@ -56,10 +57,32 @@ const SHM_RETRY: Duration = Duration::from_secs(1);
 /// What became of one block of a put.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutOutcome {
+    /// Stored, as many copies as asked.
     Stored,
+    /// Stored and visible, but on fewer hosts than asked (this many
+    /// copies): too few hosts could take it, or writes to the others
+    /// failed.
+    Short {
+        copies: u8,
+    },
     /// Another writer stored (or is storing) the same key: nothing to do.
     AlreadyExists,
     Failed(ErrorCode),
+}
+
+impl PutOutcome {
+    /// The block is stored (every copy asked or fewer), or was already.
+    pub fn is_stored(&self) -> bool {
+        !matches!(self, PutOutcome::Failed(_))
+    }
+}
+
+/// How a put stores its blocks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PutOptions {
+    /// Copies of each block, on distinct hosts, 1 to 4; 0: the client's
+    /// `replicas`.
+    pub replicas: u8,
 }
 
 /// What became of one block of a get.
@@ -103,8 +126,10 @@ pub struct Client {
     /// every same-host link this client made.
     shm_indexed: Arc<AtomicU64>,
     transports: TransportCounters,
-    /// Reservations and commits of puts in flight at once, sent together.
-    reservations: Coalescer<(BlockHash, u32), Slot, Vec<DaemonAddr>>,
+    /// Reservations and commits of puts in flight at once, sent together;
+    /// reservations one queue per number of copies asked (0 to 4), since
+    /// one request asks one number for all its blocks.
+    reservations: [Coalescer<(BlockHash, u32), Slot, Vec<DaemonAddr>>; MAX_COPIES + 1],
     commits: Coalescer<CommitItem, ErrorCode, ()>,
 }
 
@@ -121,6 +146,9 @@ struct Peer {
     /// RDMA to it, when configured and both sides have it; blocks it
     /// cannot move go over `data`.
     rdma: Option<Arc<dyn Transport>>,
+    /// Bytes of reads from it in flight: of a block's copies, the least
+    /// busy daemon is read.
+    reading: AtomicU64,
 }
 
 /// The data path a daemon would need and does not offer: every call fails
@@ -174,7 +202,7 @@ impl Client {
             shm: parking_lot::Mutex::new((None, None)),
             shm_indexed: Arc::new(AtomicU64::new(0)),
             transports: TransportCounters::default(),
-            reservations: Coalescer::default(),
+            reservations: Default::default(),
             commits: Coalescer::default(),
             leader_revision: AtomicU64::new(0),
             #[cfg(feature = "rdma")]

@@ -128,6 +128,7 @@ impl Client {
             tcp,
             data,
             rdma,
+            reading: AtomicU64::new(0),
         }
     }
 

@@ -1,5 +1,6 @@
 //! Puts: a batch reserved at the meta service, written to each daemon in
-//! parallel (pipelined, verified there), then committed.
+//! parallel (pipelined, verified there; a block with several copies to
+//! each of its daemons), then committed with the daemons that stored it.
 
 use super::*;
 
@@ -11,7 +12,18 @@ impl Client {
         namespace: &Namespace,
         blocks: &[(BlockHash, &[u8])],
     ) -> Result<Vec<PutOutcome>, ClientError> {
-        self.put_with_parents(namespace, blocks, &vec![None; blocks.len()])
+        self.put_with(namespace, blocks, PutOptions::default())
+            .await
+    }
+
+    /// `put`, with options (copies).
+    pub async fn put_with(
+        &self,
+        namespace: &Namespace,
+        blocks: &[(BlockHash, &[u8])],
+        opts: PutOptions,
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        self.put_with_parents(namespace, blocks, &vec![None; blocks.len()], opts)
             .await
     }
 
@@ -25,24 +37,47 @@ impl Client {
         parent: Option<BlockHash>,
         blocks: &[(BlockHash, &[u8])],
     ) -> Result<Vec<PutOutcome>, ClientError> {
+        self.put_chain_with(namespace, parent, blocks, PutOptions::default())
+            .await
+    }
+
+    /// `put_chain`, with options (copies).
+    pub async fn put_chain_with(
+        &self,
+        namespace: &Namespace,
+        parent: Option<BlockHash>,
+        blocks: &[(BlockHash, &[u8])],
+        opts: PutOptions,
+    ) -> Result<Vec<PutOutcome>, ClientError> {
         let parents: Vec<Option<BlockHash>> = std::iter::once(parent)
             .chain(blocks.iter().map(|(h, _)| Some(*h)))
             .take(blocks.len())
             .collect();
-        self.put_with_parents(namespace, blocks, &parents).await
+        self.put_with_parents(namespace, blocks, &parents, opts)
+            .await
     }
 
-    pub(super) async fn put_with_parents(
+    async fn put_with_parents(
         &self,
         namespace: &Namespace,
         blocks: &[(BlockHash, &[u8])],
         parents: &[Option<BlockHash>],
+        opts: PutOptions,
     ) -> Result<Vec<PutOutcome>, ClientError> {
+        let replicas = match opts.replicas {
+            0 => self.cfg.replicas,
+            n => n,
+        };
+        if usize::from(replicas) > MAX_COPIES {
+            return Err(ClientError::Invalid(format!(
+                "{replicas} copies asked; at most {MAX_COPIES}"
+            )));
+        }
         let started = std::time::Instant::now();
         let mut out = Vec::with_capacity(blocks.len());
         for (chunk, parents) in blocks.chunks(MAX_BATCH).zip(parents.chunks(MAX_BATCH)) {
             out.extend(
-                self.deadline("put", self.put_chunk(namespace, chunk, parents))
+                self.deadline("put", self.put_chunk(namespace, chunk, parents, replicas))
                     .await?,
             );
         }
@@ -59,11 +94,12 @@ impl Client {
         Ok(out[0])
     }
 
-    pub(super) async fn put_chunk(
+    async fn put_chunk(
         &self,
         namespace: &Namespace,
         blocks: &[(BlockHash, &[u8])],
         parents: &[Option<BlockHash>],
+        replicas: u8,
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let mut items = Vec::with_capacity(blocks.len());
         for (hash, value) in blocks {
@@ -71,8 +107,7 @@ impl Client {
                 .map_err(|_| ClientError::Invalid(format!("block {hash} is over 4 GiB")))?;
             items.push((*hash, size));
         }
-        let (slots, daemons) = self
-            .reservations
+        let (slots, daemons) = self.reservations[usize::from(replicas)]
             .call(namespace.clone(), items, |namespace, items| async move {
                 let start: PutStartResponse = self
                     .meta_call(
@@ -80,6 +115,7 @@ impl Client {
                         &PutStartRequest {
                             namespace,
                             node: self.cfg.node.clone(),
+                            replicas,
                             items,
                         },
                         "put_start",
@@ -92,15 +128,22 @@ impl Client {
 
         let mut outcomes = vec![PutOutcome::Failed(ErrorCode::Internal); blocks.len()];
         let mut by_daemon: HashMap<u32, Vec<PutItem<'_>>> = HashMap::new();
+        let mut sums = vec![0u64; blocks.len()];
         for (index, (slot, (hash, value))) in slots.iter().zip(blocks).enumerate() {
             match slot {
-                Slot::Place(daemon) => by_daemon.entry(*daemon).or_default().push(PutItem {
-                    index,
-                    hash: *hash,
-                    value,
-                    checksum: checksum(value),
-                    parent: parents[index],
-                }),
+                Slot::Place(copies) => {
+                    sums[index] = checksum(value);
+                    let item = PutItem {
+                        index,
+                        hash: *hash,
+                        value,
+                        checksum: sums[index],
+                        parent: parents[index],
+                    };
+                    for daemon in copies.iter() {
+                        by_daemon.entry(daemon).or_default().push(item.clone());
+                    }
+                }
                 Slot::Skip(ErrorCode::AlreadyExists) => outcomes[index] = PutOutcome::AlreadyExists,
                 Slot::Skip(code) => outcomes[index] = PutOutcome::Failed(*code),
             }
@@ -110,7 +153,9 @@ impl Client {
             let result = self.put_on_daemon(daemon, namespace, &items).await;
             (daemon, items, result)
         });
-        let mut commits = Vec::new();
+        // Per block placed: the daemons that stored it, and the first
+        // refusal of one that did not.
+        let mut stored_on: HashMap<usize, (Copies, Option<ErrorCode>)> = HashMap::new();
         for (daemon, items, result) in join_all(writes).await {
             let codes = match result {
                 Ok(codes) => codes,
@@ -120,22 +165,48 @@ impl Client {
                 }
             };
             for (item, code) in items.iter().zip(codes) {
+                let (copies, refused) = stored_on.entry(item.index).or_default();
                 // A daemon that already holds the key has complete, verified
                 // bytes for it: committing makes them visible.
-                let stored = matches!(code, ErrorCode::Ok | ErrorCode::AlreadyExists);
-                outcomes[item.index] = if stored {
-                    PutOutcome::Stored
+                if matches!(code, ErrorCode::Ok | ErrorCode::AlreadyExists) {
+                    copies.push(daemon);
                 } else {
-                    PutOutcome::Failed(code)
-                };
-                commits.push(CommitItem {
-                    hash: item.hash,
-                    daemon,
-                    size: item.value.len() as u32,
-                    checksum: item.checksum,
-                    stored,
-                });
+                    refused.get_or_insert(code);
+                }
             }
+        }
+        let mut commits = Vec::with_capacity(stored_on.len());
+        for (index, (copies, refused)) in &stored_on {
+            let (hash, value) = blocks[*index];
+            outcomes[*index] = match (refused, copies.len()) {
+                (Some(code), 0) => PutOutcome::Failed(*code),
+                (Some(_), n) => PutOutcome::Short { copies: n as u8 },
+                (None, _) => PutOutcome::Stored,
+            };
+            commits.push(CommitItem {
+                hash,
+                stored_on: *copies,
+                size: value.len() as u32,
+                checksum: sums[*index],
+            });
+        }
+        // Fewer placed than asked (too few hosts with room): short too.
+        for (index, slot) in slots.iter().enumerate() {
+            if let (Slot::Place(copies), PutOutcome::Stored) = (slot, outcomes[index]) {
+                let asked = usize::from(replicas).max(1);
+                if copies.len() < asked {
+                    outcomes[index] = PutOutcome::Short {
+                        copies: copies.len() as u8,
+                    };
+                }
+            }
+        }
+        let short = outcomes
+            .iter()
+            .filter(|o| matches!(o, PutOutcome::Short { .. }))
+            .count();
+        if short > 0 {
+            tracing::warn!(short, replicas, "blocks stored on fewer hosts than asked");
         }
         if commits.is_empty() {
             return Ok(outcomes);
@@ -158,12 +229,12 @@ impl Client {
             )
             .await?;
         for (item, code) in commits.iter().zip(codes) {
-            if !item.stored {
+            if !item.stored() {
                 continue;
             }
             if code == ErrorCode::Ok {
                 let location = Location {
-                    daemon: item.daemon,
+                    daemons: item.stored_on,
                     size: item.size,
                     checksum: item.checksum,
                 };

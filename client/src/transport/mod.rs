@@ -55,6 +55,7 @@ pub struct GetItem<'b> {
 }
 
 /// One block to write.
+#[derive(Clone)]
 pub struct PutItem<'v> {
     pub index: usize,
     pub hash: BlockHash,

@@ -10,14 +10,14 @@ enum Op {
     Reserve {
         ns: u8,
         h: u8,
-        daemon: u32,
+        daemons: Vec<u32>,
         size: u32,
     },
     Commit {
         ns: u8,
         h: u8,
-        daemon: u32,
-        stored: bool,
+        /// Empty: not stored.
+        stored_on: Vec<u32>,
         size: u32,
     },
     Report {
@@ -25,6 +25,7 @@ enum Op {
         h: u8,
         daemon: u32,
         size: u32,
+        checksum: u64,
     },
     Remove {
         ns: u8,
@@ -46,37 +47,47 @@ enum Op {
     Sweep,
 }
 
+/// Distinct daemons among 1..=5, in the order drawn.
+fn daemons(min: usize) -> impl Strategy<Value = Vec<u32>> {
+    proptest::collection::vec(1u32..6, min..5).prop_map(|ds| {
+        let mut out: Vec<u32> = Vec::new();
+        for d in ds {
+            if !out.contains(&d) {
+                out.push(d);
+            }
+        }
+        out
+    })
+}
+
 fn op() -> impl Strategy<Value = Op> {
-    let (ns, h, d, size) = (0u8..3, 0u8..12, 1u32..4, 1u32..1000);
+    let (ns, h, d, size) = (0u8..3, 0u8..12, 1u32..6, 1u32..1000);
     prop_oneof![
-        (ns.clone(), h.clone(), d.clone(), size.clone()).prop_map(|(ns, h, daemon, size)| {
+        (ns.clone(), h.clone(), daemons(1), size.clone()).prop_map(|(ns, h, daemons, size)| {
             Op::Reserve {
+                ns,
+                h,
+                daemons,
+                size,
+            }
+        }),
+        (ns.clone(), h.clone(), daemons(0), size.clone()).prop_map(|(ns, h, stored_on, size)| {
+            Op::Commit {
+                ns,
+                h,
+                stored_on,
+                size,
+            }
+        }),
+        (ns.clone(), h.clone(), d.clone(), size, 7u64..9).prop_map(
+            |(ns, h, daemon, size, checksum)| Op::Report {
                 ns,
                 h,
                 daemon,
                 size,
+                checksum
             }
-        }),
-        (
-            ns.clone(),
-            h.clone(),
-            d.clone(),
-            any::<bool>(),
-            size.clone()
-        )
-            .prop_map(|(ns, h, daemon, stored, size)| Op::Commit {
-                ns,
-                h,
-                daemon,
-                stored,
-                size
-            }),
-        (ns.clone(), h.clone(), d.clone(), size).prop_map(|(ns, h, daemon, size)| Op::Report {
-            ns,
-            h,
-            daemon,
-            size
-        }),
+        ),
         (ns.clone(), h.clone()).prop_map(|(ns, h)| Op::Remove { ns, h }),
         (ns, h, d.clone()).prop_map(|(ns, h, daemon)| Op::RemoveAt { ns, h, daemon }),
         d.prop_map(|daemon| Op::DaemonDied { daemon }),
@@ -85,17 +96,32 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Model {
-    daemon: u32,
+    copies: Vec<u32>,
     size: u32,
+    checksum: u64,
     visible: bool,
     /// The step of the reservation, while pending.
     since: u64,
     /// Who reserved it, while pending.
     client: u8,
-    /// Evicted by its daemon while pending.
+    /// A copy was evicted while pending.
     evicted: bool,
+}
+
+impl Model {
+    fn visible(copies: Vec<u32>, size: u32, checksum: u64) -> Self {
+        Model {
+            copies,
+            size,
+            checksum,
+            visible: true,
+            since: 0,
+            client: 0,
+            evicted: false,
+        }
+    }
 }
 
 fn client_of(i: u8) -> Client {
@@ -110,6 +136,10 @@ fn hash(i: u8) -> BlockHash {
     BlockHash::from_opaque(&[i])
 }
 
+fn set(ds: &[u32]) -> Copies {
+    ds.iter().copied().collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
@@ -122,41 +152,55 @@ proptest! {
         for (step, op) in ops.into_iter().enumerate() {
             let step = step as u64;
             match op {
-                Op::Reserve { ns, h, daemon, size } => {
+                Op::Reserve { ns, h, daemons, size } => {
                     // Clients take turns, apart from daemons.
                     let client = (step % 3) as u8;
-                    let r = index.reserve(&name(ns), hash(h), (size, daemon), client_of(client), at(step));
+                    let r = index.reserve(&name(ns), hash(h), (size, set(&daemons)), client_of(client), at(step));
                     let exists = model.contains_key(&(ns, h));
                     prop_assert_eq!(r == Reservation::Exists, exists);
                     if !exists {
-                        model.insert((ns, h), Model { daemon, size, visible: false, since: step, client, evicted: false });
+                        let m = Model { copies: daemons, size, checksum: 0, visible: false, since: step, client, evicted: false };
+                        model.insert((ns, h), m);
                     }
                 }
-                Op::Commit { ns, h, daemon, stored, size } => {
-                    let item = CommitItem { hash: hash(h), daemon, size, checksum: 7, stored };
+                Op::Commit { ns, h, stored_on, size } => {
+                    let item = CommitItem { hash: hash(h), stored_on: set(&stored_on), size, checksum: 7 };
                     let code = index.commit(&name(ns), &item);
-                    match model.get(&(ns, h)).copied() {
-                        Some(m) if !m.visible && m.daemon == daemon => {
-                            prop_assert_eq!(code, ErrorCode::Ok);
-                            if stored && !m.evicted {
-                                model.insert((ns, h), Model { daemon, size, visible: true, since: 0, client: 0, evicted: false });
+                    match model.get(&(ns, h)).cloned() {
+                        Some(m) if !m.visible => {
+                            let kept: Vec<u32> = stored_on.iter().copied().filter(|d| m.copies.contains(d)).collect();
+                            if !stored_on.is_empty() && kept.is_empty() && !m.evicted {
+                                // Another writer's reservation stays, and says so.
+                                prop_assert_eq!(code, ErrorCode::NoReservation);
                             } else {
-                                model.remove(&(ns, h));
+                                prop_assert_eq!(code, ErrorCode::Ok);
+                                if kept.is_empty() {
+                                    model.remove(&(ns, h));
+                                } else {
+                                    model.insert((ns, h), Model::visible(kept, size, 7));
+                                }
                             }
                         }
-                        // Another writer's reservation stays, and says so.
-                        Some(m) if !m.visible => prop_assert_eq!(code, ErrorCode::NoReservation),
-                        _ if !stored => prop_assert_eq!(code, ErrorCode::Ok),
+                        _ if stored_on.is_empty() => prop_assert_eq!(code, ErrorCode::Ok),
                         _ => prop_assert_eq!(code, ErrorCode::NoReservation),
                     }
                 }
-                Op::Report { ns, h, daemon, size } => {
-                    index.insert_visible(&BlockKey::new(name(ns), hash(h)), daemon, size, 7);
-                    model.insert((ns, h), Model { daemon, size, visible: true, since: 0, client: 0, evicted: false });
+                Op::Report { ns, h, daemon, size, checksum } => {
+                    index.insert_visible(&BlockKey::new(name(ns), hash(h)), daemon, size, checksum);
+                    match model.get_mut(&(ns, h)) {
+                        Some(m) if m.visible && m.size == size && m.checksum == checksum => {
+                            if !m.copies.contains(&daemon) && m.copies.len() < MAX_COPIES {
+                                m.copies.push(daemon);
+                            }
+                        }
+                        _ => {
+                            model.insert((ns, h), Model::visible(vec![daemon], size, checksum));
+                        }
+                    }
                 }
                 Op::Remove { ns, h } => {
                     let got = index.remove(&name(ns), &[hash(h)]);
-                    let want = model.get(&(ns, h)).filter(|m| m.visible).map(|m| m.daemon);
+                    let want = model.get(&(ns, h)).filter(|m| m.visible).map(|m| set(&m.copies));
                     prop_assert_eq!(got, vec![want]);
                     if want.is_some() {
                         model.remove(&(ns, h));
@@ -164,32 +208,40 @@ proptest! {
                 }
                 Op::RemoveAt { ns, h, daemon } => {
                     let removed = index.remove_at(&BlockKey::new(name(ns), hash(h)), daemon);
-                    let want = model.get(&(ns, h)).is_some_and(|m| m.daemon == daemon);
+                    let want = model.get(&(ns, h)).is_some_and(|m| m.copies.contains(&daemon));
                     prop_assert_eq!(removed, want);
-                    match model.get_mut(&(ns, h)) {
-                        Some(m) if want && !m.visible => m.evicted = true,
-                        _ if want => {
+                    if let Some(m) = model.get_mut(&(ns, h)).filter(|_| want) {
+                        m.copies.retain(|d| *d != daemon);
+                        m.evicted |= !m.visible;
+                        if m.visible && m.copies.is_empty() {
                             model.remove(&(ns, h));
                         }
-                        _ => {}
                     }
                 }
                 Op::DaemonDied { daemon } => {
                     let gone = index.remove_daemon(daemon);
-                    let before = model.len();
-                    model.retain(|_, m| m.daemon != daemon);
-                    prop_assert_eq!(gone, before - model.len());
+                    let (mut copies, before) = (0, model.len());
+                    model.retain(|_, m| {
+                        if !m.copies.contains(&daemon) {
+                            return true;
+                        }
+                        copies += 1;
+                        m.copies.retain(|d| *d != daemon);
+                        m.evicted |= !m.visible;
+                        !m.copies.is_empty()
+                    });
+                    prop_assert_eq!(gone, Gone { copies, blocks: before - model.len() });
                 }
                 Op::Expire { age } => {
                     let deadline = step.saturating_sub(age);
-                    let mut got: Vec<(BlockKey, u32)> = index.expire_pending(at(deadline));
-                    let mut want: Vec<(BlockKey, u32)> = model
+                    let mut got: Vec<(BlockKey, Copies)> = index.expire_pending(at(deadline));
+                    let mut want: Vec<(BlockKey, Copies)> = model
                         .iter()
                         .filter(|(_, m)| !m.visible && m.since < deadline)
-                        .map(|((ns, h), m)| (BlockKey::new(name(*ns), hash(*h)), m.daemon))
+                        .map(|((ns, h), m)| (BlockKey::new(name(*ns), hash(*h)), set(&m.copies)))
                         .collect();
-                    got.sort_by_key(|(k, d)| (k.to_string(), *d));
-                    want.sort_by_key(|(k, d)| (k.to_string(), *d));
+                    got.sort_by_key(|(k, _)| k.to_string());
+                    want.sort_by_key(|(k, _)| k.to_string());
                     prop_assert_eq!(got, want);
                     model.retain(|_, m| m.visible || m.since >= deadline);
                 }
@@ -202,13 +254,13 @@ proptest! {
             // Every key, and a chain per namespace, read as the model says.
             for ns in 0..3u8 {
                 let hashes: Vec<BlockHash> = (0..12).map(hash).collect();
-                let want: Vec<Option<(u32, u32)>> = (0..12u8)
-                    .map(|h| model.get(&(ns, h)).filter(|m| m.visible).map(|m| (m.daemon, m.size)))
+                let want: Vec<Option<(Copies, u32, u64)>> = (0..12u8)
+                    .map(|h| model.get(&(ns, h)).filter(|m| m.visible).map(|m| (set(&m.copies), m.size, m.checksum)))
                     .collect();
-                let got: Vec<Option<(u32, u32)>> = index
+                let got: Vec<Option<(Copies, u32, u64)>> = index
                     .lookup(&name(ns), &hashes)
                     .into_iter()
-                    .map(|l| l.map(|l| (l.daemon, l.size)))
+                    .map(|l| l.map(|l| (l.daemons, l.size, l.checksum)))
                     .collect();
                 prop_assert_eq!(&got, &want);
                 let prefix = want.iter().take_while(|w| w.is_some()).count();
@@ -216,6 +268,7 @@ proptest! {
             }
             let st = index.stats();
             prop_assert_eq!(st.visible as usize, model.values().filter(|m| m.visible).count());
+            prop_assert_eq!(st.copies as usize, model.values().filter(|m| m.visible).map(|m| m.copies.len()).sum::<usize>());
             prop_assert_eq!(st.pending as usize, model.values().filter(|m| !m.visible).count());
             for c in 0..3u8 {
                 let want = model.values().filter(|m| !m.visible && m.client == c).count();

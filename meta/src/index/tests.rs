@@ -18,10 +18,9 @@ fn commit(idx: &Index, i: u8, daemon: u32) -> ErrorCode {
         &ns(),
         &CommitItem {
             hash: h(i),
-            daemon,
+            stored_on: Copies::one(daemon),
             size: 10,
             checksum: 99,
-            stored: true,
         },
     )
 }
@@ -31,46 +30,47 @@ fn pending_is_invisible_until_committed() {
     let idx = Index::new();
     let now = Instant::now();
     assert_eq!(
-        idx.reserve(&ns(), h(1), (10, 7), me(), now),
+        idx.reserve(&ns(), h(1), (10, Copies::one(7)), me(), now),
         Reservation::Reserved
     );
     assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
     assert_eq!(
-        idx.reserve(&ns(), h(1), (10, 7), me(), now),
+        idx.reserve(&ns(), h(1), (10, Copies::one(7)), me(), now),
         Reservation::Exists
     );
     assert_eq!(commit(&idx, 1, 7), ErrorCode::Ok);
     let loc = idx.lookup(&ns(), &[h(1)])[0].unwrap();
-    assert_eq!((loc.daemon, loc.size, loc.checksum), (7, 10, 99));
+    assert_eq!(
+        (loc.daemons, loc.size, loc.checksum),
+        (Copies::one(7), 10, 99)
+    );
 }
 
 #[test]
 fn commit_without_reservation_or_from_another_daemon_is_refused() {
     let idx = Index::new();
-    idx.reserve(&ns(), h(2), (10, 1), me(), Instant::now());
+    idx.reserve(&ns(), h(2), (10, Copies::one(1)), me(), Instant::now());
     assert_eq!(commit(&idx, 1, 1), ErrorCode::NoReservation);
     assert_eq!(commit(&idx, 2, 9), ErrorCode::NoReservation);
-    let abort = |daemon| {
+    assert_eq!(
+        idx.stats().pending,
+        1,
+        "another writer's reservation is kept"
+    );
+    let abort = || {
         idx.commit(
             &ns(),
             &CommitItem {
                 hash: h(2),
-                daemon,
+                stored_on: Copies::default(),
                 size: 10,
                 checksum: 0,
-                stored: false,
             },
         )
     };
-    assert_eq!(
-        abort(9),
-        ErrorCode::NoReservation,
-        "another writer's reservation"
-    );
-    assert_eq!(idx.stats().pending, 1, "and it is kept");
-    assert_eq!(abort(1), ErrorCode::Ok);
+    assert_eq!(abort(), ErrorCode::Ok);
     assert_eq!(idx.stats().pending, 0);
-    assert_eq!(abort(1), ErrorCode::Ok, "nothing left to release");
+    assert_eq!(abort(), ErrorCode::Ok, "nothing left to release");
 }
 
 #[test]
@@ -79,17 +79,16 @@ fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
     let t = Instant::now();
     for i in 0..1000 {
         let ns = Namespace::new(format!("made-up/{i}")).unwrap();
-        idx.reserve(&ns, h(1), (10, 1), me(), t);
+        idx.reserve(&ns, h(1), (10, Copies::one(1)), me(), t);
     }
-    idx.reserve(&ns(), h(1), (10, 1), me(), t);
+    idx.reserve(&ns(), h(1), (10, Copies::one(1)), me(), t);
     idx.commit(
         &ns(),
         &CommitItem {
             hash: h(1),
-            daemon: 1,
+            stored_on: Copies::one(1),
             size: 10,
             checksum: 9,
-            stored: true,
         },
     );
     assert_eq!(idx.namespaces(), 1001);
@@ -103,20 +102,25 @@ fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
     // Ids are reused by new names; what the old names held never shows.
     let gone = Namespace::new("made-up/7").unwrap();
     let other = Namespace::new("other").unwrap();
-    idx.reserve(&other, h(1), (10, 2), me(), t);
+    idx.reserve(&other, h(1), (10, Copies::one(2)), me(), t);
     idx.commit(
         &other,
         &CommitItem {
             hash: h(1),
-            daemon: 2,
+            stored_on: Copies::one(2),
             size: 10,
             checksum: 9,
-            stored: true,
         },
     );
     assert_eq!(idx.lookup(&gone, &[h(1)]), vec![None]);
-    assert_eq!(idx.lookup(&other, &[h(1)])[0].unwrap().daemon, 2);
-    assert_eq!(idx.lookup(&ns(), &[h(1)])[0].unwrap().daemon, 1);
+    assert_eq!(
+        idx.lookup(&other, &[h(1)])[0].unwrap().daemons,
+        Copies::one(2)
+    );
+    assert_eq!(
+        idx.lookup(&ns(), &[h(1)])[0].unwrap().daemons,
+        Copies::one(1)
+    );
     assert_eq!(idx.sweep_namespaces(), 0, "names in use are kept");
 }
 
@@ -124,7 +128,7 @@ fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
 fn match_prefix_stops_at_the_first_gap() {
     let idx = Index::new();
     for i in [1, 2, 4] {
-        idx.reserve(&ns(), h(i), (10, 1), me(), Instant::now());
+        idx.reserve(&ns(), h(i), (10, Copies::one(1)), me(), Instant::now());
         commit(&idx, i, 1);
     }
     assert_eq!(idx.match_prefix(&ns(), &[h(1), h(2), h(3), h(4)]).len(), 2);
@@ -141,11 +145,11 @@ fn match_prefix_stops_at_the_first_gap() {
 fn expired_reservations_free_the_key() {
     let idx = Index::new();
     let t0 = Instant::now();
-    idx.reserve(&ns(), h(1), (10, 3), me(), t0);
+    idx.reserve(&ns(), h(1), (10, Copies::one(3)), me(), t0);
     let expired = idx.expire_pending(t0 + Duration::from_secs(1));
-    assert_eq!(expired, vec![(BlockKey::new(ns(), h(1)), 3)]);
+    assert_eq!(expired, vec![(BlockKey::new(ns(), h(1)), Copies::one(3))]);
     assert_eq!(
-        idx.reserve(&ns(), h(1), (10, 3), me(), t0),
+        idx.reserve(&ns(), h(1), (10, Copies::one(3)), me(), t0),
         Reservation::Reserved
     );
     assert_eq!(idx.stats().pending, 1);
@@ -154,7 +158,7 @@ fn expired_reservations_free_the_key() {
 #[test]
 fn a_block_evicted_before_its_commit_commits_as_stored_but_stays_invisible() {
     let idx = Index::new();
-    idx.reserve(&ns(), h(1), (10, 4), me(), Instant::now());
+    idx.reserve(&ns(), h(1), (10, Copies::one(4)), me(), Instant::now());
     // The daemon's eviction report comes before the writer's commit.
     assert!(idx.remove_at(&BlockKey::new(ns(), h(1)), 4));
     assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
@@ -163,7 +167,7 @@ fn a_block_evicted_before_its_commit_commits_as_stored_but_stays_invisible() {
     assert_eq!(idx.stats(), PrefixStats::default(), "nothing left");
     // A new put of the key is a put like any other.
     assert_eq!(
-        idx.reserve(&ns(), h(1), (10, 4), me(), Instant::now()),
+        idx.reserve(&ns(), h(1), (10, Copies::one(4)), me(), Instant::now()),
         Reservation::Reserved
     );
     assert_eq!(commit(&idx, 1, 4), ErrorCode::Ok);
@@ -174,7 +178,7 @@ fn a_block_evicted_before_its_commit_commits_as_stored_but_stays_invisible() {
 fn dead_daemon_and_evictions_remove_only_their_blocks() {
     let idx = Index::new();
     for (i, d) in [(1, 1), (2, 1), (3, 2)] {
-        idx.reserve(&ns(), h(i), (10, d), me(), Instant::now());
+        idx.reserve(&ns(), h(i), (10, Copies::one(d)), me(), Instant::now());
         commit(&idx, i, d);
     }
     assert!(
@@ -182,8 +186,75 @@ fn dead_daemon_and_evictions_remove_only_their_blocks() {
         "wrong daemon"
     );
     assert!(idx.remove_at(&BlockKey::new(ns(), h(3)), 2));
-    assert_eq!(idx.remove_daemon(1), 2);
+    assert_eq!(
+        idx.remove_daemon(1),
+        Gone {
+            copies: 2,
+            blocks: 2
+        }
+    );
     assert_eq!(idx.stats(), PrefixStats::default());
+}
+
+fn copies(ids: &[u32]) -> Copies {
+    ids.iter().copied().collect()
+}
+
+fn commit_on(idx: &Index, i: u8, stored_on: Copies) -> ErrorCode {
+    let item = CommitItem {
+        hash: h(i),
+        stored_on,
+        size: 10,
+        checksum: 99,
+    };
+    idx.commit(&ns(), &item)
+}
+
+#[test]
+fn a_block_with_copies_outlives_all_but_its_last() {
+    let idx = Index::new();
+    idx.reserve(&ns(), h(1), (10, copies(&[1, 2, 3])), me(), Instant::now());
+    // Daemon 3's write failed: visible on the two that stored it.
+    assert_eq!(commit_on(&idx, 1, copies(&[1, 2])), ErrorCode::Ok);
+    let loc = idx.lookup(&ns(), &[h(1)])[0].unwrap();
+    assert_eq!(loc.daemons, copies(&[1, 2]));
+    assert_eq!(idx.stats().visible, 1, "one block, whatever its copies");
+    let gone = idx.remove_daemon(1);
+    assert_eq!((gone.copies, gone.blocks), (1, 0));
+    assert_eq!(idx.lookup(&ns(), &[h(1)])[0].unwrap().daemons, copies(&[2]));
+    assert_eq!(
+        idx.list(
+            None,
+            None,
+            ListFilter {
+                daemon: Some(2),
+                ..Default::default()
+            },
+            10
+        )
+        .0
+        .len(),
+        1
+    );
+    assert!(idx.remove_at(&BlockKey::new(ns(), h(1)), 2));
+    assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None], "the last copy went");
+    assert_eq!(idx.stats(), PrefixStats::default());
+}
+
+#[test]
+fn a_commit_names_only_daemons_the_block_was_placed_on() {
+    let idx = Index::new();
+    idx.reserve(&ns(), h(1), (10, copies(&[1, 2])), me(), Instant::now());
+    assert_eq!(
+        commit_on(&idx, 1, copies(&[7])),
+        ErrorCode::NoReservation,
+        "none of its daemons: another writer's"
+    );
+    // One copy evicted before the commit: the other alone becomes visible.
+    assert!(idx.remove_at(&BlockKey::new(ns(), h(1)), 2));
+    assert_eq!(commit_on(&idx, 1, copies(&[1, 2, 7])), ErrorCode::Ok);
+    assert_eq!(idx.lookup(&ns(), &[h(1)])[0].unwrap().daemons, copies(&[1]));
+    assert_eq!(idx.remove(&ns(), &[h(1)]), vec![Some(copies(&[1]))]);
 }
 
 #[test]
@@ -193,9 +264,16 @@ fn inventory_rebuilds_visible_entries_and_the_latest_report_wins() {
     idx.insert_visible(&key, 2, 100, 7);
     idx.insert_visible(&key, 3, 100, 7);
     let loc = idx.lookup(&ns(), &[h(5)])[0].unwrap();
-    assert_eq!(loc.daemon, 3, "the latest report wins");
+    assert_eq!(loc.daemons, copies(&[2, 3]), "the same bytes: two copies");
+    idx.insert_visible(&key, 4, 100, 8);
+    let loc = idx.lookup(&ns(), &[h(5)])[0].unwrap();
+    assert_eq!(
+        loc.daemons,
+        copies(&[4]),
+        "other bytes: the latest report wins"
+    );
     // A dead daemon's removal no longer takes the block with it.
-    assert_eq!(idx.remove_daemon(2), 0);
+    assert_eq!(idx.remove_daemon(2), Gone::default());
     assert_eq!(idx.match_prefix(&ns(), &[h(5)]).len(), 1);
 }
 
@@ -203,7 +281,7 @@ fn inventory_rebuilds_visible_entries_and_the_latest_report_wins() {
 fn list_pages_in_key_order() {
     let idx = Index::new();
     for i in 0..10 {
-        idx.reserve(&ns(), h(i), (10, 1), me(), Instant::now());
+        idx.reserve(&ns(), h(i), (10, Copies::one(1)), me(), Instant::now());
         commit(&idx, i, 1);
     }
     let (page, more) = idx.list(None, None, ListFilter::default(), 4);

@@ -56,7 +56,10 @@ pub struct ClusterStats {
     pub revision: u64,
     /// Meta replicas standing by.
     pub standbys: Vec<String>,
+    /// Visible blocks, each counted once, and their copies (a block stored
+    /// on three hosts: one block, three copies).
     pub blocks: u64,
+    pub copies: u64,
     pub bytes: u64,
     pub pending: u64,
     pub daemons: Vec<DaemonInfo>,
@@ -73,6 +76,7 @@ impl Body for ClusterStats {
             w.str(s);
         }
         w.u64(self.blocks);
+        w.u64(self.copies);
         w.u64(self.bytes);
         w.u64(self.pending);
         w.count(self.daemons.len());
@@ -104,6 +108,7 @@ impl Body for ClusterStats {
             .map(|_| Ok(r.str()?.to_string()))
             .collect::<Result<_, ProtoError>>()?;
         let blocks = r.u64()?;
+        let copies = r.u64()?;
         let bytes = r.u64()?;
         let pending = r.u64()?;
         let n = r.count(37)?;
@@ -139,6 +144,7 @@ impl Body for ClusterStats {
             revision,
             standbys,
             blocks,
+            copies,
             bytes,
             pending,
             daemons,
@@ -225,23 +231,17 @@ impl Body for ListResponse {
         w.count(self.entries.len());
         for e in &self.entries {
             encode_key(w, &e.key);
-            w.u32(e.location.daemon);
-            w.u32(e.location.size);
-            w.u64(e.location.checksum);
+            e.location.encode(w);
         }
         w.u8(self.more as u8);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
-        let n = r.count(2 + 1 + 32 + 16)?;
+        let n = r.count(2 + 1 + 32 + 17)?;
         let entries = (0..n)
             .map(|_| {
                 Ok(ListEntry {
                     key: decode_key(r)?,
-                    location: Location {
-                        daemon: r.u32()?,
-                        size: r.u32()?,
-                        checksum: r.u64()?,
-                    },
+                    location: Location::decode(r)?,
                 })
             })
             .collect::<Result<_, ProtoError>>()?;

@@ -12,6 +12,7 @@ use crate::key::{BlockHash, BlockKey, Namespace, MAX_NAMESPACE_LEN};
 use crate::transport::{decode_endpoints, encode_endpoints, Endpoint};
 
 mod admin;
+mod copies;
 mod data;
 mod membership;
 mod placement;
@@ -22,6 +23,7 @@ mod shm;
 mod tests;
 
 pub use admin::*;
+pub use copies::*;
 pub use data::*;
 pub use membership::*;
 pub use placement::*;

@@ -25,6 +25,8 @@ impl Body for Revision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonAddr {
     pub id: u32,
+    /// Its host, so that a reader picks a copy on its own host first.
+    pub node: String,
     /// Its TCP data address (every daemon serves TCP).
     pub addr: String,
     /// The other transports it serves, as it advertised them.
@@ -35,17 +37,19 @@ fn encode_daemons(w: &mut Writer, daemons: &[DaemonAddr]) {
     w.count(daemons.len());
     for d in daemons {
         w.u32(d.id);
+        w.str(&d.node);
         w.str(&d.addr);
         encode_endpoints(w, &d.endpoints);
     }
 }
 
 fn decode_daemons(r: &mut Reader<'_>) -> Result<Vec<DaemonAddr>, ProtoError> {
-    let n = r.count(10)?;
+    let n = r.count(12)?;
     (0..n)
         .map(|_| {
             Ok(DaemonAddr {
                 id: r.u32()?,
+                node: r.str()?.to_string(),
                 addr: r.str()?.to_string(),
                 endpoints: decode_endpoints(r)?,
             })
@@ -99,14 +103,6 @@ impl Body for PinRequest {
     }
 }
 
-/// Where a stored block lives, with what the writer declared of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Location {
-    pub daemon: u32,
-    pub size: u32,
-    pub checksum: u64,
-}
-
 /// Locations of a batch of keys (`Lookup`: one entry per key, `None` for a
 /// miss; `MatchPrefix`: the matched leading keys only).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -117,7 +113,7 @@ pub struct Locations {
 
 impl Body for Locations {
     fn size_hint(&self) -> usize {
-        8 + self.items.len() * 17 + self.daemons.len() * 64
+        8 + self.items.len() * 22 + self.daemons.len() * 64
     }
     fn encode(&self, w: &mut Writer) {
         w.count(self.items.len());
@@ -126,9 +122,7 @@ impl Body for Locations {
                 None => w.u8(0),
                 Some(loc) => {
                     w.u8(1);
-                    w.u32(loc.daemon);
-                    w.u32(loc.size);
-                    w.u64(loc.checksum);
+                    loc.encode(w);
                 }
             }
         }
@@ -141,11 +135,7 @@ impl Body for Locations {
         for _ in 0..n {
             items.push(match r.u8()? {
                 0 => None,
-                1 => Some(Location {
-                    daemon: r.u32()?,
-                    size: r.u32()?,
-                    checksum: r.u64()?,
-                }),
+                1 => Some(Location::decode(r)?),
                 v => {
                     return Err(ProtoError::Invalid {
                         field: "location tag",
@@ -168,6 +158,9 @@ pub struct PutStartRequest {
     /// The writer's host, so that blocks land on its own daemon first
     /// ("": unknown).
     pub node: String,
+    /// Copies wanted of each block, on distinct hosts (0: the namespace's
+    /// default in the meta service's configuration).
+    pub replicas: u8,
     pub items: Vec<(BlockHash, u32)>,
 }
 
@@ -175,6 +168,7 @@ impl Body for PutStartRequest {
     fn encode(&self, w: &mut Writer) {
         w.namespace(&self.namespace);
         w.str(&self.node);
+        w.u8(self.replicas);
         w.count(self.items.len());
         for (h, size) in &self.items {
             w.hash(h);
@@ -184,6 +178,7 @@ impl Body for PutStartRequest {
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let namespace = r.namespace()?;
         let node = r.str()?.to_string();
+        let replicas = r.u8()?;
         let n = r.count(BlockHash::LEN + 4)?;
         let items = (0..n)
             .map(|_| Ok((r.hash()?, r.u32()?)))
@@ -191,6 +186,7 @@ impl Body for PutStartRequest {
         Ok(PutStartRequest {
             namespace,
             node,
+            replicas,
             items,
         })
     }
@@ -199,8 +195,9 @@ impl Body for PutStartRequest {
 /// What the meta service decided for one block of a put.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slot {
-    /// Write the block to this daemon, then commit it.
-    Place(u32),
+    /// Write the block to these daemons (one per copy, on distinct
+    /// hosts), then commit it.
+    Place(Copies),
     /// Do not write it: `AlreadyExists` (stored or being stored by another
     /// writer), `TooLarge`, `Unavailable`.
     Skip(ErrorCode),
@@ -218,26 +215,30 @@ impl Body for PutStartResponse {
         w.count(self.slots.len());
         for slot in &self.slots {
             match slot {
-                Slot::Place(d) => {
+                Slot::Place(copies) => {
                     w.u16(ErrorCode::Ok as u16);
-                    w.u32(*d);
+                    copies.encode(w);
                 }
-                Slot::Skip(code) => {
-                    w.u16(*code as u16);
-                    w.u32(0);
-                }
+                Slot::Skip(code) => w.u16(*code as u16),
             }
         }
         encode_daemons(w, &self.daemons);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
-        let n = r.count(6)?;
+        let n = r.count(2)?;
         let slots = (0..n)
             .map(|_| {
-                let code = decode_code(r)?;
-                let daemon = r.u32()?;
-                Ok(match code {
-                    ErrorCode::Ok => Slot::Place(daemon),
+                Ok(match decode_code(r)? {
+                    ErrorCode::Ok => {
+                        let copies = Copies::decode(r)?;
+                        if copies.is_empty() {
+                            return Err(ProtoError::Invalid {
+                                field: "slot",
+                                why: "placed on no daemon".into(),
+                            });
+                        }
+                        Slot::Place(copies)
+                    }
                     other => Slot::Skip(other),
                 })
             })
@@ -249,15 +250,21 @@ impl Body for PutStartResponse {
     }
 }
 
-/// One block of phase two: stored (make it visible) or not (release the
-/// reservation at once rather than at its timeout).
+/// One block of phase two: the daemons, of those it was placed on, that
+/// stored it (make it visible there), or none (release the reservation at
+/// once rather than at its timeout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitItem {
     pub hash: BlockHash,
-    pub daemon: u32,
+    pub stored_on: Copies,
     pub size: u32,
     pub checksum: u64,
-    pub stored: bool,
+}
+
+impl CommitItem {
+    pub fn stored(&self) -> bool {
+        !self.stored_on.is_empty()
+    }
 }
 
 /// Phase two of a put.
@@ -273,23 +280,21 @@ impl Body for PutCommitRequest {
         w.count(self.items.len());
         for it in &self.items {
             w.hash(&it.hash);
-            w.u32(it.daemon);
+            it.stored_on.encode(w);
             w.u32(it.size);
             w.u64(it.checksum);
-            w.u8(it.stored as u8);
         }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let namespace = r.namespace()?;
-        let n = r.count(BlockHash::LEN + 17)?;
+        let n = r.count(BlockHash::LEN + 13)?;
         let items = (0..n)
             .map(|_| {
                 Ok(CommitItem {
                     hash: r.hash()?,
-                    daemon: r.u32()?,
+                    stored_on: Copies::decode(r)?,
                     size: r.u32()?,
                     checksum: r.u64()?,
-                    stored: r.u8()? != 0,
                 })
             })
             .collect::<Result<_, ProtoError>>()?;

@@ -77,13 +77,14 @@ fn every_body_round_trips_and_refuses_truncation() {
         items: vec![
             None,
             Some(Location {
-                daemon: 1,
+                daemons: [1, 5, 9].into_iter().collect(),
                 size: 2,
                 checksum: 3,
             }),
         ],
         daemons: vec![DaemonAddr {
             id: 1,
+            node: "gpu-1".into(),
             addr: "127.0.0.1:1".into(),
             endpoints: vec![Endpoint {
                 kind: crate::transport::TransportKind::Quic,
@@ -94,20 +95,23 @@ fn every_body_round_trips_and_refuses_truncation() {
     round_trip(PutStartRequest {
         namespace: ns(),
         node: "gpu-1".into(),
+        replicas: 3,
         items: vec![(h, 10)],
     });
     round_trip(PutStartResponse {
-        slots: vec![Slot::Place(4), Slot::Skip(ErrorCode::AlreadyExists)],
+        slots: vec![
+            Slot::Place([4, 2].into_iter().collect()),
+            Slot::Skip(ErrorCode::AlreadyExists),
+        ],
         daemons: vec![],
     });
     round_trip(PutCommitRequest {
         namespace: ns(),
         items: vec![CommitItem {
             hash: h,
-            daemon: 1,
+            stored_on: [1, 3].into_iter().collect(),
             size: 5,
             checksum: 6,
-            stored: true,
         }],
     });
     round_trip(Statuses {
@@ -118,6 +122,7 @@ fn every_body_round_trips_and_refuses_truncation() {
         revision: 9,
         standbys: vec!["s".into()],
         blocks: 1,
+        copies: 5,
         bytes: 2,
         pending: 3,
         daemons: vec![DaemonInfo {
@@ -162,11 +167,7 @@ fn every_body_round_trips_and_refuses_truncation() {
     round_trip(ListResponse {
         entries: vec![ListEntry {
             key: BlockKey::new(ns(), h),
-            location: Location {
-                daemon: 1,
-                size: 2,
-                checksum: 3,
-            },
+            location: Location::on(1, 2, 3),
         }],
         more: true,
     });

@@ -290,6 +290,18 @@ impl Cluster {
 
     pub fn spawn_daemon(&mut self, addr: &str) -> usize {
         let args = self.daemon_args(addr, &self.daemon_dram.clone());
+        self.spawn_daemon_with(addr, args)
+    }
+
+    /// A daemon serving on `addr` as host `node` (distinct nodes hold a
+    /// block's distinct copies).
+    pub fn spawn_daemon_on(&mut self, addr: &str, node: &str) -> usize {
+        let mut args = self.daemon_args(addr, &self.daemon_dram.clone());
+        args.extend(["--node".to_string(), node.to_string()]);
+        self.spawn_daemon_with(addr, args)
+    }
+
+    fn spawn_daemon_with(&mut self, addr: &str, args: Vec<String>) -> usize {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let name = format!("daemon-{}", self.daemons.len());
         let p = Proc::spawn(&name, BIN, &args, &self.logs);

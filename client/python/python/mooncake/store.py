@@ -24,10 +24,13 @@ How the two models map (see ``client/python/README.md``):
   the first of ``rdma_devices``) to daemons that serve it, with a package
   built with the ``rdma`` feature; otherwise, and on hosts without an RDMA
   NIC, over TCP.
-- ``ReplicateConfig``: one copy per block; ``with_hard_pin`` pins the block
-  against eviction; the other fields Mooncake has are accepted and have no
-  effect here (``client/python/README.md`` says which and why). Setting a
-  field Mooncake does not have raises ``AttributeError``, as there.
+- ``ReplicateConfig``: ``replica_num`` copies per block, each on a distinct
+  host (at most 4; more is stored as 4, with a log line); without a config
+  a put gets the meta service's default for the namespace. ``with_hard_pin``
+  pins every copy against eviction; the other fields Mooncake has are
+  accepted and have no effect here (``client/python/README.md`` says which
+  and why). Setting a field Mooncake does not have raises
+  ``AttributeError``, as there.
 - ``register_buffer`` is enforced: ``get_into`` / ``put_from`` on memory
   outside a registered buffer answer ``-600`` and touch nothing (Mooncake's
   behaviour there is undefined). Only host memory can be registered: a GPU
@@ -70,8 +73,9 @@ class SoftPinAction(enum.IntEnum):
 
 @dataclass(slots=True)
 class ReplicateConfig:
-    """Mooncake's per-put options. Only ``with_hard_pin`` has an effect
-    here (the block is pinned against eviction); see the module docs."""
+    """Mooncake's per-put options. ``replica_num`` (copies on distinct
+    hosts) and ``with_hard_pin`` (pinned against eviction) have an effect
+    here; see the module docs."""
 
     replica_num: int = 1
     with_soft_pin: bool = False
@@ -82,6 +86,20 @@ class ReplicateConfig:
     preferred_segments: List[str] = field(default_factory=list)
     prefer_alloc_in_same_node: bool = False
     group_ids: List[str] = field(default_factory=list)
+
+
+MAX_REPLICAS = 4
+
+
+def _replicas(config: Optional[ReplicateConfig]) -> int:
+    """Copies a put asks for: 0 (the namespace's default) without a
+    config, else ``replica_num`` within 1 to ``MAX_REPLICAS``."""
+    if config is None:
+        return 0
+    n = int(config.replica_num)
+    if n > MAX_REPLICAS:
+        log.warning("replica_num = %d: storing %d copies, the most a block has", n, MAX_REPLICAS)
+    return min(max(n, 1), MAX_REPLICAS)
 
 
 @dataclass(frozen=True)
@@ -349,7 +367,7 @@ class MooncakeDistributedStore:
         if len(keys) != len(values):
             return INVALID_PARAMS
         try:
-            codes = self._c.put_batch(keys, values)
+            codes = self._c.put_batch(keys, values, replicas=_replicas(config))
         except (TypeError, ValueError, BufferError):
             return INVALID_PARAMS
         self._pin_if_asked(keys, codes, config)
@@ -436,18 +454,21 @@ class MooncakeDistributedStore:
         return self.batch_get_replica_desc([key]).get(key, [])
 
     def batch_get_replica_desc(self, keys: List[str]) -> Dict[str, List[ReplicaDescriptor]]:
-        """The copies of each stored key (one here), by key; keys not stored
-        are left out, as in Mooncake."""
+        """The copies of each stored key, one descriptor per daemon holding
+        one, by key; keys not stored are left out, as in Mooncake."""
         try:
             found = self._c.locations(keys)
         except (mooncake_store.StoreError, TypeError, ValueError) as err:
             log.error("batch_get_replica_desc: %s", err)
             return {}
         return {
-            key: [ReplicaDescriptor(MemoryDescriptor(BufferDescriptor(size, addr)))]
+            key: [
+                ReplicaDescriptor(MemoryDescriptor(BufferDescriptor(size, addr)))
+                for addr in addrs
+            ]
             for key, loc in zip(keys, found)
             if loc is not None
-            for size, addr in [loc]
+            for size, addrs in [loc]
         }
 
     # -- zero copy through registered buffers ---------------------------
@@ -477,7 +498,7 @@ class MooncakeDistributedStore:
     ) -> List[int]:
         if not len(keys) == len(buffer_ptrs) == len(sizes):
             return [INVALID_PARAMS] * len(keys)
-        codes = self._c.put_from_ptrs(keys, buffer_ptrs, sizes)
+        codes = self._c.put_from_ptrs(keys, buffer_ptrs, sizes, replicas=_replicas(config))
         self._pin_if_asked(keys, codes, config)
         return codes
 
@@ -503,7 +524,9 @@ class MooncakeDistributedStore:
         buffers (``all_buffer_ptrs[i]``, ``all_sizes[i]``, in order), such as
         a page's K and V; a status per key."""
         try:
-            codes = self._c.put_from_ptr_lists(keys, all_buffer_ptrs, all_sizes)
+            codes = self._c.put_from_ptr_lists(
+                keys, all_buffer_ptrs, all_sizes, replicas=_replicas(config)
+            )
         except (TypeError, ValueError, OverflowError) as err:
             log.error("batch_put_from_multi_buffers: %s", err)
             return [INVALID_PARAMS] * len(keys)

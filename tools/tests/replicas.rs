@@ -1,0 +1,228 @@
+//! Copies of a block on several hosts, as an operator runs them: a real
+//! etcd, a meta replica and daemons as separate `mooncake-store` processes,
+//! each daemon on a `--node` of its own (two on one node where the test
+//! needs a host with two daemons), and a host lost by killing its daemon.
+
+mod common;
+use common::cluster::Cluster;
+use common::free_port;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mooncake_client::{Client, PutOptions, PutOutcome};
+use mooncake_proto::{BlockHash, BlockKey, Namespace};
+
+fn ns() -> Namespace {
+    Namespace::new("t/replicas").unwrap()
+}
+
+fn value(i: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i as usize * 13 + j * 5) as u8).collect()
+}
+
+fn hash(i: u64) -> BlockHash {
+    BlockHash::from_opaque(&i.to_le_bytes())
+}
+
+/// A cluster of one meta replica and a daemon per entry of `nodes`, on
+/// that node.
+async fn cluster_on(nodes: &[&str]) -> Cluster {
+    let mut cluster = Cluster::start_with(1, 0, "32MiB", "2s").await;
+    for node in nodes {
+        let addr = format!("127.0.0.1:{}", free_port());
+        cluster.spawn_daemon_on(&addr, node);
+    }
+    cluster
+        .wait_healthy(nodes.len(), Duration::from_secs(15))
+        .await;
+    cluster
+}
+
+async fn put_copies(client: &Client, ids: std::ops::Range<u64>, replicas: u8) -> Vec<PutOutcome> {
+    let values: Vec<Vec<u8>> = ids.clone().map(|i| value(i, 4096)).collect();
+    let blocks: Vec<(BlockHash, &[u8])> =
+        ids.zip(&values).map(|(i, v)| (hash(i), &v[..])).collect();
+    client
+        .put_with(&ns(), &blocks, PutOptions { replicas })
+        .await
+        .unwrap()
+}
+
+/// Each block's copies, as the nodes of the daemons holding them.
+async fn nodes_of(client: &Client, ids: std::ops::Range<u64>) -> Vec<Vec<String>> {
+    let hashes: Vec<BlockHash> = ids.map(hash).collect();
+    let found = client.lookup(&ns(), &hashes).await.unwrap();
+    let st = client.cluster_stats().await.unwrap();
+    let node: HashMap<u32, String> = st.daemons.iter().map(|d| (d.id, d.node.clone())).collect();
+    found
+        .items
+        .iter()
+        .map(|l| {
+            l.expect("stored")
+                .daemons
+                .iter()
+                .map(|d| node[&d].clone())
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_land_on_distinct_hosts_and_all_go_with_a_removal() {
+    // gpu-3 runs two daemons: they are one host, never two copies.
+    let cluster = cluster_on(&["gpu-1", "gpu-2", "gpu-3", "gpu-3"]).await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    let two = put_copies(&client, 0..20, 2).await;
+    assert!(two.iter().all(|o| *o == PutOutcome::Stored), "{two:?}");
+    let three = put_copies(&client, 20..40, 3).await;
+    assert!(three.iter().all(|o| *o == PutOutcome::Stored), "{three:?}");
+    for (want, range) in [(2, 0..20), (3, 20..40)] {
+        for nodes in nodes_of(&client, range).await {
+            let mut distinct = nodes.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(distinct.len(), want, "copies on distinct hosts: {nodes:?}");
+        }
+    }
+    // Four asked of three hosts: stored three times, and said so.
+    let four = put_copies(&client, 40..41, 4).await;
+    assert_eq!(four, vec![PutOutcome::Short { copies: 3 }]);
+    let st = client.cluster_stats().await.unwrap();
+    assert_eq!((st.blocks, st.copies), (41, 20 * 2 + 20 * 3 + 3));
+    // Every copy reads back right, and a removal takes them all.
+    for i in 0..41 {
+        let got = client.get(&BlockKey::new(ns(), hash(i))).await.unwrap();
+        assert_eq!(got.as_deref(), Some(&value(i, 4096)[..]), "block {i}");
+    }
+    let removed = client.remove(&ns(), &[hash(20)]).await.unwrap();
+    assert_eq!(removed, vec![mooncake_proto::ErrorCode::Ok]);
+    // Daemons report what they hold with their heartbeats: wait for them.
+    let settled = eventually(Duration::from_secs(10), || async {
+        let st = client.cluster_stats().await.unwrap();
+        st.daemons.iter().map(|d| d.blocks).sum::<u64>() == st.copies
+    })
+    .await;
+    assert!(settled, "the daemons hold exactly the index's copies");
+    assert_eq!(
+        client.cluster_stats().await.unwrap().copies,
+        20 * 2 + 19 * 3 + 3
+    );
+}
+
+async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_host_loses_no_block_that_had_two_copies() {
+    let mut cluster = cluster_on(&["gpu-1", "gpu-2", "gpu-3"]).await;
+    let timeout = Duration::from_secs(5);
+    let writer = cluster.client(timeout).await;
+    const BLOCKS: u64 = 96;
+    let out = put_copies(&writer, 0..BLOCKS, 2).await;
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    // The host most copies are on is the one lost.
+    let mut count: HashMap<u32, u64> = HashMap::new();
+    let hashes: Vec<BlockHash> = (0..BLOCKS).map(hash).collect();
+    for l in writer.lookup(&ns(), &hashes).await.unwrap().items {
+        for d in l.unwrap().daemons.iter() {
+            *count.entry(d).or_default() += 1;
+        }
+    }
+    let st = writer.cluster_stats().await.unwrap();
+    let (victim_id, _) = count.iter().max_by_key(|(_, n)| **n).unwrap();
+    let victim_addr = st
+        .daemons
+        .iter()
+        .find(|d| d.id == *victim_id)
+        .unwrap()
+        .addr
+        .clone();
+    let victim = cluster
+        .daemons
+        .iter()
+        .position(|(a, _)| *a == victim_addr)
+        .unwrap();
+
+    // Readers verify every block round after round, each with a client of
+    // its own (whose cached locations still name the lost daemon).
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let mut readers = Vec::new();
+    for r in 0..3 {
+        let client = cluster.client(timeout).await;
+        let (stop, rounds) = (stop.clone(), rounds.clone());
+        readers.push(tokio::spawn(async move {
+            let (mut misses, mut wrong, mut late, mut errors) = (0u64, 0u64, 0u64, Vec::new());
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for i in (0..BLOCKS).map(|i| (i + r * 31) % BLOCKS) {
+                    let started = Instant::now();
+                    match client.get(&BlockKey::new(ns(), hash(i))).await {
+                        Ok(Some(bytes)) if bytes == value(i, 4096) => {}
+                        Ok(Some(_)) => wrong += 1,
+                        Ok(None) => misses += 1,
+                        Err(err) => errors.push(format!("block {i}: {err}")),
+                    }
+                    if started.elapsed() > timeout {
+                        late += 1;
+                    }
+                }
+                round += 1;
+                rounds.fetch_add(1, Ordering::Relaxed);
+            }
+            (round, misses, wrong, late, errors)
+        }));
+    }
+    // Every reader is under way before the kill, and reads on for at least
+    // two full rounds each after the daemon's lease has run out (its copies
+    // then leave the index, and locations come back with one copy).
+    let at = |n: u64| {
+        let rounds = rounds.clone();
+        async move {
+            while rounds.load(Ordering::Relaxed) < n {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    at(3).await;
+    cluster.daemons[victim].1.kill9();
+    let gone = eventually(Duration::from_secs(20), || async {
+        writer
+            .cluster_stats()
+            .await
+            .is_ok_and(|st| st.daemons.iter().filter(|d| d.alive).count() == 2)
+    })
+    .await;
+    assert!(gone, "the killed daemon leaves the cluster with its lease");
+    let now = rounds.load(Ordering::Relaxed);
+    at(now + 2 * 3).await;
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        let (round, misses, wrong, late, errors) = reader.await.unwrap();
+        assert!(round >= 2, "every reader read");
+        assert_eq!(misses, 0, "a block with a surviving copy is never missed");
+        assert_eq!(wrong, 0, "no wrong bytes");
+        assert_eq!(late, 0, "no call past its deadline");
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+    // The index now has one copy of the blocks that lost one, and still
+    // every block.
+    let st = writer.cluster_stats().await.unwrap();
+    assert_eq!(st.blocks, BLOCKS);
+    assert_eq!(st.copies, 2 * BLOCKS - count[victim_id]);
+}
