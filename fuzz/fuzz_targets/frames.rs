@@ -32,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
 fn for_each_body(body: &[u8]) {
     round_trip::<Empty>(body);
     round_trip::<KeyRequest>(body);
+    round_trip::<FetchRequest>(body);
     round_trip::<PutHead>(body);
     round_trip::<PoolStats>(body);
     round_trip::<Revision>(body);

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use mooncake_proto::message::MAX_COPIES;
-use mooncake_proto::units::HumanDuration;
+use mooncake_proto::units::{ByteSize, HumanDuration};
 use mooncake_server::{Deadlines, Limits, TlsFiles};
 use serde::{Deserialize, Serialize};
 
@@ -119,6 +119,14 @@ pub struct MetaConfig {
     /// `"*" = 1` and `system-prompts = 3`). From 1 to 4. Default: 1
     /// everywhere.
     pub replicas: std::collections::BTreeMap<String, u8>,
+    /// Lost copies are made again (a daemon fetches the block from a
+    /// surviving copy) at most this many bytes a second; 0 makes none.
+    /// Default 256MiB.
+    pub repair_rate: ByteSize,
+    /// Most blocks waiting for a copy to be made again; past it a loss is
+    /// counted (`mooncake_meta_repairs{what="dropped"}`) and not repaired.
+    /// Default 1000000 (about 100 bytes each).
+    pub repair_queue: usize,
 }
 
 impl Default for MetaConfig {
@@ -154,6 +162,8 @@ impl Default for MetaConfig {
             events_queue: 65_536,
             instances: Default::default(),
             replicas: Default::default(),
+            repair_rate: ByteSize(256 << 20),
+            repair_queue: 1_000_000,
         }
     }
 }

@@ -171,6 +171,19 @@ impl Daemons {
         chosen
     }
 
+    /// Where one more copy of a block already on `copies` goes: as
+    /// `place_copies` puts a next copy, on a host none of them is on.
+    pub fn place_beside(&self, size: u64, copies: &Copies) -> Option<u32> {
+        let mut members = self.members.write();
+        let taken: Vec<String> = copies
+            .iter()
+            .filter_map(|d| members.get(&d).map(|m| m.node.clone()))
+            .collect();
+        let id = Self::place_one(&members, size, "", &taken)?;
+        members.get_mut(&id).expect("just chosen").placed += size;
+        Some(id)
+    }
+
     /// One daemon for a copy, on none of the hosts in `taken`.
     fn place_one(
         members: &HashMap<u32, Member>,

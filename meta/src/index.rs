@@ -40,7 +40,8 @@ impl TableKey for IdxKey {
 
 /// An entry's phase; the checksum is known once the block is stored, and
 /// the reserving client only while it is being stored (an entry stays 48
-/// bytes).
+/// bytes). `want`: the copies its writer asked for, which a lost copy is
+/// made again up to.
 #[derive(Clone, Copy)]
 enum State {
     /// `evicted`: a daemon it was placed on evicted the block before the
@@ -51,9 +52,11 @@ enum State {
         since: Instant,
         client: Client,
         evicted: bool,
+        want: u8,
     },
     Visible {
         checksum: u64,
+        want: u8,
     },
 }
 
@@ -69,7 +72,7 @@ struct Entry {
 impl Entry {
     fn visible(&self) -> Option<Location> {
         match self.state {
-            State::Visible { checksum } => Some(Location {
+            State::Visible { checksum, .. } => Some(Location {
                 daemons: self.copies,
                 size: self.size,
                 checksum,
@@ -80,6 +83,19 @@ impl Entry {
 
     fn is_pending(&self) -> bool {
         matches!(self.state, State::Pending { .. })
+    }
+
+    fn want(&self) -> u8 {
+        match self.state {
+            State::Pending { want, .. } | State::Visible { want, .. } => want,
+        }
+    }
+
+    /// Visible with fewer copies than its writer asked for.
+    fn is_short(&self) -> bool {
+        !self.is_pending()
+            && !self.copies.is_empty()
+            && self.copies.len() < usize::from(self.want())
     }
 
     /// Takes `daemon`'s copy out (it evicted the block, or died): a pending
@@ -96,12 +112,14 @@ impl Entry {
 }
 
 /// What a daemon's leaving cost the index.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Gone {
     /// Copies it held (visible or being written).
     pub copies: usize,
     /// Blocks whose last copy it held: gone from the index.
     pub blocks: usize,
+    /// Blocks left with fewer copies than their writers asked for.
+    pub short: Vec<BlockKey>,
 }
 
 /// Keys of a prefix match whose slots are prefetched ahead of the probe.
@@ -430,13 +448,13 @@ impl Index {
         self.pending_by_client.of(client)
     }
 
-    /// Phase one: reserves a key on daemons (one per copy) for `client`
-    /// unless it is already stored or being stored.
+    /// Phase one: reserves a key on daemons (one per copy; `want` were
+    /// asked for) for `client` unless it is already stored or being stored.
     pub fn reserve(
         &self,
         ns: &Namespace,
         hash: BlockHash,
-        (size, copies): (u32, Copies),
+        (size, copies, want): (u32, Copies, u8),
         client: Client,
         now: Instant,
     ) -> Reservation {
@@ -460,6 +478,7 @@ impl Index {
                     since: now,
                     client,
                     evicted: false,
+                    want,
                 },
             },
         );
@@ -481,6 +500,10 @@ impl Index {
         let mut shard = self.shard(&key).write(self);
         let old = shard.get(&key).and_then(Entry::visible);
         let same = old.filter(|o| o.size == size && o.checksum == checksum);
+        let want = shard
+            .get(&key)
+            .filter(|_| same.is_some())
+            .map_or(1, Entry::want);
         let copies = match same {
             Some(o) if o.daemons.contains(daemon) || o.daemons.is_full() => o.daemons,
             Some(o) => {
@@ -502,7 +525,11 @@ impl Index {
             Entry {
                 copies,
                 size,
-                state: State::Visible { checksum },
+                // Copies reported after a failover are kept as wanted.
+                state: State::Visible {
+                    checksum,
+                    want: want.max(copies.len() as u8),
+                },
             },
         );
         drop(shard);
@@ -560,6 +587,7 @@ impl Index {
                 size: item.size,
                 state: State::Visible {
                     checksum: item.checksum,
+                    want: e.want(),
                 },
             };
             shard.insert(key, visible);
@@ -671,13 +699,14 @@ impl Index {
     }
 
     /// Drops a dead daemon's copies; entries left with none go (a put
-    /// being written only there too).
+    /// being written only there too). The blocks left short of the copies
+    /// they want are in `gone.short`.
     pub fn remove_daemon(&self, daemon: u32) -> Gone {
         let mut gone = Gone::default();
         for s in &self.shards {
-            // The names only for the events, and per shard: a writer of a
-            // new namespace waits for one shard, not the whole scan.
-            let names = self.events.is_on().then(|| self.names());
+            // The names per shard: a writer of a new namespace waits for
+            // one shard, not the whole scan.
+            let names = self.names();
             let mut shard = s.write(self);
             let before = shard.len();
             shard.retain(|k, e| {
@@ -687,15 +716,64 @@ impl Index {
                 gone.copies += 1;
                 if !e.is_pending() {
                     s.copies.fetch_sub(1, Ordering::Relaxed);
-                    if let Some(names) = &names {
-                        self.events.removed(daemon, names.name(k.ns), k.hash);
-                    }
+                    self.events.removed(daemon, names.name(k.ns), k.hash);
+                }
+                if e.is_short() {
+                    gone.short
+                        .push(BlockKey::new(names.name(k.ns).clone(), k.hash));
                 }
                 !e.copies.is_empty()
             });
             gone.blocks += before - shard.len();
         }
         gone
+    }
+
+    /// A visible block with fewer copies than wanted: where it is, and how
+    /// many copies it wants; `None` for any other.
+    pub fn short_of_copies(&self, block: &BlockKey) -> Option<(Location, u8)> {
+        let names = self.names();
+        let key = IdxKey {
+            ns: *names.ids.get(&block.namespace)?,
+            hash: block.hash,
+        };
+        let shard = self.shard(&key).read();
+        let e = shard.get(&key).filter(|e| e.is_short())?;
+        Some((e.visible()?, e.want()))
+    }
+
+    /// Adds `daemon`'s copy (made again from another) to a visible block
+    /// that still has these bytes (size and checksum) and wants another
+    /// copy; `false` if not (removed, replaced or repaired meanwhile): the
+    /// caller then drops the copy.
+    pub fn add_copy(&self, block: &BlockKey, daemon: u32, size: u32, checksum: u64) -> bool {
+        let names = self.names();
+        let Some(&ns) = names.ids.get(&block.namespace) else {
+            return false;
+        };
+        let key = IdxKey {
+            ns,
+            hash: block.hash,
+        };
+        let mut shard = self.shard(&key).write(self);
+        let Some(mut e) = shard.get(&key).copied() else {
+            return false;
+        };
+        let same = e
+            .visible()
+            .is_some_and(|l| l.size == size && l.checksum == checksum);
+        if !same {
+            return false;
+        }
+        if e.copies.contains(daemon) {
+            return true;
+        }
+        if e.copies.len() >= usize::from(e.want()) || !e.copies.push(daemon) {
+            return false;
+        }
+        shard.insert(key, e);
+        self.events.stored(daemon, &block.namespace, block.hash);
+        true
     }
 
     /// The visible blocks of shard `i` (daemon, namespace, hash), for a

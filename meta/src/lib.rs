@@ -15,6 +15,7 @@ pub mod events;
 mod index;
 pub mod metrics;
 mod removals;
+mod repair;
 mod replica;
 mod route;
 mod server;
@@ -196,6 +197,7 @@ pub fn serve(
             }
         }),
         tokio::spawn(server::reaper(state.clone(), stop.clone())),
+        tokio::spawn(repair::run(state.clone(), stop.clone())),
         tokio::spawn(server.clone().run_tcp(listener, tcp_tls, stop.clone())),
     ];
     if let (Some(sockets), Some(feed)) = (events, feed) {

@@ -12,7 +12,9 @@ use mooncake_server::{MetricsSpec, ServerMetrics};
 use parking_lot::RwLock;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{exponential_buckets, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    exponential_buckets, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use crate::server::State;
 
@@ -155,6 +157,10 @@ struct TermCollector {
     dead: IntGauge,
     owed: IntGauge,
     given_up: IntGauge,
+    copies: IntGauge,
+    repair_queue: IntGauge,
+    /// What repairs of lost copies did this term, by outcome.
+    repairs: IntGaugeVec,
     descs: Vec<Desc>,
 }
 
@@ -193,12 +199,39 @@ impl TermCollector {
             "mooncake_meta_removals_given_up",
             "Unconfirmed removals dropped this term because too many were owed.",
         )?;
+        let copies = IntGauge::new(
+            "mooncake_meta_index_copies",
+            "Copies of the visible blocks (a block on three hosts counts three).",
+        )?;
+        let repair_queue = IntGauge::new(
+            "mooncake_meta_repair_queue",
+            "Blocks short of the copies they want, waiting for a new one.",
+        )?;
+        let repairs = IntGaugeVec::new(
+            Opts::new(
+                "mooncake_meta_repairs",
+                "Lost copies this term: made again, failed, unplaceable (no host to take one), \
+                 dropped (the repair queue was full).",
+            ),
+            &["what"],
+        )?;
         let gauges = [
-            &leader, &revision, &blocks, &bytes, &pending, &alive, &dead, &owed, &given_up,
+            &leader,
+            &revision,
+            &blocks,
+            &bytes,
+            &pending,
+            &alive,
+            &dead,
+            &owed,
+            &given_up,
+            &copies,
+            &repair_queue,
         ];
         let descs = gauges
             .iter()
             .flat_map(|g| g.desc().into_iter().cloned())
+            .chain(repairs.desc().into_iter().cloned())
             .collect();
         Ok(TermCollector {
             term,
@@ -211,6 +244,9 @@ impl TermCollector {
             dead,
             owed,
             given_up,
+            copies,
+            repair_queue,
+            repairs,
             descs,
         })
     }
@@ -238,6 +274,18 @@ impl Collector for TermCollector {
                 let (owed, given_up) = state.owed_removals();
                 self.owed.set(owed as i64);
                 self.given_up.set(given_up as i64);
+                self.copies.set(st.copies as i64);
+                self.repair_queue.set(state.repairs.len() as i64);
+                let counts = &state.repairs.counts;
+                for (what, n) in [
+                    ("made", &counts.made),
+                    ("failed", &counts.failed),
+                    ("unplaceable", &counts.unplaceable),
+                    ("dropped", &counts.dropped),
+                ] {
+                    let n = n.load(std::sync::atomic::Ordering::Relaxed);
+                    self.repairs.with_label_values(&[what]).set(n as i64);
+                }
             }
             None => {
                 for g in [
@@ -249,9 +297,12 @@ impl Collector for TermCollector {
                     &self.dead,
                     &self.owed,
                     &self.given_up,
+                    &self.copies,
+                    &self.repair_queue,
                 ] {
                     g.set(0);
                 }
+                self.repairs.reset();
             }
         }
         [
@@ -264,9 +315,12 @@ impl Collector for TermCollector {
             &self.dead,
             &self.owed,
             &self.given_up,
+            &self.copies,
+            &self.repair_queue,
         ]
         .iter()
         .flat_map(|g| g.collect())
+        .chain(self.repairs.collect())
         .collect()
     }
 }

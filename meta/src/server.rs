@@ -64,6 +64,8 @@ pub struct State {
     instances: std::collections::BTreeMap<String, String>,
     /// Copies per block by namespace, for puts that ask for none.
     replicas: std::collections::BTreeMap<String, u8>,
+    /// Blocks short of the copies they want, waiting for a new one.
+    pub repairs: crate::repair::Repairs,
 }
 
 impl State {
@@ -97,6 +99,7 @@ impl State {
                 .map_err(crate::MetaError::Config)?,
             instances: cfg.instances.clone(),
             replicas: cfg.replicas.clone(),
+            repairs: crate::repair::Repairs::new(cfg.repair_queue, cfg.repair_rate.0),
         })
     }
 
@@ -123,10 +126,9 @@ impl State {
         }
     }
 
-    /// Sends a one-key command (remove, pin, unpin) to a daemon.
     /// Where to call a daemon: its TCP address, or over QUIC its QUIC
     /// endpoint (none: it is not called, rather than called in clear).
-    fn daemon_call_addr(&self, daemon: u32) -> Option<String> {
+    pub(crate) fn daemon_call_addr(&self, daemon: u32) -> Option<String> {
         let found = self.daemons.addrs([daemon]).into_iter().next()?;
         if !matches!(self.peer, Dialer::Quic(_)) {
             return Some(found.addr);
@@ -141,7 +143,20 @@ impl State {
         quic.map(|e| e.addr)
     }
 
+    /// Sends a one-key command (remove, pin, unpin) to a daemon.
     async fn tell_daemon(&self, daemon: u32, op: Opcode, key: BlockKey) -> ErrorCode {
+        self.call_daemon(daemon, op, &KeyRequest { key }, DAEMON_CALL_TIMEOUT)
+            .await
+    }
+
+    /// One call to a daemon, answered by an empty body, within `timeout`.
+    pub(crate) async fn call_daemon(
+        &self,
+        daemon: u32,
+        op: Opcode,
+        req: &impl Body,
+        timeout: Duration,
+    ) -> ErrorCode {
         let Some(addr) = self.daemon_call_addr(daemon) else {
             return ErrorCode::Unavailable;
         };
@@ -162,9 +177,8 @@ impl State {
                 })
                 .clone()
         };
-        let req = KeyRequest { key };
-        let call = pool.call::<Empty>(op, &req, op.name());
-        match tokio::time::timeout(DAEMON_CALL_TIMEOUT, call).await {
+        let call = pool.call::<Empty>(op, req, op.name());
+        match tokio::time::timeout(timeout, call).await {
             Ok(Ok(_)) => ErrorCode::Ok,
             Ok(Err(err)) => err.code().unwrap_or(ErrorCode::Unavailable),
             Err(_) => ErrorCode::Timeout,
@@ -185,6 +199,17 @@ impl State {
                 self.owed.owe(daemon, key);
                 code
             }
+        }
+    }
+
+    /// Queues blocks left short of copies for repair.
+    fn repair(&self, short: Vec<BlockKey>, now: Instant) {
+        let dropped = self.repairs.add(short, now);
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                "the repair queue is full: blocks left short of copies"
+            );
         }
     }
 
@@ -221,8 +246,10 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
                 daemon,
                 copies = gone.copies,
                 lost = gone.blocks,
+                short = gone.short.len(),
                 "daemon silent past its ttl: declared dead"
             );
+            state.repair(gone.short, now);
         }
         let Some(deadline) = now.checked_sub(state.put_timeout) else {
             continue;
@@ -497,6 +524,8 @@ async fn dispatch(
             // says next: entries from its previous life go.
             let gone = state.index.remove_daemon(daemon);
             tracing::info!(daemon, %addr, capacity, dropped = gone.copies, "daemon registered");
+            // What its inventory does not bring back is made again.
+            state.repair(gone.short, now);
             RegisterResponse {
                 daemon,
                 revision: state.revision,
@@ -540,8 +569,10 @@ async fn dispatch(
                 addr = %req.addr,
                 copies = gone.copies,
                 lost = gone.blocks,
+                short = gone.short.len(),
                 "daemon left"
             );
+            state.repair(gone.short, now);
             Vec::new()
         }
         Opcode::Events => {
@@ -565,9 +596,8 @@ async fn dispatch(
         | Opcode::ShmPut
         | Opcode::ShmCommit
         | Opcode::ShmTouch
-        | Opcode::RdmaConnect => {
-            return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8)))
-        }
+        | Opcode::RdmaConnect
+        | Opcode::Fetch => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
     })
 }
 
@@ -591,7 +621,8 @@ fn put_start(
     let copies = match req.replicas {
         0 => crate::config::replicas_in(&state.replicas, req.namespace.as_str()),
         n => n,
-    };
+    }
+    .clamp(1, mooncake_proto::message::MAX_COPIES as u8);
     let mut placed = Vec::new();
     let slots = req
         .items
@@ -618,9 +649,10 @@ fn put_start(
                 // no live daemon at all is `Unavailable`, above).
                 return Slot::Skip(ErrorCode::NoSpace);
             }
+            let want = (size as u32, daemons, copies);
             match state
                 .index
-                .reserve(&req.namespace, *hash, (size as u32, daemons), client, now)
+                .reserve(&req.namespace, *hash, want, client, now)
             {
                 Reservation::Reserved => {
                     room -= 1;

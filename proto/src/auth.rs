@@ -52,7 +52,8 @@ impl Role {
             | Opcode::Heartbeat
             | Opcode::Events
             | Opcode::Inventory
-            | Opcode::Leave => Role::Cluster,
+            | Opcode::Leave
+            | Opcode::Fetch => Role::Cluster,
             _ => Role::Client,
         }
     }

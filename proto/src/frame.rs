@@ -87,6 +87,10 @@ opcodes! {
     /// `ShmPut`, `ShmCommit` and `ShmTouch`, whose offsets the client reads
     /// and writes with one-sided RDMA.
     RdmaConnect = 0x10,
+    /// From the meta service: fetch a block from another daemon that holds
+    /// it (a copy lost with a host, made again); the bytes are checked
+    /// against the block's checksum before they are stored.
+    Fetch = 0x11,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).

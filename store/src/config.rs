@@ -367,6 +367,7 @@ impl DaemonConfig {
             verify_on_read: self.verify_on_read,
             request_timeout: self.request_timeout.0,
             put_stall_timeout: self.put_stall_timeout.0,
+            peers: crate::fetch::Peers::default(),
         }
     }
 

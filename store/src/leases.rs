@@ -255,6 +255,7 @@ mod tests {
                 verify_on_read: false,
                 request_timeout: std::time::Duration::from_secs(5),
                 put_stall_timeout: std::time::Duration::from_secs(5),
+                peers: crate::fetch::Peers::default(),
             },
             metrics: crate::metrics::DaemonMetrics::new(
                 &prometheus::Registry::new(),

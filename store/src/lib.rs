@@ -9,6 +9,7 @@
 //! nor on the meta service's crate.
 
 pub mod config;
+mod fetch;
 mod headroom;
 pub mod io;
 mod leases;
@@ -195,9 +196,14 @@ pub async fn start(
         )
     };
     let metrics = metrics::DaemonMetrics::new(registry, tiers.clone())?;
+    let mut data = config.data();
+    data.peers = fetch::Peers {
+        dialer: meta_dialer.clone(),
+        token: config.token.clone(),
+    };
     let service = Arc::new(server::DataService {
         tiers: tiers.clone(),
-        cfg: config.data(),
+        cfg: data,
         metrics: metrics.clone(),
     });
     let server = Server::new(

@@ -26,6 +26,7 @@ pub(crate) const OPS: &[Opcode] = &[
     Opcode::Ping,
     Opcode::Verify,
     Opcode::Evict,
+    Opcode::Fetch,
 ];
 
 pub struct DaemonMetrics {

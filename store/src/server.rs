@@ -26,6 +26,8 @@ pub struct DataConfig {
     /// A put whose value stops arriving for this long is dropped, and the
     /// room reserved for it freed.
     pub put_stall_timeout: Duration,
+    /// How other daemons are called (`Fetch`).
+    pub peers: crate::fetch::Peers,
 }
 
 /// The daemon's answers to block requests, whichever transport they came on.
@@ -146,6 +148,16 @@ where
                 _ => pool.unpin(&req.key),
             };
             let code = result.err().map_or(ErrorCode::Ok, |e| e.code());
+            reply(wr, header, code, &[]).await
+        }
+        Opcode::Fetch => {
+            // The meta service's call (role cluster, checked by the server).
+            let req: mooncake_proto::message::FetchRequest = read_body(header, rd).await?;
+            let (within, size) = (cfg.request_timeout / 2, u64::from(req.size));
+            let code = crate::fetch::fetch(req, tiers, &cfg.peers, within).await;
+            if code == ErrorCode::Ok {
+                metrics.bytes_written.inc_by(size);
+            }
             reply(wr, header, code, &[]).await
         }
         Opcode::DaemonStats => {

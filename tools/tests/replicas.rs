@@ -128,7 +128,7 @@ where
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_host_loses_no_block_that_had_two_copies() {
+async fn a_killed_host_loses_no_block_that_had_two_copies_and_they_are_copied_again() {
     let mut cluster = cluster_on(&["gpu-1", "gpu-2", "gpu-3"]).await;
     let timeout = Duration::from_secs(5);
     let writer = cluster.client(timeout).await;
@@ -220,9 +220,74 @@ async fn a_killed_host_loses_no_block_that_had_two_copies() {
         assert_eq!(late, 0, "no call past its deadline");
         assert!(errors.is_empty(), "{errors:?}");
     }
-    // The index now has one copy of the blocks that lost one, and still
-    // every block.
-    let st = writer.cluster_stats().await.unwrap();
-    assert_eq!(st.blocks, BLOCKS);
-    assert_eq!(st.copies, 2 * BLOCKS - count[victim_id]);
+    // Every block that lost a copy gets it back, on the surviving host
+    // that lacked one, fetched from the other and checked.
+    let lost = count[victim_id];
+    let started = Instant::now();
+    let repaired = eventually(Duration::from_secs(60), || async {
+        writer
+            .cluster_stats()
+            .await
+            .is_ok_and(|st| st.blocks == BLOCKS && st.copies == 2 * BLOCKS)
+    })
+    .await;
+    assert!(repaired, "every block back to two copies");
+    eprintln!(
+        "repair: {lost} copies made again within {:.2} s of the kill being seen",
+        started.elapsed().as_secs_f64()
+    );
+    let fresh = cluster.client(timeout).await;
+    for nodes in nodes_of(&fresh, 0..BLOCKS).await {
+        assert_eq!(nodes.len(), 2);
+        assert_ne!(nodes[0], nodes[1], "on two hosts");
+    }
+    for i in 0..BLOCKS {
+        let got = fresh.get(&BlockKey::new(ns(), hash(i))).await.unwrap();
+        assert_eq!(got.as_deref(), Some(&value(i, 4096)[..]), "block {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_back_empty_gets_its_lost_copies_made_again() {
+    let mut cluster = cluster_on(&["gpu-1", "gpu-2", "gpu-3"]).await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    const BLOCKS: u64 = 48;
+    let out = put_copies(&client, 0..BLOCKS, 2).await;
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    let held = eventually(Duration::from_secs(10), || async {
+        client
+            .cluster_stats()
+            .await
+            .is_ok_and(|st| st.daemons.iter().all(|d| d.blocks > 0))
+    })
+    .await;
+    assert!(held, "every daemon reports copies");
+    // Killed and started again at once, at the same address: it registers
+    // again (before its lease ends) with an empty pool.
+    let addr = cluster.daemons[0].0.clone();
+    cluster.daemons[0].1.kill9();
+    cluster.daemons.remove(0);
+    cluster.spawn_daemon_on(&addr, "gpu-1");
+    // Registered again: the daemon at that address holds nothing.
+    let empty = eventually(Duration::from_secs(20), || async {
+        client.cluster_stats().await.is_ok_and(|st| {
+            st.daemons
+                .iter()
+                .any(|d| d.addr == addr && d.alive && d.blocks == 0)
+        })
+    })
+    .await;
+    assert!(empty, "the daemon came back empty");
+    let back = eventually(Duration::from_secs(60), || async {
+        client
+            .cluster_stats()
+            .await
+            .is_ok_and(|st| st.blocks == BLOCKS && st.copies == 2 * BLOCKS)
+    })
+    .await;
+    assert!(back, "every block back to two copies");
+    for i in 0..BLOCKS {
+        let got = client.get(&BlockKey::new(ns(), hash(i))).await.unwrap();
+        assert_eq!(got.as_deref(), Some(&value(i, 4096)[..]), "block {i}");
+    }
 }

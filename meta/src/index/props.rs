@@ -99,6 +99,7 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Debug, Clone)]
 struct Model {
     copies: Vec<u32>,
+    want: u8,
     size: u32,
     checksum: u64,
     visible: bool,
@@ -111,9 +112,10 @@ struct Model {
 }
 
 impl Model {
-    fn visible(copies: Vec<u32>, size: u32, checksum: u64) -> Self {
+    fn visible(copies: Vec<u32>, want: u8, size: u32, checksum: u64) -> Self {
         Model {
             copies,
+            want,
             size,
             checksum,
             visible: true,
@@ -121,6 +123,10 @@ impl Model {
             client: 0,
             evicted: false,
         }
+    }
+
+    fn short(&self) -> bool {
+        self.visible && !self.copies.is_empty() && self.copies.len() < usize::from(self.want)
     }
 }
 
@@ -155,11 +161,12 @@ proptest! {
                 Op::Reserve { ns, h, daemons, size } => {
                     // Clients take turns, apart from daemons.
                     let client = (step % 3) as u8;
-                    let r = index.reserve(&name(ns), hash(h), (size, set(&daemons)), client_of(client), at(step));
+                    let want = daemons.len() as u8;
+                    let r = index.reserve(&name(ns), hash(h), (size, set(&daemons), want), client_of(client), at(step));
                     let exists = model.contains_key(&(ns, h));
                     prop_assert_eq!(r == Reservation::Exists, exists);
                     if !exists {
-                        let m = Model { copies: daemons, size, checksum: 0, visible: false, since: step, client, evicted: false };
+                        let m = Model { copies: daemons, want, size, checksum: 0, visible: false, since: step, client, evicted: false };
                         model.insert((ns, h), m);
                     }
                 }
@@ -177,7 +184,7 @@ proptest! {
                                 if kept.is_empty() {
                                     model.remove(&(ns, h));
                                 } else {
-                                    model.insert((ns, h), Model::visible(kept, size, 7));
+                                    model.insert((ns, h), Model::visible(kept, m.want, size, 7));
                                 }
                             }
                         }
@@ -192,9 +199,10 @@ proptest! {
                             if !m.copies.contains(&daemon) && m.copies.len() < MAX_COPIES {
                                 m.copies.push(daemon);
                             }
+                            m.want = m.want.max(m.copies.len() as u8);
                         }
                         _ => {
-                            model.insert((ns, h), Model::visible(vec![daemon], size, checksum));
+                            model.insert((ns, h), Model::visible(vec![daemon], 1, size, checksum));
                         }
                     }
                 }
@@ -221,16 +229,23 @@ proptest! {
                 Op::DaemonDied { daemon } => {
                     let gone = index.remove_daemon(daemon);
                     let (mut copies, before) = (0, model.len());
-                    model.retain(|_, m| {
+                    let mut short = Vec::new();
+                    model.retain(|(ns, h), m| {
                         if !m.copies.contains(&daemon) {
                             return true;
                         }
                         copies += 1;
                         m.copies.retain(|d| *d != daemon);
                         m.evicted |= !m.visible;
+                        if m.short() {
+                            short.push(BlockKey::new(name(*ns), hash(*h)));
+                        }
                         !m.copies.is_empty()
                     });
-                    prop_assert_eq!(gone, Gone { copies, blocks: before - model.len() });
+                    let mut got = gone.short.clone();
+                    got.sort();
+                    short.sort();
+                    prop_assert_eq!((gone.copies, gone.blocks, got), (copies, before - model.len(), short));
                 }
                 Op::Expire { age } => {
                     let deadline = step.saturating_sub(age);
@@ -250,6 +265,11 @@ proptest! {
                     let used: std::collections::HashSet<u8> = model.keys().map(|(ns, _)| *ns).collect();
                     prop_assert_eq!(index.namespaces(), used.len(), "exactly the namespaces in use stay");
                 }
+            }
+            // Blocks short of copies, as the model says.
+            for ((ns, h), m) in &model {
+                let short = index.short_of_copies(&BlockKey::new(name(*ns), hash(*h)));
+                prop_assert_eq!(short.map(|(l, w)| (l.daemons, w)), m.short().then(|| (set(&m.copies), m.want)));
             }
             // Every key, and a chain per namespace, read as the model says.
             for ns in 0..3u8 {

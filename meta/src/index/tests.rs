@@ -30,12 +30,12 @@ fn pending_is_invisible_until_committed() {
     let idx = Index::new();
     let now = Instant::now();
     assert_eq!(
-        idx.reserve(&ns(), h(1), (10, Copies::one(7)), me(), now),
+        idx.reserve(&ns(), h(1), (10, Copies::one(7), 1), me(), now),
         Reservation::Reserved
     );
     assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
     assert_eq!(
-        idx.reserve(&ns(), h(1), (10, Copies::one(7)), me(), now),
+        idx.reserve(&ns(), h(1), (10, Copies::one(7), 1), me(), now),
         Reservation::Exists
     );
     assert_eq!(commit(&idx, 1, 7), ErrorCode::Ok);
@@ -49,7 +49,7 @@ fn pending_is_invisible_until_committed() {
 #[test]
 fn commit_without_reservation_or_from_another_daemon_is_refused() {
     let idx = Index::new();
-    idx.reserve(&ns(), h(2), (10, Copies::one(1)), me(), Instant::now());
+    idx.reserve(&ns(), h(2), (10, Copies::one(1), 1), me(), Instant::now());
     assert_eq!(commit(&idx, 1, 1), ErrorCode::NoReservation);
     assert_eq!(commit(&idx, 2, 9), ErrorCode::NoReservation);
     assert_eq!(
@@ -79,9 +79,9 @@ fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
     let t = Instant::now();
     for i in 0..1000 {
         let ns = Namespace::new(format!("made-up/{i}")).unwrap();
-        idx.reserve(&ns, h(1), (10, Copies::one(1)), me(), t);
+        idx.reserve(&ns, h(1), (10, Copies::one(1), 1), me(), t);
     }
-    idx.reserve(&ns(), h(1), (10, Copies::one(1)), me(), t);
+    idx.reserve(&ns(), h(1), (10, Copies::one(1), 1), me(), t);
     idx.commit(
         &ns(),
         &CommitItem {
@@ -102,7 +102,7 @@ fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
     // Ids are reused by new names; what the old names held never shows.
     let gone = Namespace::new("made-up/7").unwrap();
     let other = Namespace::new("other").unwrap();
-    idx.reserve(&other, h(1), (10, Copies::one(2)), me(), t);
+    idx.reserve(&other, h(1), (10, Copies::one(2), 1), me(), t);
     idx.commit(
         &other,
         &CommitItem {
@@ -128,7 +128,7 @@ fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
 fn match_prefix_stops_at_the_first_gap() {
     let idx = Index::new();
     for i in [1, 2, 4] {
-        idx.reserve(&ns(), h(i), (10, Copies::one(1)), me(), Instant::now());
+        idx.reserve(&ns(), h(i), (10, Copies::one(1), 1), me(), Instant::now());
         commit(&idx, i, 1);
     }
     assert_eq!(idx.match_prefix(&ns(), &[h(1), h(2), h(3), h(4)]).len(), 2);
@@ -145,11 +145,11 @@ fn match_prefix_stops_at_the_first_gap() {
 fn expired_reservations_free_the_key() {
     let idx = Index::new();
     let t0 = Instant::now();
-    idx.reserve(&ns(), h(1), (10, Copies::one(3)), me(), t0);
+    idx.reserve(&ns(), h(1), (10, Copies::one(3), 1), me(), t0);
     let expired = idx.expire_pending(t0 + Duration::from_secs(1));
     assert_eq!(expired, vec![(BlockKey::new(ns(), h(1)), Copies::one(3))]);
     assert_eq!(
-        idx.reserve(&ns(), h(1), (10, Copies::one(3)), me(), t0),
+        idx.reserve(&ns(), h(1), (10, Copies::one(3), 1), me(), t0),
         Reservation::Reserved
     );
     assert_eq!(idx.stats().pending, 1);
@@ -158,7 +158,7 @@ fn expired_reservations_free_the_key() {
 #[test]
 fn a_block_evicted_before_its_commit_commits_as_stored_but_stays_invisible() {
     let idx = Index::new();
-    idx.reserve(&ns(), h(1), (10, Copies::one(4)), me(), Instant::now());
+    idx.reserve(&ns(), h(1), (10, Copies::one(4), 1), me(), Instant::now());
     // The daemon's eviction report comes before the writer's commit.
     assert!(idx.remove_at(&BlockKey::new(ns(), h(1)), 4));
     assert_eq!(idx.lookup(&ns(), &[h(1)]), vec![None]);
@@ -167,7 +167,7 @@ fn a_block_evicted_before_its_commit_commits_as_stored_but_stays_invisible() {
     assert_eq!(idx.stats(), PrefixStats::default(), "nothing left");
     // A new put of the key is a put like any other.
     assert_eq!(
-        idx.reserve(&ns(), h(1), (10, Copies::one(4)), me(), Instant::now()),
+        idx.reserve(&ns(), h(1), (10, Copies::one(4), 1), me(), Instant::now()),
         Reservation::Reserved
     );
     assert_eq!(commit(&idx, 1, 4), ErrorCode::Ok);
@@ -178,7 +178,7 @@ fn a_block_evicted_before_its_commit_commits_as_stored_but_stays_invisible() {
 fn dead_daemon_and_evictions_remove_only_their_blocks() {
     let idx = Index::new();
     for (i, d) in [(1, 1), (2, 1), (3, 2)] {
-        idx.reserve(&ns(), h(i), (10, Copies::one(d)), me(), Instant::now());
+        idx.reserve(&ns(), h(i), (10, Copies::one(d), 1), me(), Instant::now());
         commit(&idx, i, d);
     }
     assert!(
@@ -190,7 +190,8 @@ fn dead_daemon_and_evictions_remove_only_their_blocks() {
         idx.remove_daemon(1),
         Gone {
             copies: 2,
-            blocks: 2
+            blocks: 2,
+            short: vec![]
         }
     );
     assert_eq!(idx.stats(), PrefixStats::default());
@@ -213,7 +214,13 @@ fn commit_on(idx: &Index, i: u8, stored_on: Copies) -> ErrorCode {
 #[test]
 fn a_block_with_copies_outlives_all_but_its_last() {
     let idx = Index::new();
-    idx.reserve(&ns(), h(1), (10, copies(&[1, 2, 3])), me(), Instant::now());
+    idx.reserve(
+        &ns(),
+        h(1),
+        (10, copies(&[1, 2, 3]), 3),
+        me(),
+        Instant::now(),
+    );
     // Daemon 3's write failed: visible on the two that stored it.
     assert_eq!(commit_on(&idx, 1, copies(&[1, 2])), ErrorCode::Ok);
     let loc = idx.lookup(&ns(), &[h(1)])[0].unwrap();
@@ -221,6 +228,17 @@ fn a_block_with_copies_outlives_all_but_its_last() {
     assert_eq!(idx.stats().visible, 1, "one block, whatever its copies");
     let gone = idx.remove_daemon(1);
     assert_eq!((gone.copies, gone.blocks), (1, 0));
+    let key = BlockKey::new(ns(), h(1));
+    assert_eq!(gone.short, vec![key.clone()], "short of the three it wants");
+    let (loc, want) = idx.short_of_copies(&key).unwrap();
+    assert_eq!((loc.daemons, want), (copies(&[2]), 3));
+    // A copy made again joins; one of other bytes does not.
+    assert!(!idx.add_copy(&key, 5, 10, 1234));
+    assert!(idx.add_copy(&key, 5, 10, 99));
+    assert!(idx.add_copy(&key, 6, 10, 99));
+    assert_eq!(idx.short_of_copies(&key), None, "three copies again");
+    assert_eq!(idx.stats().copies, 3);
+    assert!(idx.remove_at(&key, 5) && idx.remove_at(&key, 6));
     assert_eq!(idx.lookup(&ns(), &[h(1)])[0].unwrap().daemons, copies(&[2]));
     assert_eq!(
         idx.list(
@@ -244,7 +262,7 @@ fn a_block_with_copies_outlives_all_but_its_last() {
 #[test]
 fn a_commit_names_only_daemons_the_block_was_placed_on() {
     let idx = Index::new();
-    idx.reserve(&ns(), h(1), (10, copies(&[1, 2])), me(), Instant::now());
+    idx.reserve(&ns(), h(1), (10, copies(&[1, 2]), 2), me(), Instant::now());
     assert_eq!(
         commit_on(&idx, 1, copies(&[7])),
         ErrorCode::NoReservation,
@@ -281,7 +299,7 @@ fn inventory_rebuilds_visible_entries_and_the_latest_report_wins() {
 fn list_pages_in_key_order() {
     let idx = Index::new();
     for i in 0..10 {
-        idx.reserve(&ns(), h(i), (10, Copies::one(1)), me(), Instant::now());
+        idx.reserve(&ns(), h(i), (10, Copies::one(1), 1), me(), Instant::now());
         commit(&idx, i, 1);
     }
     let (page, more) = idx.list(None, None, ListFilter::default(), 4);

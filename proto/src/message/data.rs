@@ -21,6 +21,34 @@ impl Body for KeyRequest {
     }
 }
 
+/// The meta service's request that a daemon copy a block from another
+/// daemon (`from`, the address to call it at), whose size and checksum the
+/// index holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchRequest {
+    pub key: BlockKey,
+    pub from: String,
+    pub size: u32,
+    pub checksum: u64,
+}
+
+impl Body for FetchRequest {
+    fn encode(&self, w: &mut Writer) {
+        encode_key(w, &self.key);
+        w.str(&self.from);
+        w.u32(self.size);
+        w.u64(self.checksum);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(FetchRequest {
+            key: decode_key(r)?,
+            from: r.str()?.to_string(),
+            size: r.u32()?,
+            checksum: r.u64()?,
+        })
+    }
+}
+
 /// The head of a daemon `Put` body; the value bytes follow it to the end of
 /// the frame, so that a server can read them straight into their place.
 ///

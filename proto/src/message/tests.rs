@@ -114,6 +114,12 @@ fn every_body_round_trips_and_refuses_truncation() {
             checksum: 6,
         }],
     });
+    round_trip(FetchRequest {
+        key: BlockKey::new(ns(), h),
+        from: "127.0.0.1:7071".into(),
+        size: 4096,
+        checksum: 7,
+    });
     round_trip(Statuses {
         codes: vec![ErrorCode::Ok, ErrorCode::NotFound],
     });
