@@ -51,6 +51,47 @@ pub struct BenchArgs {
     dram: ByteSize,
     #[arg(long)]
     json: bool,
+    /// Copies of each block put, on distinct hosts (0: the namespace's
+    /// default).
+    #[arg(long, default_value_t = 0)]
+    replicas: u8,
+    /// Gets pick blocks by a Zipf law of this exponent (a few hot blocks,
+    /// a long tail), seeded per process; 0 reads them in turn.
+    #[arg(long, default_value_t = 0.0)]
+    zipf: f64,
+    /// Names the blocks (default: random per run), so that several
+    /// processes read the same ones: one puts them with --keep, the others
+    /// read them with --reads-only.
+    #[arg(long)]
+    run_id: Option<u64>,
+    /// Only the gets, of blocks another run with the same --run-id put
+    /// and kept.
+    #[arg(long)]
+    reads_only: bool,
+}
+
+/// Block indexes drawn by a Zipf law over `n` blocks: index 0 the hottest.
+struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: usize, exponent: f64) -> Self {
+        let mut total = 0.0;
+        let cdf = (1..=n)
+            .map(|k| {
+                total += 1.0 / (k as f64).powf(exponent);
+                total
+            })
+            .collect::<Vec<f64>>();
+        Zipf {
+            cdf: cdf.into_iter().map(|c| c / total).collect(),
+        }
+    }
+
+    fn sample(&self, u: f64) -> usize {
+        self.cdf.partition_point(|c| *c < u).min(self.cdf.len() - 1)
+    }
 }
 
 #[derive(Serialize)]
@@ -103,7 +144,15 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     let pool_pages = client.same_host_pages();
     let capacity = crate::blocks::live_capacity(&client).await?;
     let ns = Namespace::new("bench").expect("valid");
-    let run_id: u64 = rand::random();
+    let run_id: u64 = args.run_id.unwrap_or_else(rand::random);
+    if args.reads_only && args.run_id.is_none() {
+        return Err(Failure::usage(
+            "--reads-only needs the --run-id of the run that put the blocks",
+        ));
+    }
+    let opts = mooncake_client::PutOptions {
+        replicas: args.replicas,
+    };
     let mut rows = Vec::new();
     for size in &args.sizes {
         let size = size.0 as usize;
@@ -118,7 +167,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         );
         let value: Arc<Vec<u8>> = Arc::new((0..size).map(|_| rand::random::<u8>()).collect());
         let bar = progress(&args, keys + args.ops, size);
-        let put = phase(&args, "put", size, keys, &bar, {
+        let puts = if args.reads_only { 0 } else { keys };
+        let put = phase(&args, "put", size, puts, &bar, {
             let (client, ns, hashes, value) =
                 (client.clone(), ns.clone(), hashes.clone(), value.clone());
             move |range: std::ops::Range<usize>, _buf: &mut Vec<Vec<u8>>| {
@@ -127,7 +177,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 async move {
                     let blocks: Vec<(BlockHash, &[u8])> =
                         range.map(|i| (hashes[i], &value[..])).collect();
-                    match client.put(&ns, &blocks).await {
+                    match client.put_with(&ns, &blocks, opts).await {
                         Ok(outs) => outs.iter().fold((0, 0), |(m, e), o| match o {
                             PutOutcome::Stored
                             | PutOutcome::Short { .. }
@@ -140,16 +190,23 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             }
         })
         .await;
+        let zipf = Arc::new((args.zipf > 0.0).then(|| Zipf::new(keys, args.zipf)));
         let get = phase(&args, "get", size, args.ops, &bar, {
             let (client, ns, hashes) = (client.clone(), ns.clone(), hashes.clone());
             move |range: std::ops::Range<usize>, bufs: &mut Vec<Vec<u8>>| {
                 let (client, ns, hashes) = (client.clone(), ns.clone(), hashes.clone());
+                let zipf = zipf.clone();
                 let n = range.len();
                 while bufs.len() < n {
                     bufs.push(vec![0u8; size]);
                 }
                 let mut taken: Vec<Vec<u8>> = bufs.drain(..n).collect();
-                let keys: Vec<BlockHash> = range.map(|i| hashes[i % hashes.len()]).collect();
+                let keys: Vec<BlockHash> = match zipf.as_ref() {
+                    Some(z) => range
+                        .map(|_| hashes[z.sample(rand::random::<f64>())])
+                        .collect(),
+                    None => range.map(|i| hashes[i % hashes.len()]).collect(),
+                };
                 async move {
                     let mut slices: Vec<&mut [u8]> = taken.iter_mut().map(|b| &mut b[..]).collect();
                     let counts = match client.get_into(&ns, &keys, &mut slices).await {
@@ -167,10 +224,15 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         })
         .await;
         bar.finish_and_clear();
-        if !args.keep {
+        if !args.keep && !args.reads_only {
             let _ = client.remove(&ns, &hashes).await;
         }
-        for mut row in [put, get] {
+        let rows_now = if args.reads_only {
+            vec![get]
+        } else {
+            vec![put, get]
+        };
+        for mut row in rows_now {
             row.pool_pages = pool_pages.clone();
             rows.push(row);
         }
@@ -365,5 +427,26 @@ fn print_rows(args: &BenchArgs, rows: &[Row]) {
             r.misses,
             r.errors
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Zipf;
+
+    #[test]
+    fn zipf_draws_favour_the_first_blocks_as_the_law_says() {
+        let z = Zipf::new(100, 1.0);
+        let mut counts = [0u32; 100];
+        for i in 0..100_000 {
+            counts[z.sample((i as f64 + 0.5) / 100_000.0)] += 1;
+        }
+        // Harmonic number H(100) is about 5.187: block 0 takes 1/H of the
+        // draws, block 1 half of that.
+        let share = |k: usize| f64::from(counts[k]) / 100_000.0;
+        assert!((share(0) - 1.0 / 5.187).abs() < 0.005, "{}", share(0));
+        assert!((share(1) - 0.5 / 5.187).abs() < 0.005, "{}", share(1));
+        assert!(counts.iter().all(|c| *c > 0), "every block drawn");
+        assert_eq!(z.sample(1.0), 99);
     }
 }
