@@ -2,6 +2,7 @@
 //! listen, how full they are, and where a new block should go.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use mooncake_proto::message::{
@@ -13,6 +14,13 @@ use parking_lot::RwLock;
 /// A daemon with less than this share of its pool free is full (see
 /// `Daemons::place`).
 pub const FULL_MARGIN: f64 = 0.05;
+
+/// A daemon that has just (re)joined is empty, so it would have the most
+/// room and take every new block (and the whole cluster's write load) at
+/// once. For this long after it joins its share of new blocks is bounded:
+/// from a quarter of a fair share (one over the daemons alive), growing
+/// with its age to the fair share.
+pub const WARMUP: Duration = Duration::from_secs(60);
 
 struct Member {
     node: String,
@@ -27,6 +35,11 @@ struct Member {
     alive: bool,
     /// Takes no new blocks (an operator is taking it out).
     draining: bool,
+    /// When it (re)joined, and the cluster's count of placed copies then;
+    /// copies placed on it since.
+    joined: Instant,
+    placed_before: u64,
+    placed_since: u64,
 }
 
 /// A host's live daemons together.
@@ -43,6 +56,8 @@ pub struct Host {
 #[derive(Default)]
 pub struct Daemons {
     members: RwLock<HashMap<u32, Member>>,
+    /// Copies placed on any daemon, ever (for the share of a new one).
+    placed_total: std::sync::atomic::AtomicU64,
 }
 
 impl Daemons {
@@ -85,6 +100,9 @@ impl Daemons {
                 reads_per_sec: 0,
                 alive: true,
                 draining: false,
+                joined: now,
+                placed_before: self.placed_total.load(Ordering::Relaxed),
+                placed_since: 0,
             },
         );
         id
@@ -158,17 +176,37 @@ impl Daemons {
         let mut members = self.members.write();
         let mut chosen = Copies::default();
         let mut hosts: Vec<String> = Vec::new();
+        let now = Instant::now();
         for i in 0..copies.clamp(1, MAX_COPIES) {
             let writer = if i == 0 { node } else { "" };
-            let Some(id) = Self::place_one(&members, size, writer, &hosts) else {
+            let Some(id) = self.place_one(&members, size, writer, &hosts, now) else {
                 break;
             };
-            let m = members.get_mut(&id).expect("just chosen");
-            m.placed += size;
-            hosts.push(m.node.clone());
+            self.placed_on(&mut members, id, size);
+            hosts.push(members[&id].node.clone());
             chosen.push(id);
         }
         chosen
+    }
+
+    fn placed_on(&self, members: &mut HashMap<u32, Member>, id: u32, size: u64) {
+        let m = members.get_mut(&id).expect("just chosen");
+        m.placed += size;
+        m.placed_since += 1;
+        self.placed_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether a daemon still warming up has had its share of the copies
+    /// placed since it joined (see `WARMUP`).
+    fn had_its_share(m: &Member, alive: usize, total: u64, now: Instant) -> bool {
+        let age = now.duration_since(m.joined);
+        if age >= WARMUP {
+            return false;
+        }
+        let since = total.saturating_sub(m.placed_before);
+        let fair = 1.0 / alive.max(1) as f64;
+        let share = fair * (age.as_secs_f64() / WARMUP.as_secs_f64()).max(0.25);
+        m.placed_since as f64 >= (since as f64 * share).max(1.0)
     }
 
     /// Where one more copy of a block already on `copies` goes: as
@@ -179,18 +217,25 @@ impl Daemons {
             .iter()
             .filter_map(|d| members.get(&d).map(|m| m.node.clone()))
             .collect();
-        let id = Self::place_one(&members, size, "", &taken)?;
-        members.get_mut(&id).expect("just chosen").placed += size;
+        let id = self.place_one(&members, size, "", &taken, Instant::now())?;
+        self.placed_on(&mut members, id, size);
         Some(id)
     }
 
-    /// One daemon for a copy, on none of the hosts in `taken`.
+    /// One daemon for a copy, on none of the hosts in `taken`. The writer's
+    /// own daemon is always open to it; a daemon warming up that has had
+    /// its share is passed over while another can take the block.
     fn place_one(
+        &self,
         members: &HashMap<u32, Member>,
         size: u64,
         node: &str,
         taken: &[String],
+        now: Instant,
     ) -> Option<u32> {
+        let alive = members.values().filter(|m| m.alive).count();
+        let total = self.placed_total.load(Ordering::Relaxed);
+        let settled = |m: &Member| !Self::had_its_share(m, alive, total, now);
         let room = |m: &Member| {
             i128::from(m.stats.capacity) - i128::from(m.stats.used) - i128::from(m.placed)
         };
@@ -205,17 +250,17 @@ impl Daemons {
             .filter(|(_, m)| open(m) && !node.is_empty() && m.node == node && roomy(m))
             .max_by_key(|(id, m)| (room(m), std::cmp::Reverse(**id)))
             .map(|(id, _)| *id);
-        let roomiest = || {
+        let roomiest = |eligible: &dyn Fn(&Member) -> bool| {
             members
                 .iter()
-                .filter(|(_, m)| open(m) && roomy(m))
+                .filter(|(_, m)| open(m) && roomy(m) && eligible(m))
                 .max_by_key(|(id, m)| (room(m), std::cmp::Reverse(**id)))
                 .map(|(id, _)| *id)
         };
-        let least_loaded = || {
+        let least_loaded = |eligible: &dyn Fn(&Member) -> bool| {
             members
                 .iter()
-                .filter(|(_, m)| open(m))
+                .filter(|(_, m)| open(m) && eligible(m))
                 .min_by(|(a, x), (b, y)| {
                     // placed / capacity, compared without division.
                     let l = u128::from(x.placed) * u128::from(y.stats.capacity);
@@ -224,7 +269,12 @@ impl Daemons {
                 })
                 .map(|(id, _)| *id)
         };
-        local.or_else(roomiest).or_else(least_loaded)
+        let any = |_: &Member| true;
+        local
+            .or_else(|| roomiest(&settled))
+            .or_else(|| least_loaded(&settled))
+            .or_else(|| roomiest(&any))
+            .or_else(|| least_loaded(&any))
     }
 
     /// Largest pool among live daemons: no block larger can be placed.
@@ -477,6 +527,37 @@ mod tests {
             2,
             "a draining host takes none"
         );
+    }
+
+    #[test]
+    fn a_daemon_that_just_joined_takes_a_bounded_share_then_its_fair_share() {
+        let d = Daemons::default();
+        let t = Instant::now() - WARMUP;
+        let old: Vec<u32> = (0..3)
+            .map(|i| d.register(req(&format!("n{i}"), &format!("a:{i}"), 1000, 0), t))
+            .collect();
+        for id in &old {
+            // Busy pools are full: daemons evict only what a put needs.
+            let full = PoolStats {
+                capacity: 1000,
+                used: 990,
+                ..Default::default()
+            };
+            d.heartbeat(*id, full, Instant::now());
+        }
+        // Back empty, just now: the most room by far.
+        let young = d.register(req("n3", "a:3", 1000, 0), Instant::now());
+        let picks: Vec<u32> = (0..400).map(|_| d.place(1, "").unwrap()).collect();
+        let share = picks.iter().filter(|p| **p == young).count() as f64 / 400.0;
+        // A quarter of a fair share (1/4) at first, not all of them.
+        assert!((0.05..=0.1).contains(&share), "new daemon's share {share}");
+        // Its own host's writers still write to it.
+        assert_eq!(d.place(1, "n3"), Some(young));
+        // Past its warm-up it is a daemon like any: the roomiest wins.
+        let mut members = d.members.write();
+        members.get_mut(&young).unwrap().joined = Instant::now() - WARMUP;
+        drop(members);
+        assert!((0..20).all(|_| d.place(1, "") == Some(young)));
     }
 
     proptest::proptest! {
