@@ -3,8 +3,12 @@
 //! one round trip. A cached location is only a hint: the daemon answers for
 //! what it holds, every byte is checked against its checksum, and a stale
 //! hint costs one extra lookup at the meta service, never a wrong block.
+//! A hint is used for `ttl` after it was learned, then looked up again:
+//! that is how a client finds the copies the meta service adds to a block
+//! that turned hot.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use mooncake_proto::message::Location;
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
@@ -12,10 +16,11 @@ use parking_lot::Mutex;
 
 /// Block keys are hashes already: a cheap hash of them spreads well, and
 /// SipHash cost more than the rest of an insert.
-type Map = HashMap<BlockKey, Location, rustc_hash::FxBuildHasher>;
+type Map = HashMap<BlockKey, (Location, Instant), rustc_hash::FxBuildHasher>;
 
 pub struct LocationCache {
     capacity: usize,
+    ttl: Duration,
     map: Mutex<Map>,
 }
 
@@ -23,18 +28,21 @@ impl LocationCache {
     /// At most `capacity` entries (0 disables the cache). When full, it is
     /// emptied and refilled by later calls: memory stays bounded, and a
     /// forgotten hint only costs a lookup.
-    pub fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize, ttl: Duration) -> Self {
         LocationCache {
             capacity,
+            ttl,
             map: Mutex::new(Map::default()),
         }
     }
 
+    /// The hint for `key`, if one was learned less than `ttl` ago.
     pub fn get(&self, key: &BlockKey) -> Option<Location> {
         if self.capacity == 0 {
             return None;
         }
-        self.map.lock().get(key).copied()
+        let (location, learned) = self.map.lock().get(key).copied()?;
+        (learned.elapsed() < self.ttl).then_some(location)
     }
 
     pub fn insert(&self, key: BlockKey, location: Location) {
@@ -45,7 +53,7 @@ impl LocationCache {
         if map.len() >= self.capacity {
             map.clear();
         }
-        map.insert(key, location);
+        map.insert(key, (location, Instant::now()));
     }
 
     /// Inserts the located blocks of a batch under one lock (a prefix
@@ -59,12 +67,13 @@ impl LocationCache {
             return;
         }
         let mut map = self.map.lock();
+        let now = Instant::now();
         for (hash, location) in found {
             let Some(location) = location else { continue };
             if map.len() >= self.capacity {
                 map.clear();
             }
-            map.insert(BlockKey::new(namespace.clone(), *hash), *location);
+            map.insert(BlockKey::new(namespace.clone(), *hash), (*location, now));
         }
     }
 
@@ -88,7 +97,7 @@ mod tests {
 
     #[test]
     fn stays_within_capacity_and_forgets() {
-        let c = LocationCache::new(2);
+        let c = LocationCache::new(2, Duration::from_secs(60));
         c.insert(key(1), loc());
         c.insert(key(2), loc());
         assert_eq!(c.get(&key(1)), Some(loc()));
@@ -97,8 +106,11 @@ mod tests {
         assert_eq!(c.get(&key(3)), Some(loc()));
         c.forget(&key(3));
         assert_eq!(c.get(&key(3)), None);
-        let off = LocationCache::new(0);
+        let off = LocationCache::new(0, Duration::from_secs(60));
         off.insert(key(1), loc());
         assert_eq!(off.get(&key(1)), None);
+        let expired = LocationCache::new(2, Duration::ZERO);
+        expired.insert(key(1), loc());
+        assert_eq!(expired.get(&key(1)), None, "past its ttl: looked up again");
     }
 }

@@ -127,6 +127,17 @@ pub struct MetaConfig {
     /// counted (`mooncake_meta_repairs{what="dropped"}`) and not repaired.
     /// Default 1000000 (about 100 bytes each).
     pub repair_queue: usize,
+    /// A block read this many times a second at one daemon is hot and gets
+    /// `hot_copies` copies on distinct hosts; 0: no block is. Default 100.
+    pub hot_reads: u64,
+    /// Copies a hot block gets (at most one per host, at most 4); 1 turns
+    /// hot copies off. Default 3.
+    pub hot_copies: u8,
+    /// A hot block not reported hot for this long goes back to the copies
+    /// its writer asked for. Default 30s.
+    pub hot_cool: HumanDuration,
+    /// Most blocks hot at once. Default 1024.
+    pub hot_blocks: usize,
 }
 
 impl Default for MetaConfig {
@@ -164,6 +175,10 @@ impl Default for MetaConfig {
             replicas: Default::default(),
             repair_rate: ByteSize(256 << 20),
             repair_queue: 1_000_000,
+            hot_reads: 100,
+            hot_copies: 3,
+            hot_cool: HumanDuration(Duration::from_secs(30)),
+            hot_blocks: 1024,
         }
     }
 }
@@ -238,6 +253,16 @@ impl MetaConfig {
         }
         self.tokens()?;
         Ok(())
+    }
+
+    /// The hot-block policy.
+    pub fn hot(&self) -> crate::hot::HotConfig {
+        crate::hot::HotConfig {
+            reads_per_sec: self.hot_reads,
+            copies: self.hot_copies.clamp(1, MAX_COPIES as u8),
+            cool: self.hot_cool.0,
+            max_blocks: self.hot_blocks,
+        }
     }
 
     /// Copies a put in `namespace` gets when it asks for none.

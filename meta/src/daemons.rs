@@ -110,7 +110,8 @@ impl Daemons {
 
     /// Records a heartbeat; `false` if the daemon is unknown or was declared
     /// dead (it must register again).
-    pub fn heartbeat(&self, id: u32, stats: PoolStats, now: Instant) -> bool {
+    /// Returns the seconds since the one before (what its counts cover).
+    pub fn heartbeat(&self, id: u32, stats: PoolStats, now: Instant) -> Option<f64> {
         let mut members = self.members.write();
         match members.get_mut(&id) {
             Some(m) if m.alive => {
@@ -122,10 +123,23 @@ impl Daemons {
                 m.stats = stats;
                 m.placed = 0;
                 m.last_seen = now;
-                true
+                Some(secs)
             }
-            _ => false,
+            _ => None,
         }
+    }
+
+    /// Hosts with a live daemon.
+    pub fn hosts_alive(&self) -> usize {
+        let members = self.members.read();
+        let mut nodes: Vec<&str> = members
+            .values()
+            .filter(|m| m.alive && !m.draining)
+            .map(|m| m.node.as_str())
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes.len()
     }
 
     /// Forgets a daemon that says it stops; `false` if no daemon with this
@@ -417,7 +431,7 @@ mod tests {
             .contains(&b));
         assert_eq!(d.place(5, ""), None, "a lacks no room but was also silent");
         assert!(
-            !d.heartbeat(b, PoolStats::default(), t),
+            d.heartbeat(b, PoolStats::default(), t).is_none(),
             "dead daemons must re-register"
         );
         assert_eq!(

@@ -91,6 +91,12 @@ impl Entry {
         }
     }
 
+    fn set_want(&mut self, to: u8) {
+        match &mut self.state {
+            State::Pending { want, .. } | State::Visible { want, .. } => *want = to,
+        }
+    }
+
     /// Visible with fewer copies than its writer asked for.
     fn is_short(&self) -> bool {
         !self.is_pending()
@@ -774,6 +780,56 @@ impl Index {
         shard.insert(key, e);
         self.events.stored(daemon, &block.namespace, block.hash);
         true
+    }
+
+    /// Raises a visible block's wanted copies to `want` (a hot block);
+    /// returns what it wanted before, or `None` if it is not visible or
+    /// wants as many already.
+    pub fn raise_want(&self, block: &BlockKey, want: u8) -> Option<u8> {
+        self.change_want(block, |e| {
+            let before = e.want();
+            (before < want).then(|| {
+                e.set_want(want);
+                before
+            })
+        })
+    }
+
+    /// Lowers a visible block's wanted copies to `want` (a hot block
+    /// cooled) and takes out its copies past that many, the last made
+    /// first; returns them, for their daemons to drop.
+    pub fn lower_want(&self, block: &BlockKey, want: u8) -> Copies {
+        let mut extra = Copies::default();
+        self.change_want(block, |e| {
+            e.set_want(want.min(e.want()));
+            while e.copies.len() > usize::from(want.max(1)) {
+                let last = *e.copies.as_slice().last().expect("more than one");
+                e.copies.remove(last);
+                extra.push(last);
+                self.events.removed(last, &block.namespace, block.hash);
+            }
+            Some(())
+        });
+        extra
+    }
+
+    /// Changes a visible entry in place with `f` (the count of copies
+    /// follows); `None` if it is not visible or `f` says so.
+    fn change_want<T>(
+        &self,
+        block: &BlockKey,
+        f: impl FnOnce(&mut Entry) -> Option<T>,
+    ) -> Option<T> {
+        let names = self.names();
+        let key = IdxKey {
+            ns: *names.ids.get(&block.namespace)?,
+            hash: block.hash,
+        };
+        let mut shard = self.shard(&key).write(self);
+        let mut e = shard.get(&key).copied().filter(|e| !e.is_pending())?;
+        let out = f(&mut e)?;
+        shard.insert(key, e);
+        Some(out)
     }
 
     /// The visible blocks of shard `i` (daemon, namespace, hash), for a

@@ -12,6 +12,7 @@ mod clients;
 pub mod config;
 mod daemons;
 pub mod events;
+mod hot;
 mod index;
 pub mod metrics;
 mod removals;

@@ -159,6 +159,7 @@ struct TermCollector {
     given_up: IntGauge,
     copies: IntGauge,
     repair_queue: IntGauge,
+    hot: IntGauge,
     /// What repairs of lost copies did this term, by outcome.
     repairs: IntGaugeVec,
     descs: Vec<Desc>,
@@ -207,6 +208,10 @@ impl TermCollector {
             "mooncake_meta_repair_queue",
             "Blocks short of the copies they want, waiting for a new one.",
         )?;
+        let hot = IntGauge::new(
+            "mooncake_meta_hot_blocks",
+            "Blocks read often enough to have been given more copies.",
+        )?;
         let repairs = IntGaugeVec::new(
             Opts::new(
                 "mooncake_meta_repairs",
@@ -227,6 +232,7 @@ impl TermCollector {
             &given_up,
             &copies,
             &repair_queue,
+            &hot,
         ];
         let descs = gauges
             .iter()
@@ -246,6 +252,7 @@ impl TermCollector {
             given_up,
             copies,
             repair_queue,
+            hot,
             repairs,
             descs,
         })
@@ -276,6 +283,7 @@ impl Collector for TermCollector {
                 self.given_up.set(given_up as i64);
                 self.copies.set(st.copies as i64);
                 self.repair_queue.set(state.repairs.len() as i64);
+                self.hot.set(state.hot.len() as i64);
                 let counts = &state.repairs.counts;
                 for (what, n) in [
                     ("made", &counts.made),
@@ -299,6 +307,7 @@ impl Collector for TermCollector {
                     &self.given_up,
                     &self.copies,
                     &self.repair_queue,
+                    &self.hot,
                 ] {
                     g.set(0);
                 }
@@ -317,6 +326,7 @@ impl Collector for TermCollector {
             &self.given_up,
             &self.copies,
             &self.repair_queue,
+            &self.hot,
         ]
         .iter()
         .flat_map(|g| g.collect())

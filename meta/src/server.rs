@@ -66,6 +66,8 @@ pub struct State {
     replicas: std::collections::BTreeMap<String, u8>,
     /// Blocks short of the copies they want, waiting for a new one.
     pub repairs: crate::repair::Repairs,
+    /// Blocks read often enough to get more copies.
+    pub hot: crate::hot::Hot,
 }
 
 impl State {
@@ -100,6 +102,7 @@ impl State {
             instances: cfg.instances.clone(),
             replicas: cfg.replicas.clone(),
             repairs: crate::repair::Repairs::new(cfg.repair_queue, cfg.repair_rate.0),
+            hot: crate::hot::Hot::new(cfg.hot()),
         })
     }
 
@@ -250,6 +253,22 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
                 "daemon silent past its ttl: declared dead"
             );
             state.repair(gone.short, now);
+        }
+        // Hot blocks that cooled drop the copies they were given.
+        let cooled = state.hot.cool(&state.index, now);
+        if !cooled.is_empty() {
+            tracing::info!(
+                blocks = cooled.len(),
+                "hot blocks cooled: their extra copies go"
+            );
+            let state = state.clone();
+            tokio::spawn(async move {
+                for (key, extra) in cooled {
+                    for d in extra.iter() {
+                        state.remove_on_daemon(d, key.clone()).await;
+                    }
+                }
+            });
         }
         let Some(deadline) = now.checked_sub(state.put_timeout) else {
             continue;
@@ -551,8 +570,19 @@ async fn dispatch(
         }
         Opcode::Heartbeat => {
             let req = HeartbeatRequest::from_bytes(body)?;
-            if !state.daemons.heartbeat(req.daemon, req.stats, now) {
+            let Some(secs) = state.daemons.heartbeat(req.daemon, req.stats, now) else {
                 return Err(Failure::Code(ErrorCode::NotFound));
+            };
+            // Blocks it serves hot get more copies (made by the repairs).
+            let hosts = state.daemons.hosts_alive();
+            let heated = state.hot.observe(&state.index, hosts, &req.hot, secs, now);
+            if !heated.is_empty() {
+                tracing::info!(
+                    daemon = req.daemon,
+                    blocks = heated.len(),
+                    "hot blocks get more copies"
+                );
+                state.repair(heated, now);
             }
             // It answers again: what it was not told, it is told now.
             state.resend_owed(req.daemon);

@@ -112,6 +112,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                     Some(lease) => {
                         pool.note_get(true);
+                        tiers.hot.note(&req.key);
                         let id = next_lease;
                         next_lease += 1;
                         let answer = ShmLease {
@@ -164,6 +165,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     for key in &req.keys {
                         if pool.touch(key) {
                             pool.note_get(true);
+                            tiers.hot.note(key);
                         }
                     }
                     (ErrorCode::Ok, Vec::new())

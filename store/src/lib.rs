@@ -11,6 +11,7 @@
 pub mod config;
 mod fetch;
 mod headroom;
+pub mod hot;
 pub mod io;
 mod leases;
 mod meta_link;

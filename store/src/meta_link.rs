@@ -237,6 +237,7 @@ async fn session(
         let beat = HeartbeatRequest {
             daemon: id,
             stats: pool.stats(),
+            hot: tiers.hot.take_top(),
         };
         with_deadline(
             &addr,

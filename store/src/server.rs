@@ -264,6 +264,7 @@ async fn handle_get<W: AsyncWrite + Unpin>(
             return reply(wr, header, ErrorCode::NotFound, &[]).await;
         };
         pool.note_get(true);
+        tiers.hot.note(&req.key);
         write_found(wr, header, sum, &bytes).await?;
         metrics.bytes_read.inc_by(bytes.len() as u64);
         return Ok(ErrorCode::Ok);
@@ -274,6 +275,7 @@ async fn handle_get<W: AsyncWrite + Unpin>(
         return reply(wr, header, ErrorCode::Corrupt, &[]).await;
     }
     pool.note_get(true);
+    tiers.hot.note(&req.key);
     let bytes = lease.bytes();
     write_found(wr, header, lease.checksum(), bytes).await?;
     metrics.bytes_read.inc_by(bytes.len() as u64);

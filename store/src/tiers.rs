@@ -40,6 +40,8 @@ pub struct Tiers {
     nvme_hits: AtomicU64,
     nvme_misses: AtomicU64,
     promotions: AtomicU64,
+    /// Reads per block, for the meta service's hot blocks.
+    pub hot: crate::hot::HotReads,
 }
 
 /// The NVMe drives summed, for metrics and stats.
@@ -71,6 +73,7 @@ impl Tiers {
             nvme_hits: AtomicU64::new(0),
             nvme_misses: AtomicU64::new(0),
             promotions: AtomicU64::new(0),
+            hot: Default::default(),
         }
     }
 

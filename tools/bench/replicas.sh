@@ -2,12 +2,14 @@
 # Copies across hosts, measured: three daemon hosts and three client hosts
 # as network namespaces on this machine, each host's link capped with tc
 # (netem: RATE and a DELAY each way), the meta service on the bridge. For
-# 1, 2 and 3 copies of every block: one client puts the working set (the
-# put rows: what more copies cost a writer), then the three clients read it
-# at once with a Zipf-skewed choice of blocks (a few hot ones, a long
-# tail); the sum of their GB/s and their worst p99 are printed beside
-# iperf3's own limit through the same links (each client host pulling from
-# a daemon host at once: the sum of the clients' links).
+# one copy of every block (hot copies off, then on: the meta service gives
+# the blocks its daemons report hot more copies), then 2 and 3 copies of
+# every block asked at put: one client puts the working set (the put rows:
+# what more copies cost a writer), then the three clients read it at once
+# with a Zipf-skewed choice of blocks (a few hot ones, a long tail); the
+# sum of their GB/s and their worst p99 are printed beside iperf3's own
+# limit through the same links (each client host pulling from a daemon
+# host at once: the sum of the clients' links).
 # Needs root (ip netns, tc). Usage:
 #   tools/bench/replicas.sh [RATE] [DELAY] [SIZE] [WORKING_SET] [GETS] [ZIPF]
 set -euo pipefail
@@ -102,10 +104,16 @@ EOF
 echo "iperf3, 3 client hosts pulling at once: $IPERF GB/s (the sum of the clients' links)"
 
 port=7300
-for copies in 1 2 3; do
+for mode in "1 off" "1 on" "2 off" "3 off"; do
+    read -r copies hot <<<"$mode"
     port=$((port + 10))
     META="$META_IP:$port"
-    "$BIN" meta --listen "$META" --admin "" >"$tmp/meta.log" 2>&1 &
+    if [ "$hot" = on ]; then
+        printf '[meta]\nhot_copies = 3\n' > "$tmp/meta.toml"
+    else
+        printf '[meta]\nhot_copies = 1\n' > "$tmp/meta.toml"
+    fi
+    "$BIN" meta --listen "$META" --admin "" --config "$tmp/meta.toml" >"$tmp/meta.log" 2>&1 &
     pids+=($!)
     for d in "${DAEMONS[@]}"; do
         in_ns "$d" "$BIN" daemon --meta "$META" --listen "$(ip_of "$d"):$port" --node "$d" \
@@ -130,22 +138,23 @@ for copies in 1 2 3; do
     done
     wait "${readers[@]}"
     "$BIN" stat --meta "$META" --json > "$tmp/stat.json"
-    python3 - "$tmp" "$copies" "$IPERF" <<'EOF'
+    python3 - "$tmp" "$copies" "$IPERF" "$hot" <<'EOF'
 import json, sys, glob
-tmp, copies, cap = sys.argv[1], sys.argv[2], float(sys.argv[3])
+tmp, copies, cap, hot = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 put = [json.loads(l) for l in open(tmp + "/put.json") if l.startswith("{")]
 put = next(r for r in put if r["op"] == "put")
 gets = [json.loads(l) for f in sorted(glob.glob(tmp + "/get-*.json")) for l in open(f) if l.startswith("{")]
 total = sum(r["gb_per_sec"] for r in gets)
 p99 = max(r["p99_us"] for r in gets)
 misses = sum(r["misses"] + r["errors"] for r in gets)
-print(f"{copies} cop{'y' if copies == '1' else 'ies'}: put {put['gb_per_sec']:.3f} GB/s (p99 {put['p99_us']} us); "
+print(f"{copies} cop{'y' if copies == '1' else 'ies'}, hot copies {hot}: put {put['gb_per_sec']:.3f} GB/s (p99 {put['p99_us']} us); "
       f"gets from 3 client hosts {total:.3f} GB/s = {total / cap:.0%} of the links, worst p99 {p99} us, "
       f"misses+errors {misses}")
 stat = json.load(open(tmp + "/stat.json"))
 hits = {d["node"]: d["hits"] for d in stat["daemons"]}
 total_hits = sum(hits.values()) or 1
-print("   gets served per daemon host: " + ", ".join(f"{n} {h / total_hits:.0%}" for n, h in sorted(hits.items())))
+print("   gets served per daemon host: " + ", ".join(f"{n} {h / total_hits:.0%}" for n, h in sorted(hits.items()))
+      + f"; {stat['copies']} copies of {stat['blocks']} blocks after the reads")
 EOF
     stop_all
 done

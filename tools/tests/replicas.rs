@@ -28,9 +28,9 @@ fn hash(i: u64) -> BlockHash {
 }
 
 /// A cluster of one meta replica and a daemon per entry of `nodes`, on
-/// that node.
+/// that node; no block turns hot (the tests count copies).
 async fn cluster_on(nodes: &[&str]) -> Cluster {
-    let mut cluster = Cluster::start_with(1, 0, "32MiB", "2s").await;
+    let mut cluster = Cluster::start_with_meta(1, 0, "32MiB", "hot_copies = 1").await;
     for node in nodes {
         let addr = format!("127.0.0.1:{}", free_port());
         cluster.spawn_daemon_on(&addr, node);
@@ -290,4 +290,68 @@ async fn a_daemon_back_empty_gets_its_lost_copies_made_again() {
         let got = client.get(&BlockKey::new(ns(), hash(i))).await.unwrap();
         assert_eq!(got.as_deref(), Some(&value(i, 4096)[..]), "block {i}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_block_gets_copies_on_every_host_and_drops_them_when_it_cools() {
+    // Hot past 20 reads a second at a daemon; cool after 2 s without.
+    let meta = "hot_reads = 20\nhot_copies = 3\nhot_cool = \"2s\"";
+    let mut cluster = Cluster::start_with_meta(1, 0, "32MiB", meta).await;
+    for node in ["gpu-1", "gpu-2", "gpu-3"] {
+        let addr = format!("127.0.0.1:{}", free_port());
+        cluster.spawn_daemon_on(&addr, node);
+    }
+    cluster.wait_healthy(3, Duration::from_secs(15)).await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    let out = put_copies(&client, 0..4, 1).await;
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    let copies_of = |i: u64| {
+        let client = &client;
+        async move {
+            let found = client.lookup(&ns(), &[hash(i)]).await.unwrap();
+            found.items[0].map_or(0, |l| l.daemons.len())
+        }
+    };
+    // Block 0 is read over and over (every read checked) until the meta
+    // service has given it a copy on each of the three hosts.
+    let key = BlockKey::new(ns(), hash(0));
+    let reader = cluster.client(Duration::from_secs(5)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while copies_of(0).await < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the hot block never got three copies"
+        );
+        for _ in 0..50 {
+            let got = reader.get(&key).await.unwrap();
+            assert_eq!(got.as_deref(), Some(&value(0, 4096)[..]));
+        }
+    }
+    assert_eq!(
+        copies_of(1).await,
+        1,
+        "a block nobody reads keeps its one copy"
+    );
+    // Its readers find the new copies once their cached location expires,
+    // and spread over them; every read stays right.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    for _ in 0..200 {
+        let got = reader.get(&key).await.unwrap();
+        assert_eq!(got.as_deref(), Some(&value(0, 4096)[..]));
+    }
+    // Daemons report their hits with their heartbeats: wait for them.
+    let spread = eventually(Duration::from_secs(10), || async {
+        let st = client.cluster_stats().await.unwrap();
+        st.daemons.iter().filter(|d| d.hits > 0).count() == 3
+    })
+    .await;
+    assert!(spread, "reads reach every copy");
+    // Nobody reads it now: it cools and goes back to one copy.
+    let cooled = eventually(Duration::from_secs(30), || async {
+        copies_of(0).await == 1
+    })
+    .await;
+    assert!(cooled, "the cooled block dropped its extra copies");
+    let got = client.get(&key).await.unwrap();
+    assert_eq!(got.as_deref(), Some(&value(0, 4096)[..]));
 }

@@ -41,6 +41,10 @@ pub struct ClientConfig {
     /// Block locations remembered, so that gets of known blocks skip the
     /// meta lookup (0 disables). Default 1M (about 100 MiB at most).
     pub location_cache: usize,
+    /// How long a remembered location is used before it is looked up
+    /// again (how soon a reader finds the copies added to a hot block).
+    /// Default 2s.
+    pub location_ttl: Duration,
     /// Token presented to servers that require authentication (its tenant
     /// decides which namespaces this client may use). Default none.
     pub token: Option<Arc<str>>,
@@ -91,6 +95,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(1),
             max_idle_per_peer: 64,
             location_cache: 1 << 20,
+            location_ttl: Duration::from_secs(2),
             resolver: None,
             metrics: None,
             node: hostname(),

@@ -148,8 +148,9 @@ impl Client {
 
     /// Of a block's copies not tried yet, the one to read: on this host
     /// (shared memory, no network), else on the daemon with the fewest
-    /// bytes of this client's reads in flight; a daemon this client has
-    /// not been told of comes last.
+    /// bytes of this client's reads in flight, a draw among equals (so
+    /// that one reader too spreads over the copies); a daemon this client
+    /// has not been told of comes last.
     fn best_copy(&self, location: &Location, tried: &Copies) -> Option<u32> {
         let peers = self.daemons.read();
         location
@@ -160,8 +161,9 @@ impl Client {
                 Some(p) => (
                     p.advertised.node != self.cfg.node,
                     p.reading.load(Ordering::Relaxed),
+                    rand::random::<u16>(),
                 ),
-                None => (true, u64::MAX),
+                None => (true, u64::MAX, 0),
             })
     }
 

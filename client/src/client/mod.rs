@@ -187,7 +187,7 @@ impl Transport for Unreachable {
 impl Client {
     /// A client that connects lazily; see [`Client::connect`].
     pub fn new(cfg: ClientConfig) -> Self {
-        let cfg_locations = cfg.location_cache;
+        let cfg_locations = (cfg.location_cache, cfg.location_ttl);
         let meta = RwLock::new(Arc::new(pool_for(
             &cfg,
             cfg.meta_addr.clone(),
@@ -197,7 +197,7 @@ impl Client {
             cfg,
             meta,
             daemons: RwLock::new(HashMap::new()),
-            locations: LocationCache::new(cfg_locations),
+            locations: LocationCache::new(cfg_locations.0, cfg_locations.1),
             corrupt_reads: AtomicU64::new(0),
             shm: parking_lot::Mutex::new((None, None)),
             shm_indexed: Arc::new(AtomicU64::new(0)),

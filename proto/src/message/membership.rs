@@ -136,22 +136,33 @@ impl Body for InventoryRequest {
 }
 
 /// A daemon's periodic report: alive, and how full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatRequest {
     pub daemon: u32,
     pub stats: PoolStats,
+    /// The blocks it served most since its last heartbeat, with about how
+    /// many reads each (the meta service gives hot blocks more copies).
+    pub hot: Vec<(BlockKey, u32)>,
 }
 
 impl Body for HeartbeatRequest {
     fn encode(&self, w: &mut Writer) {
         w.u32(self.daemon);
         self.stats.encode(w);
+        w.count(self.hot.len());
+        for (key, reads) in &self.hot {
+            encode_key(w, key);
+            w.u32(*reads);
+        }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
-        Ok(HeartbeatRequest {
-            daemon: r.u32()?,
-            stats: PoolStats::decode(r)?,
-        })
+        let daemon = r.u32()?;
+        let stats = PoolStats::decode(r)?;
+        let n = r.count(2 + 1 + 32 + 4)?;
+        let hot = (0..n)
+            .map(|_| Ok((decode_key(r)?, r.u32()?)))
+            .collect::<Result<_, ProtoError>>()?;
+        Ok(HeartbeatRequest { daemon, stats, hot })
     }
 }
 

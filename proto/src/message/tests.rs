@@ -200,6 +200,7 @@ fn every_body_round_trips_and_refuses_truncation() {
     round_trip(HeartbeatRequest {
         daemon: 1,
         stats: PoolStats::default(),
+        hot: vec![(BlockKey::new(ns(), h), 400)],
     });
     round_trip(EventsRequest {
         daemon: 2,

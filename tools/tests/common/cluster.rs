@@ -100,6 +100,8 @@ pub struct Cluster {
     pub daemons: Vec<(String, Proc)>,
     pub logs: PathBuf,
     pub daemon_config: PathBuf,
+    /// The meta replicas' configuration file (`[meta]`).
+    pub meta_config: PathBuf,
     pub daemon_dram: String,
     /// The lease each daemon registers under (`--lease-ttl`).
     pub daemon_lease: String,
@@ -146,6 +148,17 @@ impl Cluster {
         Self::launch(metas, daemons, dram, "2s", true, false).await
     }
 
+    /// As `start_with`, the meta replicas reading `meta_toml` (the body of
+    /// their `[meta]` table).
+    pub async fn start_with_meta(
+        metas: usize,
+        daemons: usize,
+        dram: &str,
+        meta_toml: &str,
+    ) -> Cluster {
+        Self::launch_with(metas, daemons, dram, "2s", (false, false), meta_toml).await
+    }
+
     async fn launch(
         metas: usize,
         daemons: usize,
@@ -153,6 +166,17 @@ impl Cluster {
         daemon_lease: &str,
         tls: bool,
         events: bool,
+    ) -> Cluster {
+        Self::launch_with(metas, daemons, dram, daemon_lease, (tls, events), "").await
+    }
+
+    async fn launch_with(
+        metas: usize,
+        daemons: usize,
+        dram: &str,
+        daemon_lease: &str,
+        (tls, events): (bool, bool),
+        meta_toml: &str,
     ) -> Cluster {
         let logs = scratch_dir("cluster");
         let tls = tls.then(|| {
@@ -173,6 +197,8 @@ impl Cluster {
             "[daemon]\nhugepages = false\nprefault = false\nheartbeat_interval = \"200ms\"\n",
         )
         .unwrap();
+        let meta_config = logs.join("meta.toml");
+        std::fs::write(&meta_config, format!("[meta]\n{meta_toml}\n")).unwrap();
         let mut cluster = Cluster {
             etcd,
             etcd_url,
@@ -181,6 +207,7 @@ impl Cluster {
             daemons: Vec::new(),
             logs,
             daemon_config,
+            meta_config,
             daemon_dram: dram.to_string(),
             daemon_lease: daemon_lease.to_string(),
             tls,
@@ -216,6 +243,8 @@ impl Cluster {
             "2s",
             "--admin",
             "",
+            "--config",
+            self.meta_config.to_str().unwrap(),
         ]
         .map(String::from)
         .to_vec();
