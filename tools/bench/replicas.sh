@@ -11,7 +11,8 @@
 # limit through the same links (each client host pulling from a daemon
 # host at once: the sum of the clients' links).
 # Needs root (ip netns, tc). Usage:
-#   tools/bench/replicas.sh [RATE] [DELAY] [SIZE] [WORKING_SET] [GETS] [ZIPF]
+#   tools/bench/replicas.sh [RATE] [DELAY] [SIZE] [WORKING_SET] [GETS] [ZIPF] [HOT_READS]
+# (HOT_READS: the meta service's hot_reads in the "hot copies on" run.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RATE="${1:-1gbit}"
@@ -20,6 +21,7 @@ SIZE="${3:-256KiB}"
 WORKING_SET="${4:-64MiB}"
 GETS="${5:-4000}"
 ZIPF="${6:-1.1}"
+HOT_READS="${7:-100}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
 
 if ! command -v iperf3 >/dev/null; then
@@ -109,7 +111,7 @@ for mode in "1 off" "1 on" "2 off" "3 off"; do
     port=$((port + 10))
     META="$META_IP:$port"
     if [ "$hot" = on ]; then
-        printf '[meta]\nhot_copies = 3\n' > "$tmp/meta.toml"
+        printf '[meta]\nhot_copies = 3\nhot_reads = %s\n' "$HOT_READS" > "$tmp/meta.toml"
     else
         printf '[meta]\nhot_copies = 1\n' > "$tmp/meta.toml"
     fi
