@@ -38,7 +38,7 @@ struct HotBlock {
 pub struct Hot {
     cfg: HotConfig,
     blocks: Mutex<HashMap<BlockKey, HotBlock>>,
-    /// Blocks made hot and cooled this term (for logs and tests).
+    /// Blocks made hot and cooled this term, for the metrics.
     pub heated: AtomicU64,
     pub cooled: AtomicU64,
 }

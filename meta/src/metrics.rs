@@ -215,8 +215,9 @@ impl TermCollector {
         let repairs = IntGaugeVec::new(
             Opts::new(
                 "mooncake_meta_repairs",
-                "Lost copies this term: made again, failed, unplaceable (no host to take one), \
-                 dropped (the repair queue was full).",
+                "Copies this term: made again (lost, or for a hot block), failed, unplaceable \
+                 (no host to take one), dropped (the repair queue was full); blocks lost (their \
+                 last copy gone with a daemon), turned hot, cooled (their extra copies dropped).",
             ),
             &["what"],
         )?;
@@ -290,6 +291,9 @@ impl Collector for TermCollector {
                     ("failed", &counts.failed),
                     ("unplaceable", &counts.unplaceable),
                     ("dropped", &counts.dropped),
+                    ("lost", &counts.lost),
+                    ("hot", &state.hot.heated),
+                    ("cooled", &state.hot.cooled),
                 ] {
                     let n = n.load(std::sync::atomic::Ordering::Relaxed);
                     self.repairs.with_label_values(&[what]).set(n as i64);

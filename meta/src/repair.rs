@@ -53,6 +53,8 @@ pub struct RepairCounts {
     pub unplaceable: AtomicU64,
     /// Keys not queued: the queue was full.
     pub dropped: AtomicU64,
+    /// Blocks whose last copy went with a daemon (recomputed, not repaired).
+    pub lost: AtomicU64,
 }
 
 fn bump(n: &AtomicU64) {

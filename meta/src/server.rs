@@ -205,6 +205,16 @@ impl State {
         }
     }
 
+    /// Counts what a daemon's leaving cost and queues the blocks it left
+    /// short of copies for repair.
+    fn lost(&self, gone: crate::index::Gone, now: Instant) {
+        self.repairs
+            .counts
+            .lost
+            .fetch_add(gone.blocks as u64, std::sync::atomic::Ordering::Relaxed);
+        self.repair(gone.short, now);
+    }
+
     /// Queues blocks left short of copies for repair.
     fn repair(&self, short: Vec<BlockKey>, now: Instant) {
         let dropped = self.repairs.add(short, now);
@@ -252,7 +262,7 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
                 short = gone.short.len(),
                 "daemon silent past its ttl: declared dead"
             );
-            state.repair(gone.short, now);
+            state.lost(gone, now);
         }
         // Hot blocks that cooled drop the copies they were given.
         let cooled = state.hot.cool(&state.index, now);
@@ -543,7 +553,8 @@ async fn dispatch(
             // says next: entries from its previous life go.
             let gone = state.index.remove_daemon(daemon);
             tracing::info!(daemon, %addr, capacity, dropped = gone.copies, "daemon registered");
-            // What its inventory does not bring back is made again.
+            // What its inventory does not bring back is made again (not
+            // counted lost: its inventory may bring it all back).
             state.repair(gone.short, now);
             RegisterResponse {
                 daemon,
@@ -602,7 +613,7 @@ async fn dispatch(
                 short = gone.short.len(),
                 "daemon left"
             );
-            state.repair(gone.short, now);
+            state.lost(gone, now);
             Vec::new()
         }
         Opcode::Events => {
