@@ -138,6 +138,9 @@ pub struct MetaConfig {
     pub hot_cool: HumanDuration,
     /// Most blocks hot at once. Default 1024.
     pub hot_blocks: usize,
+    /// Most of each daemon's pool the copies given to hot blocks may take,
+    /// from 0 to 1. Default 0.1.
+    pub hot_share: f64,
 }
 
 impl Default for MetaConfig {
@@ -179,6 +182,7 @@ impl Default for MetaConfig {
             hot_copies: 3,
             hot_cool: HumanDuration(Duration::from_secs(30)),
             hot_blocks: 1024,
+            hot_share: 0.1,
         }
     }
 }
@@ -246,6 +250,9 @@ impl MetaConfig {
         if self.events_queue == 0 || self.events_replay_batches == 0 {
             return Err("events_queue and events_replay_batches must be at least 1".into());
         }
+        if !(0.0..=1.0).contains(&self.hot_share) {
+            return Err(format!("hot_share = {} is not from 0 to 1", self.hot_share));
+        }
         for (ns, n) in &self.replicas {
             if !(1..=MAX_COPIES).contains(&usize::from(*n)) {
                 return Err(format!("replicas.{ns} = {n} is not from 1 to {MAX_COPIES}"));
@@ -262,6 +269,7 @@ impl MetaConfig {
             copies: self.hot_copies.clamp(1, MAX_COPIES as u8),
             cool: self.hot_cool.0,
             max_blocks: self.hot_blocks,
+            share: self.hot_share,
         }
     }
 

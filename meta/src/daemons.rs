@@ -193,7 +193,7 @@ impl Daemons {
         let now = Instant::now();
         for i in 0..copies.clamp(1, MAX_COPIES) {
             let writer = if i == 0 { node } else { "" };
-            let Some(id) = self.place_one(&members, size, writer, &hosts, now) else {
+            let Some(id) = self.place_one(&members, size, writer, (&hosts, &[]), now) else {
                 break;
             };
             self.placed_on(&mut members, id, size);
@@ -224,14 +224,25 @@ impl Daemons {
     }
 
     /// Where one more copy of a block already on `copies` goes: as
-    /// `place_copies` puts a next copy, on a host none of them is on.
-    pub fn place_beside(&self, size: u64, copies: &Copies) -> Option<u32> {
+    /// `place_copies` puts a next copy, on a host none of them is on, and
+    /// on a daemon `allow` (given its id and capacity) takes.
+    pub fn place_beside(
+        &self,
+        size: u64,
+        copies: &Copies,
+        allow: &dyn Fn(u32, u64) -> bool,
+    ) -> Option<u32> {
         let mut members = self.members.write();
         let taken: Vec<String> = copies
             .iter()
             .filter_map(|d| members.get(&d).map(|m| m.node.clone()))
             .collect();
-        let id = self.place_one(&members, size, "", &taken, Instant::now())?;
+        let barred: Vec<u32> = members
+            .iter()
+            .filter(|(id, m)| !allow(**id, m.stats.capacity))
+            .map(|(id, _)| *id)
+            .collect();
+        let id = self.place_one(&members, size, "", (&taken, &barred), Instant::now())?;
         self.placed_on(&mut members, id, size);
         Some(id)
     }
@@ -244,7 +255,7 @@ impl Daemons {
         members: &HashMap<u32, Member>,
         size: u64,
         node: &str,
-        taken: &[String],
+        (taken, barred): (&[String], &[u32]),
         now: Instant,
     ) -> Option<u32> {
         let alive = members.values().filter(|m| m.alive).count();
@@ -261,20 +272,22 @@ impl Daemons {
         };
         let local = members
             .iter()
-            .filter(|(_, m)| open(m) && !node.is_empty() && m.node == node && roomy(m))
+            .filter(|(id, m)| {
+                open(m) && !barred.contains(id) && !node.is_empty() && m.node == node && roomy(m)
+            })
             .max_by_key(|(id, m)| (room(m), std::cmp::Reverse(**id)))
             .map(|(id, _)| *id);
         let roomiest = |eligible: &dyn Fn(&Member) -> bool| {
             members
                 .iter()
-                .filter(|(_, m)| open(m) && roomy(m) && eligible(m))
+                .filter(|(id, m)| open(m) && !barred.contains(id) && roomy(m) && eligible(m))
                 .max_by_key(|(id, m)| (room(m), std::cmp::Reverse(**id)))
                 .map(|(id, _)| *id)
         };
         let least_loaded = |eligible: &dyn Fn(&Member) -> bool| {
             members
                 .iter()
-                .filter(|(_, m)| open(m) && eligible(m))
+                .filter(|(id, m)| open(m) && !barred.contains(id) && eligible(m))
                 .min_by(|(a, x), (b, y)| {
                     // placed / capacity, compared without division.
                     let l = u128::from(x.placed) * u128::from(y.stats.capacity);

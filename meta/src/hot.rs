@@ -5,7 +5,8 @@
 //! makes at its pace, and clients find them when their cached location
 //! expires (`location_ttl`). A block not reported hot for `hot_cool` cools:
 //! it goes back to the copies its writer asked for, and the extra ones are
-//! dropped. At most `hot_blocks` blocks are hot at once.
+//! dropped. At most `hot_blocks` blocks are hot at once, and the copies
+//! they were given take at most `hot_share` of any daemon's pool.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +28,8 @@ pub struct HotConfig {
     pub cool: Duration,
     /// Most blocks hot at once.
     pub max_blocks: usize,
+    /// Most of a daemon's pool the copies given to hot blocks may take.
+    pub share: f64,
 }
 
 struct HotBlock {
@@ -60,6 +63,36 @@ impl Hot {
     /// Blocks hot now.
     pub fn len(&self) -> usize {
         self.blocks.lock().len()
+    }
+
+    pub fn is_hot(&self, key: &BlockKey) -> bool {
+        self.blocks.lock().contains_key(key)
+    }
+
+    /// Whether `daemon` (of `capacity` bytes) may take another copy of
+    /// `size` bytes for a hot block: the copies beyond what their writers
+    /// asked for that it holds, added up from the index (at most
+    /// `max_blocks` lookups; hot copies are made seldom), stay within
+    /// `share` of its pool.
+    pub fn has_room(&self, index: &Index, daemon: u32, capacity: u64, size: u64) -> bool {
+        let budget = (capacity as f64 * self.cfg.share) as u64;
+        let blocks: Vec<(BlockKey, u8)> = self
+            .blocks
+            .lock()
+            .iter()
+            .map(|(k, b)| (k.clone(), b.base))
+            .collect();
+        let mut held = 0u64;
+        for (key, base) in blocks {
+            if let Some(location) = index.lookup(&key.namespace, &[key.hash])[0] {
+                let extra =
+                    &location.daemons.as_slice()[usize::from(base).min(location.daemons.len())..];
+                if extra.contains(&daemon) {
+                    held += u64::from(location.size);
+                }
+            }
+        }
+        held + size <= budget
     }
 
     /// A daemon's report: `reads` of its most read blocks over `secs`, in
@@ -122,5 +155,75 @@ impl Hot {
             false
         });
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clients::Client;
+    use mooncake_proto::message::CommitItem;
+    use mooncake_proto::{BlockHash, Namespace};
+
+    fn hot(share: f64) -> Hot {
+        Hot::new(HotConfig {
+            reads_per_sec: 10,
+            copies: 3,
+            cool: Duration::from_secs(1),
+            max_blocks: 8,
+            share,
+        })
+    }
+
+    /// A visible block of 10 bytes on daemon 1, wanting one copy.
+    fn stored(index: &Index, i: u8) -> BlockKey {
+        let key = BlockKey::new(Namespace::new("t").unwrap(), BlockHash([i; 32]));
+        let client = Client::of([10, 0, 0, 1].into());
+        index.reserve(
+            &key.namespace,
+            key.hash,
+            (10, Copies::one(1), 1),
+            client,
+            Instant::now(),
+        );
+        let item = CommitItem {
+            hash: key.hash,
+            stored_on: Copies::one(1),
+            size: 10,
+            checksum: 7,
+        };
+        index.commit(&key.namespace, &item);
+        key
+    }
+
+    #[test]
+    fn a_block_read_often_enough_turns_hot_within_its_budget_and_cools() {
+        let (index, hot) = (Index::new(), hot(0.1));
+        let (a, b) = (stored(&index, 1), stored(&index, 2));
+        let t = Instant::now();
+        // 30 reads in 1 s is hot; 5 is not.
+        let heated = hot.observe(&index, 3, &[(a.clone(), 30), (b.clone(), 5)], 1.0, t);
+        assert_eq!(heated, vec![a.clone()]);
+        assert!(hot.is_hot(&a) && !hot.is_hot(&b));
+        assert_eq!(index.short_of_copies(&a).map(|(_, want)| want), Some(3));
+        // Daemon 2 gets a hot copy of 10 bytes: its 10% of 100 is taken.
+        assert!(hot.has_room(&index, 2, 100, 10));
+        assert!(index.add_copy(&a, 2, 10, 7));
+        assert!(!hot.has_room(&index, 2, 100, 10), "its share is used");
+        assert!(hot.has_room(&index, 3, 100, 10), "another daemon's is not");
+        assert!(
+            hot.has_room(&index, 1, 100, 10),
+            "the writer's copy is no hot copy"
+        );
+        // Reported hot again, it stays; then it cools and drops the copy.
+        assert!(hot
+            .observe(&index, 3, &[(a.clone(), 30)], 1.0, t)
+            .is_empty());
+        assert!(hot.cool(&index, t + Duration::from_millis(500)).is_empty());
+        let cooled = hot.cool(&index, t + Duration::from_secs(2));
+        assert_eq!(cooled, vec![(a.clone(), Copies::one(2))]);
+        let loc = index.lookup(&a.namespace, &[a.hash])[0].unwrap();
+        assert_eq!(loc.daemons, Copies::one(1));
+        assert_eq!(hot.len(), 0);
     }
 }

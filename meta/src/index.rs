@@ -328,6 +328,14 @@ struct NameTable {
 }
 
 impl NameTable {
+    /// The index key of a block, if its namespace is in use.
+    fn key_of(&self, block: &BlockKey) -> Option<IdxKey> {
+        Some(IdxKey {
+            ns: *self.ids.get(&block.namespace)?,
+            hash: block.hash,
+        })
+    }
+
     fn name(&self, id: NsId) -> &Namespace {
         self.names[id as usize]
             .as_ref()
@@ -679,12 +687,8 @@ impl Index {
     /// block may be) without making that copy visible.
     pub fn remove_at(&self, block: &BlockKey, daemon: u32) -> bool {
         let names = self.names();
-        let Some(&ns) = names.ids.get(&block.namespace) else {
+        let Some(key) = names.key_of(block) else {
             return false;
-        };
-        let key = IdxKey {
-            ns,
-            hash: block.hash,
         };
         let mut shard = self.shard(&key).write(self);
         let Some(mut e) = shard.get(&key).copied() else {
@@ -739,10 +743,7 @@ impl Index {
     /// many copies it wants; `None` for any other.
     pub fn short_of_copies(&self, block: &BlockKey) -> Option<(Location, u8)> {
         let names = self.names();
-        let key = IdxKey {
-            ns: *names.ids.get(&block.namespace)?,
-            hash: block.hash,
-        };
+        let key = names.key_of(block)?;
         let shard = self.shard(&key).read();
         let e = shard.get(&key).filter(|e| e.is_short())?;
         Some((e.visible()?, e.want()))
@@ -754,12 +755,8 @@ impl Index {
     /// caller then drops the copy.
     pub fn add_copy(&self, block: &BlockKey, daemon: u32, size: u32, checksum: u64) -> bool {
         let names = self.names();
-        let Some(&ns) = names.ids.get(&block.namespace) else {
+        let Some(key) = names.key_of(block) else {
             return false;
-        };
-        let key = IdxKey {
-            ns,
-            hash: block.hash,
         };
         let mut shard = self.shard(&key).write(self);
         let Some(mut e) = shard.get(&key).copied() else {
@@ -821,10 +818,7 @@ impl Index {
         f: impl FnOnce(&mut Entry) -> Option<T>,
     ) -> Option<T> {
         let names = self.names();
-        let key = IdxKey {
-            ns: *names.ids.get(&block.namespace)?,
-            hash: block.hash,
-        };
+        let key = names.key_of(block)?;
         let mut shard = self.shard(&key).write(self);
         let mut e = shard.get(&key).copied().filter(|e| !e.is_pending())?;
         let out = f(&mut e)?;

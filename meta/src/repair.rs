@@ -149,10 +149,13 @@ async fn repair(state: &State, key: &BlockKey) -> u64 {
     let counts = &state.repairs.counts;
     let mut moved = 0;
     while let Some((location, want)) = state.index.short_of_copies(key) {
-        let Some(target) = state
-            .daemons
-            .place_beside(u64::from(location.size), &location.daemons)
-        else {
+        // A hot block's copies stay within each daemon's share for them.
+        let size = u64::from(location.size);
+        let hot = state.hot.is_hot(key);
+        let allow = |daemon: u32, capacity: u64| {
+            !hot || state.hot.has_room(&state.index, daemon, capacity, size)
+        };
+        let Some(target) = state.daemons.place_beside(size, &location.daemons, &allow) else {
             tracing::debug!(%key, want, have = location.daemons.len(), "no host can take another copy");
             bump(&counts.unplaceable);
             return moved;
