@@ -4,6 +4,7 @@
 
 mod common;
 use common::cluster::{Cluster, TTL};
+use common::eventually;
 
 use std::collections::HashSet;
 
@@ -45,21 +46,6 @@ async fn all_visible(client: &Client, hashes: &[BlockHash]) -> bool {
         .await
         .map(|e| e.iter().all(|x| *x))
         .unwrap_or(false)
-}
-
-async fn eventually<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if check().await {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    None
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,15 @@ mod common;
 use common::cluster::Cluster;
 use common::free_port;
 
+/// Whether `check` came to hold within `within`.
+async fn eventually<F, Fut>(within: Duration, check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    common::eventually(within, check).await.is_some()
+}
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -110,21 +119,6 @@ async fn copies_land_on_distinct_hosts_and_all_go_with_a_removal() {
         client.cluster_stats().await.unwrap().copies,
         20 * 2 + 19 * 3 + 3
     );
-}
-
-async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,3 +35,23 @@ pub fn free_port() -> u16 {
         }
     }
 }
+
+/// Polls `check` every 50 ms until it holds (how long that took) or
+/// `within` has passed (`None`).
+pub async fn eventually<F, Fut>(
+    within: std::time::Duration,
+    mut check: F,
+) -> Option<std::time::Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        if check().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    None
+}
