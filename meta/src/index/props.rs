@@ -31,6 +31,21 @@ enum Op {
         ns: u8,
         h: u8,
     },
+    /// A copy made again (repair, or for a hot block) reported back.
+    AddCopy {
+        ns: u8,
+        h: u8,
+        daemon: u32,
+        size: u32,
+        checksum: u64,
+    },
+    /// A block turned hot (more copies wanted), or cooled (back to `want`).
+    Want {
+        ns: u8,
+        h: u8,
+        want: u8,
+        raise: bool,
+    },
     RemoveAt {
         ns: u8,
         h: u8,
@@ -79,7 +94,7 @@ fn op() -> impl Strategy<Value = Op> {
                 size,
             }
         }),
-        (ns.clone(), h.clone(), d.clone(), size, 7u64..9).prop_map(
+        (ns.clone(), h.clone(), d.clone(), size.clone(), 7u64..9).prop_map(
             |(ns, h, daemon, size, checksum)| Op::Report {
                 ns,
                 h,
@@ -89,6 +104,21 @@ fn op() -> impl Strategy<Value = Op> {
             }
         ),
         (ns.clone(), h.clone()).prop_map(|(ns, h)| Op::Remove { ns, h }),
+        (ns.clone(), h.clone(), d.clone(), size.clone(), 7u64..9).prop_map(
+            |(ns, h, daemon, size, checksum)| Op::AddCopy {
+                ns,
+                h,
+                daemon,
+                size,
+                checksum
+            }
+        ),
+        (ns.clone(), h.clone(), 1u8..5, any::<bool>()).prop_map(|(ns, h, want, raise)| Op::Want {
+            ns,
+            h,
+            want,
+            raise
+        }),
         (ns, h, d.clone()).prop_map(|(ns, h, daemon)| Op::RemoveAt { ns, h, daemon }),
         d.prop_map(|daemon| Op::DaemonDied { daemon }),
         (0u64..40).prop_map(|age| Op::Expire { age }),
@@ -204,6 +234,48 @@ proptest! {
                         _ => {
                             model.insert((ns, h), Model::visible(vec![daemon], 1, size, checksum));
                         }
+                    }
+                }
+                Op::AddCopy { ns, h, daemon, size, checksum } => {
+                    let added = index.add_copy(&BlockKey::new(name(ns), hash(h)), daemon, size, checksum);
+                    let want = match model.get_mut(&(ns, h)) {
+                        Some(m) if m.visible && m.size == size && m.checksum == checksum => {
+                            if m.copies.contains(&daemon) {
+                                true
+                            } else if m.copies.len() < usize::from(m.want) && m.copies.len() < MAX_COPIES {
+                                m.copies.push(daemon);
+                                true
+                            } else {
+                                false
+                            }
+                        }
+                        _ => false,
+                    };
+                    prop_assert_eq!(added, want);
+                }
+                Op::Want { ns, h, want, raise } => {
+                    let key = BlockKey::new(name(ns), hash(h));
+                    let m = model.get_mut(&(ns, h)).filter(|m| m.visible);
+                    if raise {
+                        let got = index.raise_want(&key, want);
+                        let expect = m.and_then(|m| {
+                            let before = m.want;
+                            (before < want).then(|| {
+                                m.want = want;
+                                before
+                            })
+                        });
+                        prop_assert_eq!(got, expect);
+                    } else {
+                        let got = index.lower_want(&key, want);
+                        let mut extra = Vec::new();
+                        if let Some(m) = m {
+                            m.want = want.min(m.want);
+                            while m.copies.len() > usize::from(want.max(1)) {
+                                extra.push(m.copies.pop().unwrap());
+                            }
+                        }
+                        prop_assert_eq!(got, set(&extra));
                     }
                 }
                 Op::Remove { ns, h } => {
