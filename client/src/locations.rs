@@ -3,9 +3,10 @@
 //! one round trip. A cached location is only a hint: the daemon answers for
 //! what it holds, every byte is checked against its checksum, and a stale
 //! hint costs one extra lookup at the meta service, never a wrong block.
-//! A hint is used for `ttl` after it was learned, then looked up again:
-//! that is how a client finds the copies the meta service adds to a block
-//! that turned hot.
+//! A hint this client reads often (more than `REREAD` times) is looked up
+//! again once it is `ttl` old: that is how readers find the copies the meta
+//! service adds to a block that turned hot, while a block read now and
+//! then keeps its hint (and its get keeps its single round trip).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -14,9 +15,30 @@ use mooncake_proto::message::Location;
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use parking_lot::Mutex;
 
+/// Reads of one hint after which it is looked up again once `ttl` old.
+const REREAD: u32 = 8;
+
+/// A location, when it was learned, and how often it was read since.
+#[derive(Clone, Copy)]
+struct Hint {
+    location: Location,
+    learned: Instant,
+    reads: u32,
+}
+
+impl Hint {
+    fn new(location: Location, learned: Instant) -> Self {
+        Hint {
+            location,
+            learned,
+            reads: 0,
+        }
+    }
+}
+
 /// Block keys are hashes already: a cheap hash of them spreads well, and
 /// SipHash cost more than the rest of an insert.
-type Map = HashMap<BlockKey, (Location, Instant), rustc_hash::FxBuildHasher>;
+type Map = HashMap<BlockKey, Hint, rustc_hash::FxBuildHasher>;
 
 pub struct LocationCache {
     capacity: usize,
@@ -36,13 +58,18 @@ impl LocationCache {
         }
     }
 
-    /// The hint for `key`, if one was learned less than `ttl` ago.
+    /// The hint for `key`; `None` too for one read often and `ttl` old.
     pub fn get(&self, key: &BlockKey) -> Option<Location> {
         if self.capacity == 0 {
             return None;
         }
-        let (location, learned) = self.map.lock().get(key).copied()?;
-        (learned.elapsed() < self.ttl).then_some(location)
+        let mut map = self.map.lock();
+        let hint = map.get_mut(key)?;
+        hint.reads = hint.reads.saturating_add(1);
+        if hint.reads > REREAD && hint.learned.elapsed() >= self.ttl {
+            return None;
+        }
+        Some(hint.location)
     }
 
     pub fn insert(&self, key: BlockKey, location: Location) {
@@ -53,7 +80,7 @@ impl LocationCache {
         if map.len() >= self.capacity {
             map.clear();
         }
-        map.insert(key, (location, Instant::now()));
+        map.insert(key, Hint::new(location, Instant::now()));
     }
 
     /// Inserts the located blocks of a batch under one lock (a prefix
@@ -73,7 +100,10 @@ impl LocationCache {
             if map.len() >= self.capacity {
                 map.clear();
             }
-            map.insert(BlockKey::new(namespace.clone(), *hash), (*location, now));
+            map.insert(
+                BlockKey::new(namespace.clone(), *hash),
+                Hint::new(*location, now),
+            );
         }
     }
 
@@ -109,8 +139,17 @@ mod tests {
         let off = LocationCache::new(0, Duration::from_secs(60));
         off.insert(key(1), loc());
         assert_eq!(off.get(&key(1)), None);
-        let expired = LocationCache::new(2, Duration::ZERO);
-        expired.insert(key(1), loc());
-        assert_eq!(expired.get(&key(1)), None, "past its ttl: looked up again");
+        let aged = LocationCache::new(2, Duration::ZERO);
+        aged.insert(key(1), loc());
+        for _ in 0..REREAD {
+            assert_eq!(aged.get(&key(1)), Some(loc()), "read now and then: kept");
+        }
+        assert_eq!(
+            aged.get(&key(1)),
+            None,
+            "read often and past its ttl: looked up again"
+        );
+        aged.insert(key(1), loc());
+        assert_eq!(aged.get(&key(1)), Some(loc()), "learned again");
     }
 }

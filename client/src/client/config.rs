@@ -41,9 +41,9 @@ pub struct ClientConfig {
     /// Block locations remembered, so that gets of known blocks skip the
     /// meta lookup (0 disables). Default 1M (about 100 MiB at most).
     pub location_cache: usize,
-    /// How long a remembered location is used before it is looked up
-    /// again (how soon a reader finds the copies added to a hot block).
-    /// Default 2s.
+    /// How long a location this client reads often is used before it is
+    /// looked up again (how soon a reader finds the copies added to a hot
+    /// block); a block read now and then keeps its location. Default 2s.
     pub location_ttl: Duration,
     /// Token presented to servers that require authentication (its tenant
     /// decides which namespaces this client may use). Default none.
