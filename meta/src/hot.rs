@@ -2,8 +2,8 @@
 //! daemon served most since the last one; a block read at least
 //! `hot_reads` times a second there is hot: it is given `hot_copies`
 //! copies (on distinct hosts, as many as there are), which the repair task
-//! makes at its pace, and clients find them when their cached location
-//! expires (`location_ttl`). A block not reported hot for `hot_cool` cools:
+//! makes at its pace; a client that reads it often looks its location up
+//! again once that is `location_ttl` old, and finds them. A block not reported hot for `hot_cool` cools:
 //! it goes back to the copies its writer asked for, and the extra ones are
 //! dropped. At most `hot_blocks` blocks are hot at once, and the copies
 //! they were given take at most `hot_share` of any daemon's pool.
