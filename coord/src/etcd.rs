@@ -27,6 +27,10 @@ pub struct EtcdConfig {
     pub ttl: Duration,
     /// Key prefix of this cluster, so that several share one etcd.
     pub prefix: String,
+    /// How long `connect` and `register` keep trying an etcd that does not
+    /// answer yet (a process started beside etcd, or before it); zero for
+    /// one try. Either gives up with `Unavailable` once this has passed.
+    pub wait: Duration,
 }
 
 impl EtcdConfig {
@@ -35,6 +39,7 @@ impl EtcdConfig {
             endpoints,
             ttl: Duration::from_secs(3),
             prefix: "/mooncake".into(),
+            wait: Duration::ZERO,
         }
     }
 }
@@ -64,15 +69,20 @@ impl EtcdCoordinator {
     /// coordinator lives.
     pub async fn connect(cfg: EtcdConfig) -> Result<Arc<Self>, CoordinatorError> {
         let ttl = cfg.ttl.max(Duration::from_secs(1));
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(ttl)
-            .with_keep_alive(ttl / 3, ttl / 3);
-        let client =
-            tokio::time::timeout(ttl * 2, Client::connect(cfg.endpoints.clone(), Some(opts)))
-                .await
-                .map_err(|_| unavailable(format!("etcd at {:?} did not answer", cfg.endpoints)))?
-                .map_err(unavailable)?;
-        let session = open_session(&client, ttl).await?;
+        let what = format!("etcd at {:?}", cfg.endpoints);
+        let (client, session) = retry_within(cfg.wait, &what, || async {
+            let opts = ConnectOptions::new()
+                .with_connect_timeout(ttl)
+                .with_keep_alive(ttl / 3, ttl);
+            let client =
+                tokio::time::timeout(ttl * 2, Client::connect(cfg.endpoints.clone(), Some(opts)))
+                    .await
+                    .map_err(|_| unavailable(format!("{what} did not answer")))?
+                    .map_err(unavailable)?;
+            let session = open_session(&client, ttl).await?;
+            Ok((client, session))
+        })
+        .await?;
         let this = Arc::new(EtcdCoordinator {
             client,
             cfg: EtcdConfig { ttl, ..cfg },
@@ -230,6 +240,38 @@ async fn refresh_until_lost(mut client: Client, session: &Session, ttl: Duration
     }
 }
 
+/// Runs `attempt` until it succeeds or `wait` has passed (at least once),
+/// with backoff; says once, in the log, that it is waiting for `what`.
+async fn retry_within<T, F, Fut>(
+    wait: Duration,
+    what: &str,
+    mut attempt: F,
+) -> Result<T, CoordinatorError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CoordinatorError>>,
+{
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut backoff = Duration::from_millis(100);
+    let mut said = false;
+    loop {
+        let err = match attempt().await {
+            Ok(done) => return Ok(done),
+            Err(err) => err,
+        };
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Err(err);
+        }
+        if !said {
+            said = true;
+            tracing::warn!(%err, "waiting for {what} (at most {wait:?})");
+        }
+        tokio::time::sleep(backoff.min(deadline - now)).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
 /// etcd's answer for a lease that expired (or was revoked).
 fn lease_gone(err: &etcd_client::Error) -> bool {
     err.to_string().contains("lease not found")
@@ -297,8 +339,12 @@ impl Coordinator for EtcdCoordinator {
         addr: String,
     ) -> BoxFuture<'_, Result<(), CoordinatorError>> {
         Box::pin(async move {
-            let lease = self.session.lock().lease;
-            self.put_member(kind, &addr, lease).await?;
+            let what = format!("registering {addr} in etcd");
+            retry_within(self.cfg.wait, &what, || async {
+                let lease = self.session.lock().lease;
+                self.put_member(kind, &addr, lease).await
+            })
+            .await?;
             self.registrations.lock().push((kind, addr));
             Ok(())
         })

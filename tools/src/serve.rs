@@ -36,6 +36,11 @@ pub struct EtcdArgs {
     /// dropped. Whole seconds.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub lease_ttl: Duration,
+    /// How long to wait at start for an etcd that does not answer yet
+    /// (started at the same time, or restarting) before giving up with
+    /// exit code 3.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub etcd_wait: Duration,
 }
 
 impl EtcdArgs {
@@ -45,6 +50,7 @@ impl EtcdArgs {
         }
         let cfg = EtcdConfig {
             ttl: self.lease_ttl,
+            wait: self.etcd_wait,
             ..EtcdConfig::new(self.etcd.clone())
         };
         let coordinator = EtcdCoordinator::connect(cfg).await.map_err(|e| {

@@ -997,3 +997,33 @@ fn events_follows_the_store_events_from_the_terms_start() {
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no answer within"));
 }
+
+#[test]
+fn a_server_whose_etcd_never_answers_gives_up_after_etcd_wait_with_exit_code_3() {
+    let etcd = format!("http://127.0.0.1:{}", free_port());
+    for role in ["meta", "daemon"] {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let out = Command::new(BIN)
+            .args([
+                role,
+                "--etcd",
+                &etcd,
+                "--listen",
+                &listen,
+                "--etcd-wait",
+                "1s",
+            ])
+            .args(["--admin", ""])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{role}: {err}");
+        let last = err.trim_end().lines().last().unwrap_or_default();
+        assert!(last.contains("is etcd running"), "{role}: {err}");
+        assert!(
+            err.contains("waiting for etcd"),
+            "{role} said it waited: {err}"
+        );
+    }
+}

@@ -243,6 +243,37 @@ async fn with_etcd_paused_data_is_served_and_the_cluster_recovers() {
     put_blocks(&client, 1000..1010, 4096).await;
 }
 
+/// A host that boots while etcd is down (or before it): its meta replica
+/// and daemon wait for etcd instead of exiting, and join once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_started_while_etcd_is_down_wait_for_it_and_join() {
+    let mut cluster = Cluster::start(1, 1).await;
+    cluster.etcd.kill9();
+    cluster.spawn_meta();
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    cluster.spawn_daemon(&addr);
+    for log in ["meta-1.log", "daemon-1.log"] {
+        let path = cluster.logs.join(log);
+        let waiting = eventually(Duration::from_secs(15), || async {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            text.contains("waiting for etcd")
+        })
+        .await;
+        assert!(waiting.is_some(), "{log} says it waits for etcd");
+    }
+    cluster.restart_etcd();
+    cluster.wait_healthy(2, Duration::from_secs(30)).await;
+    let coordinator = cluster.coordinator().await;
+    let metas = eventually(Duration::from_secs(10), || async {
+        let m = coordinator.members(mooncake_coord::MemberKind::Meta).await;
+        m.is_ok_and(|m| m.len() == 2)
+    })
+    .await;
+    assert!(metas.is_some(), "both meta replicas registered");
+    let client = cluster.client(Duration::from_secs(3)).await;
+    put_blocks(&client, 0..20, 4096).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_daemon_registers_again_with_an_empty_pool() {
     let mut cluster = Cluster::start(1, 2).await;
