@@ -43,11 +43,13 @@ impl ReplicaView {
 }
 
 /// Runs a replica advertised as `advertise` until `stop`: each time it is
-/// elected it binds `cfg.listen` and serves the term. An error only when
-/// the listener cannot be bound or the configuration is refused; a failed
-/// campaign is retried.
+/// elected it serves the term on `listener`, which it holds from its start
+/// (so that no other process takes its port while it stands by, and a port
+/// taken already stops it at start, not at a failover). An error only when
+/// the configuration is refused; a failed campaign is retried.
 pub async fn run_replica(
     cfg: MetaConfig,
+    listener: std::net::TcpListener,
     advertise: String,
     coordinator: Arc<dyn Coordinator>,
     metrics: Arc<MetaMetrics>,
@@ -68,13 +70,16 @@ pub async fn run_replica(
                 continue;
             }
         };
-        let listener = TcpListener::bind(&cfg.listen)
-            .await
-            .map_err(|e| MetaError::Config(format!("listen = {}: {e}", cfg.listen)))?;
+        // The term's handle on the held socket; closing it at the term's
+        // end leaves the socket open.
+        let term_listener = listener
+            .try_clone()
+            .and_then(TcpListener::from_std)
+            .map_err(MetaError::Listener)?;
         let term = stop.child_token();
         let meta = crate::serve(
             cfg.clone(),
-            listener,
+            term_listener,
             leadership,
             coordinator.clone(),
             metrics.clone(),

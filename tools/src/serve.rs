@@ -448,8 +448,10 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::usage(format!("[meta] {e}")))?;
     let stop = stop_on_signal();
     let registry = Registry::new();
+    // Bound first: a port taken stops a replica at once, and a standby
+    // holds its port until it leads.
+    let listener = bind(&cfg.listen, "meta service").await?;
     let Some(etcd) = args.etcd.connect().await? else {
-        let listener = bind(&cfg.listen, "meta service").await?;
         let admin_addr = (cfg.admin.clone(), cfg.metrics_token.clone());
         let meta = mooncake_local::start_meta(cfg, listener, &registry, stop.clone())
             .await
@@ -471,6 +473,7 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         .advertise
         .or_else(|| cfg.advertise.clone())
         .unwrap_or_else(|| cfg.listen.clone());
+    let listener = listener.into_std().map_err(|e| Failure::other(e.into()))?;
     etcd.register(MemberKind::Meta, advertise.clone())
         .await
         .map_err(|e| Failure::connection(e.to_string()))?;
@@ -507,7 +510,9 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         println!("meta replica {advertise}: metrics on http://{a}/metrics");
     }
     println!("meta replica {advertise}: standing by, leading when elected");
-    let ran = mooncake_meta::run_replica(cfg, advertise, etcd.clone(), metrics, view, stop).await;
+    let ran =
+        mooncake_meta::run_replica(cfg, listener, advertise, etcd.clone(), metrics, view, stop)
+            .await;
     etcd.close().await;
     ran.map_err(|e| Failure::other(e.into()))
 }

@@ -1027,3 +1027,20 @@ fn a_server_whose_etcd_never_answers_gives_up_after_etcd_wait_with_exit_code_3()
         );
     }
 }
+
+#[test]
+fn a_meta_replica_whose_port_is_taken_stops_at_start_not_at_a_failover() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    // No etcd answers there either: the port is what it says.
+    let etcd = format!("http://127.0.0.1:{}", free_port());
+    let out = Command::new(BIN)
+        .args(["meta", "--etcd", &etcd, "--listen", &addr, "--admin", ""])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains(&addr) && err.contains("meta service"), "{err}");
+}
