@@ -11,7 +11,7 @@ use std::time::Instant;
 
 #[cfg(test)]
 use mooncake_proto::message::MAX_COPIES;
-use mooncake_proto::message::{CommitItem, Copies, ListEntry, Location};
+use mooncake_proto::message::{CommitItem, Copies, ListEntry, Location, Tier};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -506,7 +506,13 @@ impl Index {
     /// daemon holds complete, verified bytes now, while the entry may point
     /// at a daemon that is gone (a restart at a new address) and about to
     /// be dropped.
-    pub fn insert_visible(&self, block: &BlockKey, daemon: u32, size: u32, checksum: u64) {
+    pub fn insert_visible(
+        &self,
+        block: &BlockKey,
+        (daemon, tier): (u32, Tier),
+        size: u32,
+        checksum: u64,
+    ) {
         let key = IdxKey {
             ns: self.namespaces.acquire(&block.namespace),
             hash: block.hash,
@@ -518,20 +524,27 @@ impl Index {
             .get(&key)
             .filter(|_| same.is_some())
             .map_or(1, Entry::want);
+        let (ns, hash) = (&block.namespace, block.hash);
         let copies = match same {
-            Some(o) if o.daemons.contains(daemon) || o.daemons.is_full() => o.daemons,
+            Some(o) if o.daemons.is_full() && !o.daemons.contains(daemon) => o.daemons,
             Some(o) => {
                 let mut copies = o.daemons;
-                copies.push(daemon);
-                self.events.stored(daemon, &block.namespace, block.hash);
+                if copies.push(daemon) {
+                    self.events.stored((daemon, Tier::Dram), ns, hash);
+                }
+                if let Some(was) = copies.set_tier(daemon, tier) {
+                    self.events.moved(daemon, (was, tier), ns, hash);
+                }
                 copies
             }
             None => {
-                for d in old.iter().flat_map(|o| o.daemons.iter()) {
-                    self.events.removed(d, &block.namespace, block.hash);
+                for d in old.iter().flat_map(|o| o.daemons.with_tiers()) {
+                    self.events.removed(d, ns, hash);
                 }
-                self.events.stored(daemon, &block.namespace, block.hash);
-                Copies::one(daemon)
+                self.events.stored((daemon, tier), ns, hash);
+                let mut copies = Copies::one(daemon);
+                copies.set_tier(daemon, tier);
+                copies
             }
         };
         let replaced = shard.insert(
@@ -605,7 +618,7 @@ impl Index {
                 },
             };
             shard.insert(key, visible);
-            for d in copies.iter() {
+            for d in copies.with_tiers() {
                 self.events.stored(d, namespace, item.hash);
             }
         }
@@ -669,7 +682,7 @@ impl Index {
                     Some(e) if !e.is_pending() => {
                         let copies = e.copies;
                         shard.remove(&key);
-                        for d in copies.iter() {
+                        for d in copies.with_tiers() {
                             self.events.removed(d, namespace, *hash);
                         }
                         Some(copies)
@@ -694,11 +707,13 @@ impl Index {
         let Some(mut e) = shard.get(&key).copied() else {
             return false;
         };
+        let tier = e.copies.tier_of(daemon);
         if !e.lose(daemon) {
             return false;
         }
-        if !e.is_pending() {
-            self.events.removed(daemon, &block.namespace, block.hash);
+        if let (false, Some(tier)) = (e.is_pending(), tier) {
+            self.events
+                .removed((daemon, tier), &block.namespace, block.hash);
         }
         if e.copies.is_empty() && !e.is_pending() {
             shard.remove(&key);
@@ -720,13 +735,15 @@ impl Index {
             let mut shard = s.write(self);
             let before = shard.len();
             shard.retain(|k, e| {
+                let tier = e.copies.tier_of(daemon).unwrap_or_default();
                 if !e.lose(daemon) {
                     return true;
                 }
                 gone.copies += 1;
                 if !e.is_pending() {
                     s.copies.fetch_sub(1, Ordering::Relaxed);
-                    self.events.removed(daemon, names.name(k.ns), k.hash);
+                    self.events
+                        .removed((daemon, tier), names.name(k.ns), k.hash);
                 }
                 if e.is_short() {
                     gone.short
@@ -739,96 +756,9 @@ impl Index {
         gone
     }
 
-    /// A visible block with fewer copies than wanted: where it is, and how
-    /// many copies it wants; `None` for any other.
-    pub fn short_of_copies(&self, block: &BlockKey) -> Option<(Location, u8)> {
-        let names = self.names();
-        let key = names.key_of(block)?;
-        let shard = self.shard(&key).read();
-        let e = shard.get(&key).filter(|e| e.is_short())?;
-        Some((e.visible()?, e.want()))
-    }
-
-    /// Adds `daemon`'s copy (made again from another) to a visible block
-    /// that still has these bytes (size and checksum) and wants another
-    /// copy; `false` if not (removed, replaced or repaired meanwhile): the
-    /// caller then drops the copy.
-    pub fn add_copy(&self, block: &BlockKey, daemon: u32, size: u32, checksum: u64) -> bool {
-        let names = self.names();
-        let Some(key) = names.key_of(block) else {
-            return false;
-        };
-        let mut shard = self.shard(&key).write(self);
-        let Some(mut e) = shard.get(&key).copied() else {
-            return false;
-        };
-        let same = e
-            .visible()
-            .is_some_and(|l| l.size == size && l.checksum == checksum);
-        if !same {
-            return false;
-        }
-        if e.copies.contains(daemon) {
-            return true;
-        }
-        if e.copies.len() >= usize::from(e.want()) || !e.copies.push(daemon) {
-            return false;
-        }
-        shard.insert(key, e);
-        self.events.stored(daemon, &block.namespace, block.hash);
-        true
-    }
-
-    /// Raises a visible block's wanted copies to `want` (a hot block);
-    /// returns what it wanted before, or `None` if it is not visible or
-    /// wants as many already.
-    pub fn raise_want(&self, block: &BlockKey, want: u8) -> Option<u8> {
-        self.change_want(block, |e| {
-            let before = e.want();
-            (before < want).then(|| {
-                e.set_want(want);
-                before
-            })
-        })
-    }
-
-    /// Lowers a visible block's wanted copies to `want` (a hot block
-    /// cooled) and takes out its copies past that many, the last made
-    /// first; returns them, for their daemons to drop.
-    pub fn lower_want(&self, block: &BlockKey, want: u8) -> Copies {
-        let mut extra = Copies::default();
-        self.change_want(block, |e| {
-            e.set_want(want.min(e.want()));
-            while e.copies.len() > usize::from(want.max(1)) {
-                let last = *e.copies.as_slice().last().expect("more than one");
-                e.copies.remove(last);
-                extra.push(last);
-                self.events.removed(last, &block.namespace, block.hash);
-            }
-            Some(())
-        });
-        extra
-    }
-
-    /// Changes a visible entry in place with `f` (the count of copies
-    /// follows); `None` if it is not visible or `f` says so.
-    fn change_want<T>(
-        &self,
-        block: &BlockKey,
-        f: impl FnOnce(&mut Entry) -> Option<T>,
-    ) -> Option<T> {
-        let names = self.names();
-        let key = names.key_of(block)?;
-        let mut shard = self.shard(&key).write(self);
-        let mut e = shard.get(&key).copied().filter(|e| !e.is_pending())?;
-        let out = f(&mut e)?;
-        shard.insert(key, e);
-        Some(out)
-    }
-
     /// The visible blocks of shard `i` (daemon, namespace, hash), for a
     /// resync of the events; `None` past the last shard.
-    pub fn visible_in_shard(&self, i: usize) -> Option<Vec<(u32, Namespace, BlockHash)>> {
+    pub fn visible_in_shard(&self, i: usize) -> Option<Vec<crate::events::Held>> {
         let shard = self.shards.get(i)?;
         let names = self.names();
         let table = shard.read();
@@ -838,7 +768,9 @@ impl Index {
                 .filter(|(_, e)| !e.is_pending())
                 .flat_map(|(k, e)| {
                     let name = names.name(k.ns);
-                    e.copies.iter().map(move |d| (d, name.clone(), k.hash))
+                    e.copies
+                        .with_tiers()
+                        .map(move |d| (d, name.clone(), k.hash))
                 })
                 .collect(),
         )
@@ -935,6 +867,8 @@ impl Index {
         st
     }
 }
+
+mod copies;
 
 #[cfg(test)]
 mod tests;

@@ -16,11 +16,14 @@
 //! moving a block costs against prefilling it (the caller's figure, e.g.
 //! 0.1), and `queue(h)` the router's own knowledge of the instance there.
 //! One prefix match and one pass over its locations: a 128-block request
-//! costs about a `match_prefix`.
+//! costs about a `match_prefix`. The answer also says how many of a host's
+//! blocks are on NVMe only (the cost does not weigh them: a drive read is
+//! far cheaper than a prefill or a network transfer, and a router that
+//! cares has the figure).
 
 use std::collections::{BTreeMap, HashMap};
 
-use mooncake_proto::message::{RouteAnswer, RouteCandidate, RouteHost, RouteRequest};
+use mooncake_proto::message::{RouteAnswer, RouteCandidate, RouteHost, RouteRequest, Tier};
 
 use crate::daemons::Host;
 use crate::index::Index;
@@ -41,14 +44,31 @@ pub fn route(
         .flat_map(|(i, h)| h.daemons.iter().map(move |d| (*d, i)))
         .collect();
     // Per host: the matched blocks it holds a copy of, and how many of
-    // the leading ones in a row (copies are on distinct hosts).
-    let mut held = vec![0u32; hosts.len()];
-    let mut leading = vec![0u32; hosts.len()];
+    // the leading ones in a row; each also counted when on NVMe only.
+    let mut held = vec![(0u32, 0u32); hosts.len()];
+    let mut leading = vec![(0u32, 0u32); hosts.len()];
     for (i, l) in locations.iter().enumerate() {
-        for h in l.daemons.iter().filter_map(|d| host_of.get(&d)) {
-            held[*h] += 1;
-            if leading[*h] as usize == i {
-                leading[*h] += 1;
+        // A block's fastest copy per host (two daemons of one host may
+        // both hold it).
+        let mut on: [(usize, Tier); 4] = [(usize::MAX, Tier::Dram); 4];
+        for (d, tier) in l.daemons.with_tiers() {
+            let Some(h) = host_of.get(&d).copied() else {
+                continue;
+            };
+            match on.iter_mut().find(|(at, _)| *at == h || *at == usize::MAX) {
+                Some((at, t)) if *at == h && tier == Tier::Dram => *t = tier,
+                Some((at, _)) if *at == h => {}
+                Some(slot) => *slot = (h, tier),
+                None => {}
+            }
+        }
+        for (h, tier) in on.into_iter().filter(|(h, _)| *h != usize::MAX) {
+            let nvme = u32::from(tier == Tier::Nvme);
+            held[h].0 += 1;
+            held[h].1 += nvme;
+            if leading[h].0 as usize == i {
+                leading[h].0 += 1;
+                leading[h].1 += nvme;
             }
         }
     }
@@ -87,15 +107,18 @@ pub fn route(
         .map(|c| {
             let at = hosts.iter().position(|h| h.node == c.node);
             let host = at.map(|i| &hosts[i]);
-            let held = at.map_or(0, |i| held[i]);
+            let (held, held_nvme) = at.map_or((0, 0), |i| held[i]);
+            let (leading, leading_nvme) = at.map_or((0, 0), |i| leading[i]);
             let cost_milli = u64::from(blocks - matched) * 1000
                 + u64::from(req.transfer_permille) * u64::from(matched - held)
                 + u64::from(c.queue) * 1000;
             RouteHost {
                 instance: instances.get(&c.node).cloned().unwrap_or_default(),
                 daemons: host.map_or(0, |h| h.daemons.len() as u32),
-                leading: at.map_or(0, |i| leading[i]),
+                leading,
                 held,
+                leading_nvme,
+                held_nvme,
                 reads_per_sec: host.map_or(0, |h| h.reads_per_sec),
                 used: host.map_or(0, |h| h.used),
                 capacity: host.map_or(0, |h| h.capacity),
@@ -116,5 +139,63 @@ pub fn route(
         matched,
         hosts: answer,
         best,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mooncake_proto::message::KeysRequest;
+    use mooncake_proto::{BlockHash, BlockKey, Namespace};
+
+    fn host(node: &str, daemons: &[u32]) -> Host {
+        Host {
+            node: node.into(),
+            daemons: daemons.to_vec(),
+            reads_per_sec: 0,
+            used: 0,
+            capacity: 0,
+        }
+    }
+
+    #[test]
+    fn each_host_counts_its_leading_and_held_blocks_and_those_on_nvme_only() {
+        let ns = Namespace::new("t").unwrap();
+        let hashes: Vec<BlockHash> = (0..5u8).map(|i| BlockHash([i; 32])).collect();
+        let index = Index::new();
+        let put = |i: usize, copy: (u32, Tier)| {
+            index.insert_visible(&BlockKey::new(ns.clone(), hashes[i]), copy, 10, 1);
+        };
+        // Host a (daemons 1, 2): blocks 0-2, block 1 on NVMe only, block 2
+        // on NVMe on one daemon and in DRAM on the other.
+        put(0, (1, Tier::Dram));
+        put(1, (1, Tier::Nvme));
+        put(2, (1, Tier::Nvme));
+        put(2, (2, Tier::Dram));
+        // Host b (daemon 3): blocks 0, 3 on NVMe; nobody holds block 4.
+        put(0, (3, Tier::Nvme));
+        put(3, (3, Tier::Nvme));
+        let hosts = [host("a", &[1, 2]), host("b", &[3])];
+        let req = RouteRequest {
+            keys: KeysRequest {
+                namespace: ns.clone(),
+                hashes: hashes.clone(),
+            },
+            candidates: Vec::new(),
+            every_host: true,
+            transfer_permille: 100,
+        };
+        let answer = route(&index, &hosts, &BTreeMap::new(), &req);
+        assert_eq!((answer.blocks, answer.matched), (5, 4));
+        let got: Vec<(&str, u32, u32, u32, u32)> = answer
+            .hosts
+            .iter()
+            .map(|h| {
+                let n = h.node.as_str();
+                (n, h.leading, h.leading_nvme, h.held, h.held_nvme)
+            })
+            .collect();
+        assert_eq!(got, [("a", 3, 1, 3, 1), ("b", 1, 1, 2, 2)]);
+        assert_eq!(answer.best, Some(0));
     }
 }

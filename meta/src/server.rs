@@ -570,9 +570,12 @@ async fn dispatch(
                     owed = true;
                     continue;
                 }
-                state
-                    .index
-                    .insert_visible(&item.key, req.daemon, item.size, item.checksum);
+                state.index.insert_visible(
+                    &item.key,
+                    (req.daemon, item.tier),
+                    item.size,
+                    item.checksum,
+                );
             }
             if owed {
                 state.resend_owed(req.daemon);
@@ -620,6 +623,9 @@ async fn dispatch(
             let req = EventsRequest::from_bytes(body)?;
             for key in &req.removed {
                 state.index.remove_at(key, req.daemon);
+            }
+            for (key, tier) in &req.moved {
+                state.index.set_tier(key, req.daemon, *tier);
             }
             Vec::new()
         }

@@ -16,7 +16,7 @@
 use crate::error::ProtoError;
 
 pub const MAGIC: [u8; 2] = *b"MK";
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 pub const HEADER_LEN: usize = 20;
 /// Largest control body (every opcode but value-carrying ones).
 pub const MAX_CONTROL_BODY: u32 = 4 << 20;
@@ -284,7 +284,7 @@ mod tests {
         h[2] = 9;
         assert!(matches!(
             Header::parse(&h),
-            Err(ProtoError::UnsupportedVersion(9, 2))
+            Err(ProtoError::UnsupportedVersion(9, PROTOCOL_VERSION))
         ));
         let mut h = good;
         h[3] = 0xee;

@@ -10,8 +10,8 @@ use mooncake_net::{Connection, ErrorSource};
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::Body;
 use mooncake_proto::message::{
-    Empty, EventsRequest, HeartbeatRequest, InventoryItem, InventoryRequest, LeaveRequest,
-    RegisterRequest, RegisterResponse,
+    Empty, EventsRequest, HeartbeatRequest, InventoryRequest, LeaveRequest, RegisterRequest,
+    RegisterResponse,
 };
 use mooncake_proto::Opcode;
 use tokio_util::sync::CancellationToken;
@@ -222,10 +222,22 @@ async fn session(
             _ = shutdown.cancelled() => return Ok(()),
         }
         let removed = pool.take_removed();
-        for chunk in removed.chunks(MAX_BATCH) {
+        let moved = tiers.take_moved();
+        // Removals first: a block removed and then put again is sent as
+        // removed and then moved (to the tier it is in now).
+        let rounds = removed
+            .len()
+            .div_ceil(MAX_BATCH)
+            .max(moved.len().div_ceil(MAX_BATCH));
+        for round in 0..rounds {
+            let part = |n: usize| round * MAX_BATCH..((round + 1) * MAX_BATCH).min(n);
             let events = EventsRequest {
                 daemon: id,
-                removed: chunk.to_vec(),
+                removed: removed
+                    .get(part(removed.len()))
+                    .unwrap_or_default()
+                    .to_vec(),
+                moved: moved.get(part(moved.len())).unwrap_or_default().to_vec(),
             };
             with_deadline(
                 &addr,
@@ -253,21 +265,14 @@ async fn session(
 async fn send_inventory(
     conn: &mut Connection,
     daemon: u32,
-    inventory: &[(mooncake_proto::BlockKey, u32, u64)],
+    inventory: &[crate::tiers::InventoryBlock],
 ) -> Result<(), mooncake_net::CallError> {
     let addr = conn.addr().to_string();
     let (writer, reader) = conn.split();
     let chunks: Vec<_> = inventory.chunks(MAX_BATCH).collect();
     let write = async {
         for chunk in &chunks {
-            let items = chunk
-                .iter()
-                .map(|(key, size, checksum)| InventoryItem {
-                    key: key.clone(),
-                    size: *size,
-                    checksum: *checksum,
-                })
-                .collect();
+            let items = chunk.to_vec();
             let body = InventoryRequest { daemon, items }.to_bytes();
             writer.send(Opcode::Inventory, &body, &[]).await?;
         }

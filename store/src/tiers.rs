@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use mooncake_proto::message::Tier;
 use mooncake_proto::BlockKey;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
@@ -42,7 +43,12 @@ pub struct Tiers {
     promotions: AtomicU64,
     /// Reads per block, for the meta service's hot blocks.
     pub hot: crate::hot::HotReads,
+    /// Blocks whose fastest tier may have changed since the last report.
+    moved: Mutex<Vec<BlockKey>>,
 }
+
+/// A block of the inventory a daemon sends the meta service.
+pub use mooncake_proto::message::InventoryItem as InventoryBlock;
 
 /// The NVMe drives summed, for metrics and stats.
 #[derive(Debug, Default, Clone, Copy)]
@@ -74,6 +80,7 @@ impl Tiers {
             nvme_misses: AtomicU64::new(0),
             promotions: AtomicU64::new(0),
             hot: Default::default(),
+            moved: Mutex::new(Vec::new()),
         }
     }
 
@@ -173,6 +180,7 @@ impl Tiers {
             slot.set_parent(self.nvme.iter().find_map(|d| d.parent_of(key)));
             if slot.commit().is_ok() {
                 self.promotions.fetch_add(1, Ordering::Relaxed);
+                self.note_moved(key.clone());
             }
         }
     }
@@ -211,6 +219,43 @@ impl Tiers {
         self.dram.reserve(key, len, checksum)
     }
 
+    /// Remembers that `key` went from one tier to another, for the meta
+    /// service (`take_moved`).
+    fn note_moved(&self, key: BlockKey) {
+        let mut moved = self.moved.lock();
+        if moved.len() >= MAX_TRACKED_HITS {
+            // A tier the index then shows stale costs a label, not a block.
+            moved.remove(0);
+        }
+        moved.push(key);
+    }
+
+    /// The blocks whose fastest tier changed since the last call, with
+    /// that tier as it is now (a block that left every tier is reported
+    /// removed instead).
+    pub fn take_moved(&self) -> Vec<(BlockKey, Tier)> {
+        let keys = std::mem::take(&mut *self.moved.lock());
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        keys.into_iter()
+            .filter(|k| seen.insert(k.clone()))
+            .filter_map(|k| {
+                let tier = self.tier_of(&k)?;
+                Some((k, tier))
+            })
+            .collect()
+    }
+
+    /// The fastest tier that holds `key`.
+    pub fn tier_of(&self, key: &BlockKey) -> Option<Tier> {
+        if self.dram.contains(key) {
+            Some(Tier::Dram)
+        } else if self.on_nvme(key) {
+            Some(Tier::Nvme)
+        } else {
+            None
+        }
+    }
+
     fn on_nvme(&self, key: &BlockKey) -> bool {
         self.nvme.iter().any(|d| d.contains(key))
     }
@@ -232,16 +277,27 @@ impl Tiers {
         in_dram || on_nvme
     }
 
-    /// Every block the daemon holds, in any tier: (key, size, checksum).
-    pub fn inventory(&self) -> Vec<(BlockKey, u32, u64)> {
-        let mut all = self.dram.inventory();
+    /// Every block the daemon holds, with the fastest tier that holds it.
+    pub fn inventory(&self) -> Vec<InventoryBlock> {
+        let block = |(key, size, checksum), tier| InventoryBlock {
+            key,
+            size,
+            checksum,
+            tier,
+        };
+        let mut all: Vec<InventoryBlock> = self
+            .dram
+            .inventory()
+            .into_iter()
+            .map(|b| block(b, Tier::Dram))
+            .collect();
         if !self.nvme.is_empty() {
             let mut seen: std::collections::HashSet<BlockKey> =
-                all.iter().map(|(k, _, _)| k.clone()).collect();
+                all.iter().map(|b| b.key.clone()).collect();
             for drive in &self.nvme {
-                for block in drive.inventory() {
-                    if seen.insert(block.0.clone()) {
-                        all.push(block);
+                for b in drive.inventory() {
+                    if seen.insert(b.0.clone()) {
+                        all.push(block(b, Tier::Nvme));
                     }
                 }
             }
@@ -339,6 +395,7 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                     if tiers.on_nvme(&demoted.key) {
                         // Promoted earlier, still on its drive.
                         tiers.dram.demotion_done(demoted.bytes.len() as u64);
+                        tiers.note_moved(demoted.key);
                         continue;
                     }
                     let i = tiers.pick_drive(&demoted.key, &in_flight_bytes);
@@ -359,6 +416,7 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                 tiers.dram.demotion_done(len);
                 match written {
                     Ok(evicted) => {
+                        tiers.note_moved(demoted.key);
                         for key in evicted {
                             if !tiers.contains(&key) {
                                 tiers.dram.report_removed(key);

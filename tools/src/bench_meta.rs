@@ -13,7 +13,7 @@ use mooncake_client::{Client, ClientConfig, ErrorSource};
 use mooncake_meta::Index;
 use mooncake_net::Connection;
 use mooncake_proto::message::{
-    CommitItem, PutCommitRequest, PutStartRequest, PutStartResponse, Slot, Statuses,
+    CommitItem, PutCommitRequest, PutStartRequest, PutStartResponse, Slot, Statuses, Tier,
 };
 use mooncake_proto::{BlockHash, BlockKey, Namespace, Opcode, PrefixHasher};
 use serde_json::json;
@@ -65,7 +65,7 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
     let index = Index::new();
     for chain in chains.iter() {
         for h in chain {
-            index.insert_visible(&BlockKey::new(ns.clone(), *h), 1, 64, 0);
+            index.insert_visible(&BlockKey::new(ns.clone(), *h), (1, Tier::Dram), 64, 0);
         }
     }
     let start = Instant::now();

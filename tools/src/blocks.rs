@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use mooncake_client::{Client, ClientConfig, PutOptions, PutOutcome};
 use mooncake_coord::{leader_address, EtcdConfig, EtcdCoordinator};
-use mooncake_proto::message::ListRequest;
+use mooncake_proto::message::{ListRequest, Tier};
 use mooncake_proto::units::ByteSize;
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
 use serde_json::json;
@@ -429,10 +429,21 @@ pub async fn ls(args: LsArgs) -> Result<(), Failure> {
                 println!(
                     "{}",
                     json!({"namespace": e.key.namespace.as_str(), "key": e.key.hash.to_hex(),
-                           "size": e.location.size, "daemons": e.location.daemons.as_slice()})
+                           "size": e.location.size, "daemons": e.location.daemons.as_slice(),
+                           "nvme": e.location.daemons.with_tiers()
+                               .filter(|(_, t)| *t == Tier::Nvme).map(|(d, _)| d).collect::<Vec<_>>()})
                 );
             } else {
-                let on: Vec<String> = e.location.daemons.iter().map(|d| d.to_string()).collect();
+                // A copy on NVMe only is marked (`3 (nvme)`).
+                let on: Vec<String> = e
+                    .location
+                    .daemons
+                    .with_tiers()
+                    .map(|(d, t)| match t {
+                        Tier::Dram => d.to_string(),
+                        Tier::Nvme => format!("{d} (nvme)"),
+                    })
+                    .collect();
                 let word = if on.len() == 1 { "daemon" } else { "daemons" };
                 println!(
                     "{}  {}  {:>10}  {word} {}",

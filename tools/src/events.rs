@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use mooncake_meta::events::{decode_batch, Event};
+use mooncake_meta::events::{decode_batch, medium, Event};
 use serde_json::json;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
@@ -173,9 +173,9 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
             .events
             .iter()
             .map(|e| match e {
-                Event::Stored(h) => json!({"type": "BlockStored", "blocks": h.len(),
+                Event::Stored(h, t) => json!({"type": "BlockStored", "blocks": h.len(), "medium": medium(*t),
                     "block_hashes": args.keys.then(|| h.iter().map(|h| h.to_hex()).collect::<Vec<_>>())}),
-                Event::Removed(h) => json!({"type": "BlockRemoved", "blocks": h.len(),
+                Event::Removed(h, t) => json!({"type": "BlockRemoved", "blocks": h.len(), "medium": medium(*t),
                     "block_hashes": args.keys.then(|| h.iter().map(|h| h.to_hex()).collect::<Vec<_>>())}),
                 Event::AllCleared => json!({"type": "AllBlocksCleared"}),
             })
@@ -189,8 +189,8 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
     let (mut stored, mut removed, mut cleared) = (0, 0, false);
     for e in &batch.events {
         match e {
-            Event::Stored(h) => stored += h.len(),
-            Event::Removed(h) => removed += h.len(),
+            Event::Stored(h, _) => stored += h.len(),
+            Event::Removed(h, _) => removed += h.len(),
             Event::AllCleared => cleared = true,
         }
     }
@@ -203,8 +203,10 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
     if args.keys {
         for e in &batch.events {
             match e {
-                Event::Stored(h) => h.iter().for_each(|h| println!("    + {h}")),
-                Event::Removed(h) => h.iter().for_each(|h| println!("    - {h}")),
+                Event::Stored(h, t) => h.iter().for_each(|h| println!("    + {h}  {}", medium(*t))),
+                Event::Removed(h, t) => {
+                    h.iter().for_each(|h| println!("    - {h}  {}", medium(*t)))
+                }
                 Event::AllCleared => {}
             }
         }

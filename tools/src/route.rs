@@ -91,6 +91,7 @@ pub async fn run(args: RouteArgs) -> Result<(), Failure> {
             .iter()
             .map(|h| {
                 json!({"node": h.node, "instance": h.instance, "daemons": h.daemons, "leading": h.leading, "held": h.held,
+                       "leading_nvme": h.leading_nvme, "held_nvme": h.held_nvme,
                        "reads_per_sec": h.reads_per_sec, "used": h.used, "capacity": h.capacity,
                        "queue": h.queue, "cost": h.cost_milli as f64 / 1000.0})
             })
@@ -107,12 +108,21 @@ pub async fn run(args: RouteArgs) -> Result<(), Failure> {
         answer.matched, answer.blocks, args.transfer_cost
     );
     println!(
-        "{:<16} {:<12} {:>7} {:>7} {:>6} {:>8} {:>10} {:>6} {:>9}",
-        "host", "instance", "daemons", "leading", "held", "reads/s", "used", "queue", "cost"
+        "{:<16} {:<12} {:>7} {:>7} {:>6} {:>6} {:>8} {:>10} {:>6} {:>9}",
+        "host",
+        "instance",
+        "daemons",
+        "leading",
+        "held",
+        "nvme",
+        "reads/s",
+        "used",
+        "queue",
+        "cost"
     );
     for (i, h) in hosts.iter().enumerate() {
         println!(
-            "{:<16} {:<12} {:>7} {:>7} {:>6} {:>8} {:>10} {:>6} {:>9.2}{}",
+            "{:<16} {:<12} {:>7} {:>7} {:>6} {:>6} {:>8} {:>10} {:>6} {:>9.2}{}",
             h.node,
             if h.instance.is_empty() {
                 "-"
@@ -122,6 +132,7 @@ pub async fn run(args: RouteArgs) -> Result<(), Failure> {
             h.daemons,
             h.leading,
             h.held,
+            h.held_nvme,
             h.reads_per_sec,
             ByteSize(h.used).to_string(),
             h.queue,

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use mooncake_client::{Client, ClientConfig, PutOutcome};
-use mooncake_proto::message::ListRequest;
+use mooncake_proto::message::{ListRequest, Tier};
 use mooncake_proto::{BlockHash, ErrorCode, Namespace};
 
 fn ns() -> Namespace {
@@ -299,4 +299,77 @@ async fn after_the_leader_is_killed_a_subscriber_ends_with_exactly_the_stored_bl
             .all(|(topic, _, _)| topic.ends_with("@t/events")),
         "every batch names its namespace"
     );
+}
+
+/// Each block's tier as the index holds it (its one copy's).
+async fn tiers(client: &Client, hashes: &[BlockHash]) -> Vec<Option<Tier>> {
+    let found = client.lookup(&ns(), hashes).await.unwrap();
+    found
+        .items
+        .iter()
+        .map(|l| l.and_then(|l| l.daemons.with_tiers().next().map(|(_, t)| t)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_demoted_to_nvme_move_to_storage_in_events_lookups_and_route() {
+    let drive = scratch_dir("events-nvme").join("nvme.bin");
+    let config = format!(
+        "eviction = \"lru\"\nnvme = [\"{}:64MiB\"]\n",
+        drive.display()
+    );
+    let store = up("4MiB", Some(&config)).await;
+    let client = client(&store.meta);
+    let mut sub = Subscriber::connect(&store.events, &store.replay, 0).await;
+    // 7.5 MiB of 64 KiB blocks into 4 MiB of DRAM: the early ones are
+    // demoted to the drive, and stay stored.
+    put_range(&client, 0..120, 64 << 10).await;
+    let hashes: Vec<BlockHash> = (0..120).map(hash).collect();
+    let held = converge(&mut sub, &client, Duration::from_secs(20)).await;
+    assert_eq!(held.len(), 120, "demoted, not dropped");
+    // The index learns each demotion (with the daemon's next report), and
+    // a subscriber sees the block leave CPU for STORAGE.
+    let topic = sub.picture.blocks.keys().next().unwrap().clone();
+    let on_storage = |p: &common::events::Picture| p.media.values().any(|t| *t == Tier::Nvme);
+    let agreed = sub.follow_until(Duration::from_secs(20), on_storage).await;
+    assert!(agreed, "some blocks reported on STORAGE");
+    // Then the media match the index's tiers, block by block (the index
+    // read again each round, as reports land).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let truth = tiers(&client, &hashes).await;
+        let matches = |p: &common::events::Picture| {
+            hashes
+                .iter()
+                .map(|h| p.media.get(&(topic.clone(), h.0.to_vec())).copied())
+                .eq(truth.iter().copied())
+        };
+        if sub.follow_until(Duration::from_millis(500), matches).await {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the events' media never matched the index's tiers"
+        );
+    }
+    let truth = tiers(&client, &hashes).await;
+    let on_nvme = truth.iter().filter(|t| **t == Some(Tier::Nvme)).count() as u32;
+    assert!(on_nvme > 0 && on_nvme < 120, "{on_nvme} of 120 on NVMe");
+    assert_eq!(truth[0], Some(Tier::Nvme), "the oldest block was demoted");
+    assert_eq!(truth[119], Some(Tier::Dram), "the newest is in DRAM");
+    // A demoted block still reads back right (from the drive).
+    let got = client
+        .get(&mooncake_proto::BlockKey::new(ns(), hashes[0]))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some(&vec![7u8; 64 << 10][..]));
+    // `route` counts them: all 120 held on the one host, `on_nvme` of
+    // them on NVMe only, the leading ones among them.
+    let answer = client.route(&ns(), &hashes, &[], true, 0.1).await.unwrap();
+    let host = &answer.hosts[0];
+    assert_eq!((host.leading, host.held), (120, 120));
+    let truth = tiers(&client, &hashes).await;
+    let on_nvme = truth.iter().filter(|t| **t == Some(Tier::Nvme)).count() as u32;
+    assert_eq!(host.held_nvme, on_nvme);
+    assert_eq!(host.leading_nvme, on_nvme);
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_client::{ClientConfig, GetOutcome, PutOptions};
-use mooncake_proto::message::{ListRequest, RouteCandidate};
+use mooncake_proto::message::{ListRequest, RouteCandidate, Tier};
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -550,21 +550,43 @@ impl Client {
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<Option<(u32, Vec<String>)>>> {
+        let found = self.copies(py, keys)?;
+        Ok(found
+            .into_iter()
+            .map(|l| l.map(|(size, copies)| (size, copies.into_iter().map(|c| c.0).collect())))
+            .collect())
+    }
+
+    /// Where each key's copies are: `(size, [(daemon address, tier)])`,
+    /// the tier `"dram"` or `"nvme"` (held on that daemon's NVMe drives
+    /// only), or `None`.
+    #[allow(clippy::type_complexity)]
+    fn copies(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<Option<(u32, Vec<(String, &'static str)>)>>> {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let locs = py
             .detach(|| runtime().block_on(client.lookup(ns, &hashes)))
             .map_err(codes::to_py)?;
-        let addr = |id: u32| {
-            locs.daemons
+        let copy = |(id, tier): (u32, Tier)| {
+            let addr = locs
+                .daemons
                 .iter()
                 .find(|d| d.id == id)
-                .map_or_else(String::new, |d| d.addr.clone())
+                .map_or_else(String::new, |d| d.addr.clone());
+            let tier = match tier {
+                Tier::Dram => "dram",
+                Tier::Nvme => "nvme",
+            };
+            (addr, tier)
         };
         Ok(locs
             .items
             .iter()
-            .map(|l| l.map(|l| (l.size, l.daemons.iter().map(addr).collect())))
+            .map(|l| l.map(|l| (l.size, l.daemons.with_tiers().map(copy).collect())))
             .collect())
     }
 
@@ -634,6 +656,8 @@ impl Client {
                 d.set_item("daemons", h.daemons)?;
                 d.set_item("leading", h.leading)?;
                 d.set_item("held", h.held)?;
+                d.set_item("leading_nvme", h.leading_nvme)?;
+                d.set_item("held_nvme", h.held_nvme)?;
                 d.set_item("reads_per_sec", h.reads_per_sec)?;
                 d.set_item("used", h.used)?;
                 d.set_item("capacity", h.capacity)?;

@@ -22,7 +22,7 @@ from mooncake.store import (
     SoftPinAction,
 )
 
-from conftest import Process, free_port, wait_for_port
+from conftest import Process, free_port, single_host_store, wait_for_port
 
 OBJECT_NOT_FOUND = -704
 INVALID_PARAMS = -600
@@ -207,6 +207,37 @@ def test_vllm_replica_descriptors_and_remove_all_force(sglang):
     assert desc.get_memory_descriptor().buffer_descriptor.size == 100
     assert sglang.get_replica_desc("vllm-missing") == []
     assert sglang.remove_all(force=True) == 1
+
+
+def test_vllm_sees_blocks_demoted_to_nvme_as_disk_replicas(tmp_path):
+    """vLLM's connector sorts its loads into memory and disk keys by
+    `is_memory_replica` / `is_disk_replica` of the first descriptor: a copy
+    demoted to the daemon's NVMe drive is a disk replica there, and still
+    reads back."""
+    drive = tmp_path / "nvme.bin"
+    with single_host_store("4MiB", "--nvme", f"{drive}:64MiB") as meta:
+        s = sglang_setup(meta)
+        try:
+            value = bytes(range(256)) * 256  # 64 KiB
+            keys = [f"vllm-tier-{i}" for i in range(120)]
+            for k in keys:
+                assert s.put(k, value) == 0
+            # The daemon reports a demotion with its next heartbeat.
+            deadline = time.monotonic() + 15
+            while True:
+                first = s.batch_get_replica_desc([keys[0]])[keys[0]][0]
+                if first.is_disk_replica() or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert first.is_disk_replica() and not first.is_memory_replica()
+            assert first.get_disk_descriptor().object_size == len(value)
+            with pytest.raises(RuntimeError):
+                first.get_memory_descriptor()
+            (last,) = s.get_replica_desc(keys[-1])
+            assert last.is_memory_replica() and not last.is_disk_replica()
+            assert s.get(keys[0]) == value
+        finally:
+            s.close()
 
 
 def test_replicate_config_has_the_fields_engines_set():

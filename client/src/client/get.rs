@@ -6,6 +6,7 @@
 //! all within the call's deadline. A corrupt copy is reported.
 
 use super::*;
+use mooncake_proto::message::Tier;
 
 impl Client {
     /// Reads blocks straight into the caller's buffers, one per hash. Every
@@ -147,24 +148,27 @@ impl Client {
     }
 
     /// Of a block's copies not tried yet, the one to read: on this host
-    /// (shared memory, no network), else on the daemon with the fewest
-    /// bytes of this client's reads in flight, a draw among equals (so
-    /// that one reader too spreads over the copies); a daemon this client
-    /// has not been told of comes last.
+    /// (shared memory, no network), else one in a daemon's DRAM before one
+    /// on NVMe only, then on the daemon with the fewest bytes of this
+    /// client's reads in flight, a draw among equals (so that one reader
+    /// too spreads over the copies); a daemon this client has not been
+    /// told of comes last.
     fn best_copy(&self, location: &Location, tried: &Copies) -> Option<u32> {
         let peers = self.daemons.read();
         location
             .daemons
-            .iter()
-            .filter(|d| !tried.contains(*d))
-            .min_by_key(|d| match peers.get(d) {
+            .with_tiers()
+            .filter(|(d, _)| !tried.contains(*d))
+            .min_by_key(|(d, tier)| match peers.get(d) {
                 Some(p) => (
                     p.advertised.node != self.cfg.node,
+                    *tier == Tier::Nvme,
                     p.reading.load(Ordering::Relaxed),
                     rand::random::<u16>(),
                 ),
-                None => (true, u64::MAX, 0),
+                None => (true, true, u64::MAX, 0),
             })
+            .map(|(d, _)| d)
     }
 
     /// Fills `locations[i]` for each index in `which` with one meta lookup.

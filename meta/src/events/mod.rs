@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use mooncake_proto::message::Tier;
 use mooncake_proto::{BlockHash, Namespace};
 use parking_lot::RwLock;
 use prometheus::IntCounter;
@@ -29,7 +30,11 @@ mod publisher;
 mod wire;
 
 pub use publisher::{run, Snapshot, Sockets};
-pub use wire::{decode_batch, Event, MEDIUM};
+pub use wire::{decode_batch, medium, Event};
+
+/// A copy the index holds, as a resync republishes it: (daemon, tier),
+/// namespace, block hash.
+pub type Held = ((u32, Tier), Namespace, BlockHash);
 
 /// What happened to a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +47,8 @@ pub enum Kind {
 #[derive(Debug, Clone)]
 pub struct Change {
     pub kind: Kind,
+    /// The tier the block was stored in or removed from.
+    pub tier: Tier,
     pub daemon: u32,
     pub ns: Namespace,
     pub hash: BlockHash,
@@ -109,17 +116,48 @@ impl Events {
     }
 
     #[inline]
-    pub fn stored(&self, daemon: u32, ns: &Namespace, hash: BlockHash) {
+    pub fn stored(&self, (daemon, tier): (u32, Tier), ns: &Namespace, hash: BlockHash) {
         if let Some(s) = &self.0 {
-            s.emit(Kind::Stored, daemon, ns, hash);
+            s.emit((Kind::Stored, tier), daemon, ns, hash);
         }
     }
 
     #[inline]
-    pub fn removed(&self, daemon: u32, ns: &Namespace, hash: BlockHash) {
+    pub fn removed(&self, (daemon, tier): (u32, Tier), ns: &Namespace, hash: BlockHash) {
         if let Some(s) = &self.0 {
-            s.emit(Kind::Removed, daemon, ns, hash);
+            s.emit((Kind::Removed, tier), daemon, ns, hash);
         }
+    }
+
+    /// A daemon's copy went from tier `from` to `to`: removed from one,
+    /// stored in the other (in that order, so that a subscriber never
+    /// counts the copy twice).
+    #[inline]
+    pub fn moved(&self, daemon: u32, (from, to): (Tier, Tier), ns: &Namespace, hash: BlockHash) {
+        self.removed((daemon, from), ns, hash);
+        self.stored((daemon, to), ns, hash);
+    }
+}
+
+#[cfg(test)]
+impl Feed {
+    /// Events on, with counters of their own, for tests of what is emitted.
+    pub(crate) fn for_tests(queue: usize) -> (Events, Feed) {
+        let c = |n: &str| IntCounter::new(n, n).unwrap();
+        let counters = EventCounters {
+            batches: c("b"),
+            dropped: c("d"),
+            resyncs: c("r"),
+            replays: c("p"),
+        };
+        Events::new(queue, counters)
+    }
+
+    /// The changes queued so far: (kind, daemon, tier).
+    pub(crate) fn drain(&mut self) -> Vec<(Kind, u32, Tier)> {
+        std::iter::from_fn(|| self.rx.try_recv().ok())
+            .map(|c| (c.kind, c.daemon, c.tier))
+            .collect()
     }
 }
 
@@ -131,7 +169,7 @@ pub(crate) fn now_us() -> u64 {
 }
 
 impl Shared {
-    fn emit(&self, kind: Kind, daemon: u32, ns: &Namespace, hash: BlockHash) {
+    fn emit(&self, (kind, tier): (Kind, Tier), daemon: u32, ns: &Namespace, hash: BlockHash) {
         let state = self.state.load(Ordering::SeqCst);
         if state & 1 == 1 {
             // A resync is due: its snapshot will hold this change.
@@ -140,6 +178,7 @@ impl Shared {
         }
         let change = Change {
             kind,
+            tier,
             daemon,
             ns: ns.clone(),
             hash,
@@ -175,29 +214,19 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus::IntCounter;
-
-    fn counters() -> EventCounters {
-        let c = |n: &str| IntCounter::new(n, n).unwrap();
-        EventCounters {
-            batches: c("b"),
-            dropped: c("d"),
-            resyncs: c("r"),
-            replays: c("p"),
-        }
-    }
 
     #[test]
     fn a_full_queue_drops_counts_and_asks_for_a_resync_in_a_new_generation() {
-        let (events, mut feed) = Events::new(2, counters());
+        let (events, mut feed) = Feed::for_tests(2);
         let ns = Namespace::new("t").unwrap();
         let h = |i: u8| BlockHash([i; 32]);
-        events.stored(1, &ns, h(1));
-        events.removed(1, &ns, h(1));
+        let d = (1, Tier::Dram);
+        events.stored(d, &ns, h(1));
+        events.removed(d, &ns, h(1));
         assert!(!feed.shared.resync_due());
-        events.stored(1, &ns, h(2));
+        events.stored(d, &ns, h(2));
         assert!(feed.shared.resync_due(), "the third change did not fit");
-        events.stored(1, &ns, h(3));
+        events.stored(d, &ns, h(3));
         assert_eq!(feed.shared.counters.dropped.get(), 2, "dropped while due");
         let queued: Vec<Change> = std::iter::from_fn(|| feed.rx.try_recv().ok()).collect();
         assert_eq!(queued.len(), 2);
@@ -209,7 +238,7 @@ mod tests {
         );
         assert_eq!(feed.shared.next_generation(), 1);
         assert!(!feed.shared.resync_due());
-        events.removed(1, &ns, h(3));
+        events.removed(d, &ns, h(3));
         let next = feed.rx.try_recv().unwrap();
         assert_eq!((next.kind, next.generation), (Kind::Removed, 1));
     }
@@ -218,7 +247,7 @@ mod tests {
     fn events_off_do_nothing() {
         let events = Events::default();
         let ns = Namespace::new("t").unwrap();
-        events.stored(1, &ns, BlockHash([0; 32]));
+        events.stored((1, Tier::Dram), &ns, BlockHash([0; 32]));
         events.set_node(1, "host");
         assert!(events.0.is_none());
     }

@@ -19,13 +19,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use mooncake_proto::message::Tier;
 use mooncake_proto::{BlockHash, Namespace};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use super::wire::{encode_batch, Event};
-use super::{now_us, Change, EventCounters, Feed, Kind, Shared};
+use super::{now_us, Change, EventCounters, Feed, Held, Kind, Shared};
 
 /// Most blocks in one batch.
 const MAX_BATCH_BLOCKS: usize = 1024;
@@ -51,7 +52,7 @@ pub struct Sockets {
 
 /// The visible blocks of one shard of the index (daemon, namespace,
 /// hash); `None` past the last shard.
-pub type Snapshot = Arc<dyn Fn(usize) -> Option<Vec<(u32, Namespace, BlockHash)>> + Send + Sync>;
+pub type Snapshot = Arc<dyn Fn(usize) -> Option<Vec<Held>> + Send + Sync>;
 
 type Kept = Arc<Mutex<VecDeque<(u64, Bytes, Bytes)>>>;
 
@@ -142,16 +143,16 @@ impl Out {
         self.cleared().await;
         let mut shard = 0;
         while let Some(blocks) = snapshot(shard) {
-            let mut by_topic: HashMap<(u32, Namespace), Vec<BlockHash>> = HashMap::new();
-            for (daemon, ns, hash) in blocks {
-                by_topic.entry((daemon, ns)).or_default().push(hash);
+            let mut by_topic: HashMap<(u32, Namespace, Tier), Vec<BlockHash>> = HashMap::new();
+            for ((daemon, tier), ns, hash) in blocks {
+                by_topic.entry((daemon, ns, tier)).or_default().push(hash);
             }
-            for ((daemon, ns), hashes) in by_topic {
+            for ((daemon, ns, tier), hashes) in by_topic {
                 let topic = self.topic(&shared.node(daemon), &ns);
                 let at = now_us();
                 for chunk in hashes.chunks(MAX_BATCH_BLOCKS) {
-                    self.publish(topic.clone(), &[Event::Stored(chunk.to_vec())], at)
-                        .await;
+                    let stored = Event::Stored(chunk.to_vec(), tier);
+                    self.publish(topic.clone(), &[stored], at).await;
                 }
             }
             shard += 1;
@@ -180,10 +181,14 @@ impl Out {
             }
             oldest = oldest.min(c.at_us);
             match (events.last_mut(), c.kind) {
-                (Some(Event::Stored(h)), Kind::Stored)
-                | (Some(Event::Removed(h)), Kind::Removed) => h.push(c.hash),
-                (_, Kind::Stored) => events.push(Event::Stored(vec![c.hash])),
-                (_, Kind::Removed) => events.push(Event::Removed(vec![c.hash])),
+                (Some(Event::Stored(h, t)), Kind::Stored)
+                | (Some(Event::Removed(h, t)), Kind::Removed)
+                    if *t == c.tier =>
+                {
+                    h.push(c.hash)
+                }
+                (_, Kind::Stored) => events.push(Event::Stored(vec![c.hash], c.tier)),
+                (_, Kind::Removed) => events.push(Event::Removed(vec![c.hash], c.tier)),
             }
             blocks += 1;
         }

@@ -10,28 +10,43 @@
 //! - `AllBlocksCleared`: nothing else.
 //!
 //! A block hash is vLLM's `ExternalBlockHash` (bytes or int): ours are the
-//! 32 bytes of the block key's hash, as msgpack bin.
+//! 32 bytes of the block key's hash, as msgpack bin. The medium is the tier
+//! a daemon holds the blocks in, by vLLM's names for its offloading tiers
+//! (`vllm/v1/kv_offload/base.py`, `Medium`): `CPU` for DRAM, `STORAGE` for
+//! NVMe.
 
+use mooncake_proto::message::Tier;
 use mooncake_proto::BlockHash;
 use rmp::encode::{
     write_array_len, write_bin, write_f64, write_map_len, write_nil, write_str, write_uint,
 };
 
-/// vLLM's name for host memory (`MEDIUM_CPU`): a block a daemon holds.
-pub const MEDIUM: &str = "CPU";
+/// vLLM's name of the medium of a tier.
+pub fn medium(tier: Tier) -> &'static str {
+    match tier {
+        Tier::Dram => "CPU",
+        Tier::Nvme => "STORAGE",
+    }
+}
 
-/// One event of a batch.
+fn tier_of_medium(medium: &str) -> Option<Tier> {
+    [Tier::Dram, Tier::Nvme]
+        .into_iter()
+        .find(|t| self::medium(*t) == medium)
+}
+
+/// One event of a batch: blocks stored in, or removed from, a tier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    Stored(Vec<BlockHash>),
-    Removed(Vec<BlockHash>),
+    Stored(Vec<BlockHash>, Tier),
+    Removed(Vec<BlockHash>, Tier),
     AllCleared,
 }
 
 impl Event {
     pub fn blocks(&self) -> usize {
         match self {
-            Event::Stored(h) | Event::Removed(h) => h.len(),
+            Event::Stored(h, _) | Event::Removed(h, _) => h.len(),
             Event::AllCleared => 0,
         }
     }
@@ -78,9 +93,15 @@ fn decode_event(event: &rmpv::Value) -> Result<Event, String> {
             })
             .collect()
     };
+    let tier = || -> Result<Tier, String> {
+        let medium = field("medium").and_then(rmpv::Value::as_str);
+        medium
+            .and_then(tier_of_medium)
+            .ok_or_else(|| format!("unknown medium {medium:?}"))
+    };
     match field("type").and_then(rmpv::Value::as_str) {
-        Some("BlockStored") => Ok(Event::Stored(hashes()?)),
-        Some("BlockRemoved") => Ok(Event::Removed(hashes()?)),
+        Some("BlockStored") => Ok(Event::Stored(hashes()?, tier()?)),
+        Some("BlockRemoved") => Ok(Event::Removed(hashes()?, tier()?)),
         Some("AllBlocksCleared") => Ok(Event::AllCleared),
         other => Err(format!("unknown event type {other:?}")),
     }
@@ -102,7 +123,7 @@ pub fn encode_batch(ts: f64, events: &[Event]) -> Vec<u8> {
 
 fn encode_event(out: &mut Vec<u8>, event: &Event) {
     match event {
-        Event::Stored(hashes) => {
+        Event::Stored(hashes, tier) => {
             let _ = write_map_len(out, 8);
             let _ = write_str(out, "type");
             let _ = write_str(out, "BlockStored");
@@ -115,16 +136,16 @@ fn encode_event(out: &mut Vec<u8>, event: &Event) {
             let _ = write_uint(out, 0);
             let _ = write_str(out, "lora_id");
             let _ = write_nil(out);
-            medium_field(out);
+            medium_field(out, *tier);
             let _ = write_str(out, "lora_name");
             let _ = write_nil(out);
         }
-        Event::Removed(hashes) => {
+        Event::Removed(hashes, tier) => {
             let _ = write_map_len(out, 3);
             let _ = write_str(out, "type");
             let _ = write_str(out, "BlockRemoved");
             hashes_field(out, hashes);
-            medium_field(out);
+            medium_field(out, *tier);
         }
         Event::AllCleared => {
             let _ = write_map_len(out, 1);
@@ -142,9 +163,9 @@ fn hashes_field(out: &mut Vec<u8>, hashes: &[BlockHash]) {
     }
 }
 
-fn medium_field(out: &mut Vec<u8>) {
+fn medium_field(out: &mut Vec<u8>, tier: Tier) {
     let _ = write_str(out, "medium");
-    let _ = write_str(out, MEDIUM);
+    let _ = write_str(out, medium(tier));
 }
 
 #[cfg(test)]
@@ -169,8 +190,8 @@ mod tests {
             1.5,
             &[
                 Event::AllCleared,
-                Event::Stored(vec![a, b]),
-                Event::Removed(vec![b]),
+                Event::Stored(vec![a, b], Tier::Dram),
+                Event::Removed(vec![b], Tier::Nvme),
             ],
         );
         let batch = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
@@ -190,7 +211,7 @@ mod tests {
         assert_eq!(hashes, [&a.0[..], &b.0[..]]);
         assert!(field(stored, "parent_block_hash").is_nil());
         assert_eq!(field(stored, "token_ids").as_array().unwrap().len(), 0);
-        assert_eq!(field(stored, "medium").as_str(), Some(MEDIUM));
+        assert_eq!(field(stored, "medium").as_str(), Some("CPU"));
         for name in ["block_size", "lora_id", "lora_name"] {
             field(stored, name);
         }
@@ -199,14 +220,15 @@ mod tests {
             field(&events[2], "block_hashes").as_array().unwrap().len(),
             1
         );
+        assert_eq!(field(&events[2], "medium").as_str(), Some("STORAGE"));
         let (ts, decoded) = decode_batch(&bytes).unwrap();
         assert_eq!(ts, 1.5);
         assert_eq!(
             decoded,
             [
                 Event::AllCleared,
-                Event::Stored(vec![a, b]),
-                Event::Removed(vec![b])
+                Event::Stored(vec![a, b], Tier::Dram),
+                Event::Removed(vec![b], Tier::Nvme)
             ]
         );
         assert!(decode_batch(b"\x01").is_err());

@@ -26,6 +26,14 @@ enum Op {
         daemon: u32,
         size: u32,
         checksum: u64,
+        nvme: bool,
+    },
+    /// A daemon's copy demoted to NVMe, or promoted back to DRAM.
+    Tier {
+        ns: u8,
+        h: u8,
+        daemon: u32,
+        nvme: bool,
     },
     Remove {
         ns: u8,
@@ -94,15 +102,30 @@ fn op() -> impl Strategy<Value = Op> {
                 size,
             }
         }),
-        (ns.clone(), h.clone(), d.clone(), size.clone(), 7u64..9).prop_map(
-            |(ns, h, daemon, size, checksum)| Op::Report {
+        (
+            ns.clone(),
+            h.clone(),
+            d.clone(),
+            size.clone(),
+            7u64..9,
+            any::<bool>()
+        )
+            .prop_map(|(ns, h, daemon, size, checksum, nvme)| Op::Report {
                 ns,
                 h,
                 daemon,
                 size,
-                checksum
+                checksum,
+                nvme
+            }),
+        (ns.clone(), h.clone(), d.clone(), any::<bool>()).prop_map(|(ns, h, daemon, nvme)| {
+            Op::Tier {
+                ns,
+                h,
+                daemon,
+                nvme,
             }
-        ),
+        }),
         (ns.clone(), h.clone()).prop_map(|(ns, h)| Op::Remove { ns, h }),
         (ns.clone(), h.clone(), d.clone(), size.clone(), 7u64..9).prop_map(
             |(ns, h, daemon, size, checksum)| Op::AddCopy {
@@ -129,6 +152,8 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Debug, Clone)]
 struct Model {
     copies: Vec<u32>,
+    /// The copies on NVMe only.
+    nvme: Vec<u32>,
     want: u8,
     size: u32,
     checksum: u64,
@@ -145,6 +170,7 @@ impl Model {
     fn visible(copies: Vec<u32>, want: u8, size: u32, checksum: u64) -> Self {
         Model {
             copies,
+            nvme: Vec::new(),
             want,
             size,
             checksum,
@@ -157,6 +183,28 @@ impl Model {
 
     fn short(&self) -> bool {
         self.visible && !self.copies.is_empty() && self.copies.len() < usize::from(self.want)
+    }
+
+    /// Its copies, each in its tier.
+    fn located(&self) -> Copies {
+        let mut c = set(&self.copies);
+        for d in &self.nvme {
+            c.set_tier(*d, Tier::Nvme);
+        }
+        c
+    }
+
+    fn set_tier(&mut self, daemon: u32, nvme: bool) -> bool {
+        let was = self.nvme.contains(&daemon);
+        if !self.copies.contains(&daemon) || was == nvme {
+            return false;
+        }
+        if nvme {
+            self.nvme.push(daemon);
+        } else {
+            self.nvme.retain(|d| *d != daemon);
+        }
+        true
     }
 }
 
@@ -196,7 +244,7 @@ proptest! {
                     let exists = model.contains_key(&(ns, h));
                     prop_assert_eq!(r == Reservation::Exists, exists);
                     if !exists {
-                        let m = Model { copies: daemons, want, size, checksum: 0, visible: false, since: step, client, evicted: false };
+                        let m = Model { copies: daemons, nvme: Vec::new(), want, size, checksum: 0, visible: false, since: step, client, evicted: false };
                         model.insert((ns, h), m);
                     }
                 }
@@ -222,19 +270,29 @@ proptest! {
                         _ => prop_assert_eq!(code, ErrorCode::NoReservation),
                     }
                 }
-                Op::Report { ns, h, daemon, size, checksum } => {
-                    index.insert_visible(&BlockKey::new(name(ns), hash(h)), daemon, size, checksum);
+                Op::Report { ns, h, daemon, size, checksum, nvme } => {
+                    let tier = if nvme { Tier::Nvme } else { Tier::Dram };
+                    index.insert_visible(&BlockKey::new(name(ns), hash(h)), (daemon, tier), size, checksum);
                     match model.get_mut(&(ns, h)) {
                         Some(m) if m.visible && m.size == size && m.checksum == checksum => {
                             if !m.copies.contains(&daemon) && m.copies.len() < MAX_COPIES {
                                 m.copies.push(daemon);
                             }
+                            m.set_tier(daemon, nvme);
                             m.want = m.want.max(m.copies.len() as u8);
                         }
                         _ => {
-                            model.insert((ns, h), Model::visible(vec![daemon], 1, size, checksum));
+                            let mut m = Model::visible(vec![daemon], 1, size, checksum);
+                            m.set_tier(daemon, nvme);
+                            model.insert((ns, h), m);
                         }
                     }
+                }
+                Op::Tier { ns, h, daemon, nvme } => {
+                    let tier = if nvme { Tier::Nvme } else { Tier::Dram };
+                    let moved = index.set_tier(&BlockKey::new(name(ns), hash(h)), daemon, tier);
+                    let want = model.get_mut(&(ns, h)).filter(|m| m.visible).is_some_and(|m| m.set_tier(daemon, nvme));
+                    prop_assert_eq!(moved, want);
                 }
                 Op::AddCopy { ns, h, daemon, size, checksum } => {
                     let added = index.add_copy(&BlockKey::new(name(ns), hash(h)), daemon, size, checksum);
@@ -280,7 +338,7 @@ proptest! {
                 }
                 Op::Remove { ns, h } => {
                     let got = index.remove(&name(ns), &[hash(h)]);
-                    let want = model.get(&(ns, h)).filter(|m| m.visible).map(|m| set(&m.copies));
+                    let want = model.get(&(ns, h)).filter(|m| m.visible).map(Model::located);
                     prop_assert_eq!(got, vec![want]);
                     if want.is_some() {
                         model.remove(&(ns, h));
@@ -338,16 +396,21 @@ proptest! {
                     prop_assert_eq!(index.namespaces(), used.len(), "exactly the namespaces in use stay");
                 }
             }
+            // A copy that went leaves its tier behind.
+            for m in model.values_mut() {
+                let copies = m.copies.clone();
+                m.nvme.retain(|d| copies.contains(d));
+            }
             // Blocks short of copies, as the model says.
             for ((ns, h), m) in &model {
                 let short = index.short_of_copies(&BlockKey::new(name(*ns), hash(*h)));
-                prop_assert_eq!(short.map(|(l, w)| (l.daemons, w)), m.short().then(|| (set(&m.copies), m.want)));
+                prop_assert_eq!(short.map(|(l, w)| (l.daemons, w)), m.short().then(|| (m.located(), m.want)));
             }
             // Every key, and a chain per namespace, read as the model says.
             for ns in 0..3u8 {
                 let hashes: Vec<BlockHash> = (0..12).map(hash).collect();
                 let want: Vec<Option<(Copies, u32, u64)>> = (0..12u8)
-                    .map(|h| model.get(&(ns, h)).filter(|m| m.visible).map(|m| (set(&m.copies), m.size, m.checksum)))
+                    .map(|h| model.get(&(ns, h)).filter(|m| m.visible).map(|m| (m.located(), m.size, m.checksum)))
                     .collect();
                 let got: Vec<Option<(Copies, u32, u64)>> = index
                     .lookup(&name(ns), &hashes)

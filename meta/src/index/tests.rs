@@ -279,11 +279,15 @@ fn a_commit_names_only_daemons_the_block_was_placed_on() {
 fn inventory_rebuilds_visible_entries_and_the_latest_report_wins() {
     let idx = Index::new();
     let key = BlockKey::new(ns(), h(5));
-    idx.insert_visible(&key, 2, 100, 7);
-    idx.insert_visible(&key, 3, 100, 7);
+    idx.insert_visible(&key, (2, Tier::Dram), 100, 7);
+    idx.insert_visible(&key, (3, Tier::Nvme), 100, 7);
     let loc = idx.lookup(&ns(), &[h(5)])[0].unwrap();
-    assert_eq!(loc.daemons, copies(&[2, 3]), "the same bytes: two copies");
-    idx.insert_visible(&key, 4, 100, 8);
+    assert_eq!(
+        loc.daemons.with_tiers().collect::<Vec<_>>(),
+        [(2, Tier::Dram), (3, Tier::Nvme)],
+        "the same bytes: two copies, each in the tier its daemon reported"
+    );
+    idx.insert_visible(&key, (4, Tier::Dram), 100, 8);
     let loc = idx.lookup(&ns(), &[h(5)])[0].unwrap();
     assert_eq!(
         loc.daemons,
@@ -321,4 +325,38 @@ fn list_pages_in_key_order() {
         ..ListFilter::default()
     };
     assert!(idx.list(None, None, elsewhere, 100).0.is_empty());
+}
+
+#[test]
+fn a_copy_moved_between_tiers_is_one_removal_and_one_store_in_its_new_medium() {
+    use crate::events::{Feed, Kind};
+    let (events, mut feed) = Feed::for_tests(64);
+    let idx = Index::with_events(events);
+    let key = BlockKey::new(ns(), h(3));
+    idx.reserve(&ns(), h(3), (100, copies(&[1, 2]), 2), me(), Instant::now());
+    assert_eq!(commit_on(&idx, 3, copies(&[1, 2])), ErrorCode::Ok);
+    assert_eq!(
+        feed.drain(),
+        [(Kind::Stored, 1, Tier::Dram), (Kind::Stored, 2, Tier::Dram)]
+    );
+    assert!(idx.set_tier(&key, 1, Tier::Nvme), "demoted");
+    assert!(!idx.set_tier(&key, 1, Tier::Nvme), "already there");
+    assert!(!idx.set_tier(&key, 9, Tier::Nvme), "holds no copy");
+    assert_eq!(
+        feed.drain(),
+        [
+            (Kind::Removed, 1, Tier::Dram),
+            (Kind::Stored, 1, Tier::Nvme)
+        ]
+    );
+    let loc = idx.lookup(&ns(), &[h(3)])[0].unwrap();
+    assert_eq!(loc.daemons.tier_of(1), Some(Tier::Nvme));
+    assert_eq!(loc.daemons.tier_of(2), Some(Tier::Dram));
+    // Its removal names the medium it is in.
+    assert!(idx.remove_at(&key, 1));
+    assert_eq!(feed.drain(), [(Kind::Removed, 1, Tier::Nvme)]);
+    assert!(idx.set_tier(&key, 2, Tier::Nvme));
+    feed.drain();
+    assert_eq!(idx.remove_daemon(2).blocks, 1);
+    assert_eq!(feed.drain(), [(Kind::Removed, 2, Tier::Nvme)]);
 }

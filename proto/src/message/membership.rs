@@ -99,6 +99,8 @@ pub struct InventoryItem {
     pub key: BlockKey,
     pub size: u32,
     pub checksum: u64,
+    /// The fastest tier that holds it.
+    pub tier: Tier,
 }
 
 /// A batch of the blocks a daemon holds, sent after it registers, so that
@@ -117,17 +119,19 @@ impl Body for InventoryRequest {
             encode_key(w, &it.key);
             w.u32(it.size);
             w.u64(it.checksum);
+            it.tier.encode(w);
         }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let daemon = r.u32()?;
-        let n = r.count(2 + 1 + 32 + 12)?;
+        let n = r.count(2 + 1 + 32 + 12 + 1)?;
         let items = (0..n)
             .map(|_| {
                 Ok(InventoryItem {
                     key: decode_key(r)?,
                     size: r.u32()?,
                     checksum: r.u64()?,
+                    tier: Tier::decode(r)?,
                 })
             })
             .collect::<Result<_, ProtoError>>()?;
@@ -166,11 +170,13 @@ impl Body for HeartbeatRequest {
     }
 }
 
-/// Blocks a daemon dropped on its own (evicted, or found corrupt).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Blocks a daemon dropped on its own (evicted, or found corrupt), and
+/// blocks whose fastest tier changed (demoted to NVMe, promoted back).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EventsRequest {
     pub daemon: u32,
     pub removed: Vec<BlockKey>,
+    pub moved: Vec<(BlockKey, Tier)>,
 }
 
 impl Body for EventsRequest {
@@ -180,11 +186,24 @@ impl Body for EventsRequest {
         for k in &self.removed {
             encode_key(w, k);
         }
+        w.count(self.moved.len());
+        for (k, tier) in &self.moved {
+            encode_key(w, k);
+            tier.encode(w);
+        }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let daemon = r.u32()?;
         let n = r.count(2 + 1 + 32)?;
         let removed = (0..n).map(|_| decode_key(r)).collect::<Result<_, _>>()?;
-        Ok(EventsRequest { daemon, removed })
+        let n = r.count(2 + 1 + 32 + 1)?;
+        let moved = (0..n)
+            .map(|_| Ok((decode_key(r)?, Tier::decode(r)?)))
+            .collect::<Result<_, ProtoError>>()?;
+        Ok(EventsRequest {
+            daemon,
+            removed,
+            moved,
+        })
     }
 }

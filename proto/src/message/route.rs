@@ -79,6 +79,11 @@ pub struct RouteHost {
     /// Blocks of the cluster's prefix (`RouteAnswer::matched`) held on
     /// this host; the rest of the prefix moves from other hosts.
     pub held: u32,
+    /// Of `leading`, the blocks this host holds on NVMe only (a drive read
+    /// each; the rest are in DRAM).
+    pub leading_nvme: u32,
+    /// Of `held`, the blocks this host holds on NVMe only.
+    pub held_nvme: u32,
     /// Gets its daemons answered per second, over their last heartbeats.
     pub reads_per_sec: u64,
     pub used: u64,
@@ -116,6 +121,8 @@ impl Body for RouteAnswer {
             w.u32(h.daemons);
             w.u32(h.leading);
             w.u32(h.held);
+            w.u32(h.leading_nvme);
+            w.u32(h.held_nvme);
             w.u64(h.reads_per_sec);
             w.u64(h.used);
             w.u64(h.capacity);
@@ -127,7 +134,7 @@ impl Body for RouteAnswer {
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let blocks = r.u32()?;
         let matched = r.u32()?;
-        let n = r.count(2 + 2 + 4 * 4 + 8 * 4)?;
+        let n = r.count(2 + 2 + 4 * 6 + 8 * 4)?;
         let hosts: Vec<RouteHost> = (0..n)
             .map(|_| {
                 Ok(RouteHost {
@@ -136,6 +143,8 @@ impl Body for RouteAnswer {
                     daemons: r.u32()?,
                     leading: r.u32()?,
                     held: r.u32()?,
+                    leading_nvme: r.u32()?,
+                    held_nvme: r.u32()?,
                     reads_per_sec: r.u64()?,
                     used: r.u64()?,
                     capacity: r.u64()?,

@@ -57,6 +57,8 @@ fn every_body_round_trips_and_refuses_truncation() {
                 daemons: 1,
                 leading: 2,
                 held: 3,
+                leading_nvme: 1,
+                held_nvme: 2,
                 reads_per_sec: 10,
                 used: 5,
                 capacity: 9,
@@ -195,6 +197,7 @@ fn every_body_round_trips_and_refuses_truncation() {
             key: BlockKey::new(ns(), h),
             size: 5,
             checksum: 6,
+            tier: Tier::Nvme,
         }],
     });
     round_trip(HeartbeatRequest {
@@ -205,6 +208,10 @@ fn every_body_round_trips_and_refuses_truncation() {
     round_trip(EventsRequest {
         daemon: 2,
         removed: vec![BlockKey::new(ns(), h)],
+        moved: vec![
+            (BlockKey::new(ns(), h), Tier::Nvme),
+            (BlockKey::new(ns(), h), Tier::Dram),
+        ],
     });
 }
 

@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use mooncake_meta::events::{decode_batch, Event};
+use mooncake_proto::message::Tier;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 #[derive(Debug, Clone)]
@@ -72,6 +73,8 @@ pub struct Picture {
     pub clears: usize,
     /// Every (topic, hash) ever stored, and removed, in order.
     pub log: Vec<(String, Vec<u8>, bool)>,
+    /// The medium each (topic, hash) held is in.
+    pub media: HashMap<(String, Vec<u8>), Tier>,
 }
 
 impl Picture {
@@ -82,19 +85,26 @@ impl Picture {
                 Event::AllCleared => {
                     self.clears += 1;
                     self.blocks.clear();
+                    self.media.clear();
                 }
-                Event::Stored(hashes) => {
+                Event::Stored(hashes, tier) => {
                     let set = self.blocks.entry(batch.topic.clone()).or_default();
                     for h in hashes {
                         set.insert(h.0.to_vec());
                         self.log.push((batch.topic.clone(), h.0.to_vec(), true));
+                        self.media
+                            .insert((batch.topic.clone(), h.0.to_vec()), *tier);
                     }
                 }
-                Event::Removed(hashes) => {
+                Event::Removed(hashes, tier) => {
                     let set = self.blocks.entry(batch.topic.clone()).or_default();
                     for h in hashes {
                         set.remove(&h.0[..]);
                         self.log.push((batch.topic.clone(), h.0.to_vec(), false));
+                        let at = (batch.topic.clone(), h.0.to_vec());
+                        if let Some(was) = self.media.remove(&at) {
+                            assert_eq!(was, *tier, "a removal names the block's medium");
+                        }
                     }
                 }
             }

@@ -116,25 +116,49 @@ class MemoryDescriptor:
 
 
 @dataclass(frozen=True)
-class ReplicaDescriptor:
-    """One copy of a stored object, as ``batch_get_replica_desc`` lists it.
-    Every copy here is a memory replica: a daemon's NVMe tier holds blocks
-    it demoted from its DRAM pool and serves them the same way."""
+class DiskDescriptor:
+    """A copy on a daemon's NVMe drives: the daemon that serves it (in
+    ``file_path``, where Mooncake names its file) and its size."""
 
-    memory: MemoryDescriptor
+    file_path: str
+    object_size: int
+
+
+@dataclass(frozen=True)
+class ReplicaDescriptor:
+    """One copy of a stored object, as ``batch_get_replica_desc`` lists it:
+    a memory replica while its daemon holds it in DRAM, a disk replica once
+    it was demoted to that daemon's NVMe drives only. Both are read the same
+    way, through the daemon."""
+
+    memory: Optional[MemoryDescriptor] = None
+    disk: Optional[DiskDescriptor] = None
     status: str = "COMPLETE"
 
     def is_memory_replica(self) -> bool:
-        return True
+        return self.memory is not None
 
     def is_disk_replica(self) -> bool:
-        return False
+        return self.disk is not None
 
     def is_local_disk_replica(self) -> bool:
         return False
 
     def get_memory_descriptor(self) -> MemoryDescriptor:
+        if self.memory is None:
+            raise RuntimeError("not a memory replica")
         return self.memory
+
+    def get_disk_descriptor(self) -> DiskDescriptor:
+        if self.disk is None:
+            raise RuntimeError("not a disk replica")
+        return self.disk
+
+
+def _replica(size: int, addr: str, tier: str) -> ReplicaDescriptor:
+    if tier == "nvme":
+        return ReplicaDescriptor(disk=DiskDescriptor(addr, size))
+    return ReplicaDescriptor(memory=MemoryDescriptor(BufferDescriptor(size, addr)))
 
 
 class BufferHandle(bytearray):
@@ -457,18 +481,15 @@ class MooncakeDistributedStore:
         """The copies of each stored key, one descriptor per daemon holding
         one, by key; keys not stored are left out, as in Mooncake."""
         try:
-            found = self._c.locations(keys)
+            found = self._c.copies(keys)
         except (mooncake_store.StoreError, TypeError, ValueError) as err:
             log.error("batch_get_replica_desc: %s", err)
             return {}
         return {
-            key: [
-                ReplicaDescriptor(MemoryDescriptor(BufferDescriptor(size, addr)))
-                for addr in addrs
-            ]
+            key: [_replica(size, addr, tier) for addr, tier in copies]
             for key, loc in zip(keys, found)
             if loc is not None
-            for size, addrs in [loc]
+            for size, copies in [loc]
         }
 
     # -- zero copy through registered buffers ---------------------------

@@ -1,0 +1,110 @@
+//! A block's copies after its put: made again (repair), wanted more or
+//! fewer (hot blocks), and the tier each daemon holds its copy in.
+
+use mooncake_proto::message::{Location, Tier};
+use mooncake_proto::BlockKey;
+
+use super::{Copies, Entry, Index};
+
+impl Index {
+    /// A visible block with fewer copies than wanted: where it is, and how
+    /// many copies it wants; `None` for any other.
+    pub fn short_of_copies(&self, block: &BlockKey) -> Option<(Location, u8)> {
+        let names = self.names();
+        let key = names.key_of(block)?;
+        let shard = self.shard(&key).read();
+        let e = shard.get(&key).filter(|e| e.is_short())?;
+        Some((e.visible()?, e.want()))
+    }
+
+    /// Adds `daemon`'s copy (made again from another) to a visible block
+    /// that still has these bytes (size and checksum) and wants another
+    /// copy; `false` if not (removed, replaced or repaired meanwhile): the
+    /// caller then drops the copy.
+    pub fn add_copy(&self, block: &BlockKey, daemon: u32, size: u32, checksum: u64) -> bool {
+        let names = self.names();
+        let Some(key) = names.key_of(block) else {
+            return false;
+        };
+        let mut shard = self.shard(&key).write(self);
+        let Some(mut e) = shard.get(&key).copied() else {
+            return false;
+        };
+        let same = e
+            .visible()
+            .is_some_and(|l| l.size == size && l.checksum == checksum);
+        if !same {
+            return false;
+        }
+        if e.copies.contains(daemon) {
+            return true;
+        }
+        if e.copies.len() >= usize::from(e.want()) || !e.copies.push(daemon) {
+            return false;
+        }
+        shard.insert(key, e);
+        self.events
+            .stored((daemon, Tier::Dram), &block.namespace, block.hash);
+        true
+    }
+
+    /// Raises a visible block's wanted copies to `want` (a hot block);
+    /// returns what it wanted before, or `None` if it is not visible or
+    /// wants as many already.
+    pub fn raise_want(&self, block: &BlockKey, want: u8) -> Option<u8> {
+        self.change_visible(block, |e| {
+            let before = e.want();
+            (before < want).then(|| {
+                e.set_want(want);
+                before
+            })
+        })
+    }
+
+    /// Lowers a visible block's wanted copies to `want` (a hot block
+    /// cooled) and takes out its copies past that many, the last made
+    /// first; returns them, for their daemons to drop.
+    pub fn lower_want(&self, block: &BlockKey, want: u8) -> Copies {
+        let mut extra = Copies::default();
+        self.change_visible(block, |e| {
+            e.set_want(want.min(e.want()));
+            while e.copies.len() > usize::from(want.max(1)) {
+                let last = e.copies.with_tiers().last().expect("more than one");
+                e.copies.remove(last.0);
+                extra.push(last.0);
+                self.events.removed(last, &block.namespace, block.hash);
+            }
+            Some(())
+        });
+        extra
+    }
+
+    /// Changes a visible entry in place with `f` (the count of copies
+    /// follows); `None` if it is not visible or `f` says so.
+    fn change_visible<T>(
+        &self,
+        block: &BlockKey,
+        f: impl FnOnce(&mut Entry) -> Option<T>,
+    ) -> Option<T> {
+        let names = self.names();
+        let key = names.key_of(block)?;
+        let mut shard = self.shard(&key).write(self);
+        let mut e = shard.get(&key).copied().filter(|e| !e.is_pending())?;
+        let out = f(&mut e)?;
+        shard.insert(key, e);
+        Some(out)
+    }
+
+    /// Records the tier `daemon` holds its copy of a visible block in now
+    /// (demoted to NVMe, or promoted back); `false` if it holds none, or
+    /// the tier did not change.
+    pub fn set_tier(&self, block: &BlockKey, daemon: u32, tier: Tier) -> bool {
+        let moved = self.change_visible(block, |e| e.copies.set_tier(daemon, tier));
+        let Some(from) = moved else {
+            return false;
+        };
+        self.events
+            .moved(daemon, (from, tier), &block.namespace, block.hash);
+        true
+    }
+}
