@@ -339,6 +339,12 @@ impl Daemons {
             .collect()
     }
 
+    /// Whether a daemon is draining (its copies do not count toward the
+    /// copies a block wants).
+    pub fn is_draining(&self, id: u32) -> bool {
+        self.members.read().get(&id).is_some_and(|m| m.draining)
+    }
+
     /// Marks a daemon draining (no new placements) or not; `false` if
     /// there is no such daemon.
     pub fn set_draining(&self, id: u32, draining: bool) -> bool {

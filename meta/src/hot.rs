@@ -162,6 +162,7 @@ impl Hot {
 mod tests {
     use super::*;
     use crate::clients::Client;
+    use crate::index::none_leaving;
     use mooncake_proto::message::CommitItem;
     use mooncake_proto::{BlockHash, Namespace};
 
@@ -205,10 +206,15 @@ mod tests {
         let heated = hot.observe(&index, 3, &[(a.clone(), 30), (b.clone(), 5)], 1.0, t);
         assert_eq!(heated, vec![a.clone()]);
         assert!(hot.is_hot(&a) && !hot.is_hot(&b));
-        assert_eq!(index.short_of_copies(&a).map(|(_, want)| want), Some(3));
+        assert_eq!(
+            index
+                .short_of_copies(&a, &none_leaving)
+                .map(|(_, want)| want),
+            Some(3)
+        );
         // Daemon 2 gets a hot copy of 10 bytes: its 10% of 100 is taken.
         assert!(hot.has_room(&index, 2, 100, 10));
-        assert!(index.add_copy(&a, 2, 10, 7));
+        assert!(index.add_copy(&a, (2, 10, 7), &none_leaving));
         assert!(!hot.has_room(&index, 2, 100, 10), "its share is used");
         assert!(hot.has_room(&index, 3, 100, 10), "another daemon's is not");
         assert!(

@@ -869,6 +869,8 @@ impl Index {
 }
 
 mod copies;
+#[cfg(test)]
+pub(crate) use copies::none_leaving;
 
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,11 @@
 //! to `repair_rate` bytes a second so that repairs never crowd out the
 //! reads they protect.
 //!
+//! A daemon being drained counts as leaving: its blocks are queued when
+//! the drain starts, and each gets its wanted copies on other hosts (read
+//! from the draining daemon when it holds the only copy), so that the host
+//! can then be stopped without a miss.
+//!
 //! A key waits `SETTLE` in the queue first: a daemon that registers again
 //! sends its inventory right after, and its copies come back by themselves.
 //! Each key is looked at again when its turn comes (it may have been
@@ -144,11 +149,13 @@ pub async fn run(state: Arc<State>, stop: CancellationToken) {
     }
 }
 
-/// Brings one block back to the copies it wants; returns the bytes moved.
+/// Brings one block back to the copies it wants, not counting those on
+/// draining daemons (they still serve as sources); returns the bytes moved.
 async fn repair(state: &State, key: &BlockKey) -> u64 {
     let counts = &state.repairs.counts;
+    let leaving = |d: u32| state.daemons.is_draining(d);
     let mut moved = 0;
-    while let Some((location, want)) = state.index.short_of_copies(key) {
+    while let Some((location, want)) = state.index.short_of_copies(key, &leaving) {
         // A hot block's copies stay within each daemon's share for them.
         let size = u64::from(location.size);
         let hot = state.hot.is_hot(key);
@@ -160,7 +167,14 @@ async fn repair(state: &State, key: &BlockKey) -> u64 {
             bump(&counts.unplaceable);
             return moved;
         };
-        let source = location.daemons.first().expect("a short block has a copy");
+        // A copy that stays is the better source; a draining daemon's
+        // copy is read when it is the only one.
+        let source = location
+            .daemons
+            .iter()
+            .find(|d| !leaving(*d))
+            .or_else(|| location.daemons.first())
+            .expect("a short block has a copy");
         let Some(from) = state.daemon_call_addr(source) else {
             bump(&counts.failed);
             return moved;
@@ -182,7 +196,7 @@ async fn repair(state: &State, key: &BlockKey) -> u64 {
         moved += u64::from(location.size);
         if state
             .index
-            .add_copy(key, target, location.size, location.checksum)
+            .add_copy(key, (target, location.size, location.checksum), &leaving)
         {
             bump(&counts.made);
         } else {

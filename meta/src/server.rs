@@ -533,9 +533,19 @@ async fn dispatch(
             if !state.daemons.set_draining(req.daemon, req.drain) {
                 return Err(Failure::Code(ErrorCode::NotFound));
             }
+            // Its blocks get their copies on other hosts (a drain undone
+            // leaves them nothing to do at their turn).
+            let queued = if req.drain {
+                let keys = state.index.keys_on(req.daemon);
+                let n = keys.len();
+                n - state.repairs.add(keys, now)
+            } else {
+                0
+            };
             tracing::info!(
                 daemon = req.daemon,
                 draining = req.drain,
+                queued,
                 "daemon drain changed"
             );
             Vec::new()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use mooncake_client::{Client, ErrorSource};
 use mooncake_proto::message::{EvictRequest, EvictResponse, ListRequest};
-use mooncake_proto::units::ByteSize;
+use mooncake_proto::units::{parse_duration, ByteSize};
 use mooncake_proto::{BlockHash, ErrorCode, Namespace, Opcode};
 use serde_json::json;
 
@@ -50,6 +50,11 @@ pub struct DrainArgs {
     /// Take the daemon back: place new blocks on it again.
     #[arg(long, conflicts_with = "evict")]
     undo: bool,
+    /// Wait (at most this long, e.g. 10m) until every block of the daemon
+    /// has a copy on another host, showing progress; then it can be
+    /// stopped without a miss.
+    #[arg(long, value_parser = parse_duration, conflicts_with_all = ["evict", "undo"])]
+    wait: Option<Duration>,
     #[arg(long)]
     json: bool,
 }
@@ -167,18 +172,101 @@ pub async fn drain(args: DrainArgs) -> Result<(), Failure> {
                 .count();
         }
     }
+    let left = match args.wait {
+        Some(within) => Some(wait_copied(&client, id, keys.len(), within, args.json).await?),
+        None => None,
+    };
     if args.json {
         println!(
             "{}",
-            json!({"daemon": id, "draining": true, "blocks": keys.len(), "evicted": evicted})
+            json!({"daemon": id, "draining": true, "blocks": keys.len(), "evicted": evicted,
+                   "not_copied": left})
         );
     } else if args.evict {
         println!("daemon {id} ({addr}) is draining: no new blocks; {evicted} of its {} blocks evicted. It can be stopped now.", keys.len());
     } else {
-        println!(
-            "daemon {id} ({addr}) is draining: no new blocks. It still holds {} blocks; stop it when you like (they become misses), or run again with --evict first.",
-            keys.len()
-        );
+        match left {
+            Some(0) => println!(
+                "daemon {id} ({addr}) is drained: each of its {} blocks has a copy on another host. It can be stopped now.",
+                keys.len()
+            ),
+            Some(n) => println!(
+                "daemon {id} ({addr}) is draining: {n} of its {} blocks have no copy on another host yet (copies are made at the meta service's repair_rate); stopping it now makes them misses.",
+                keys.len()
+            ),
+            None => println!(
+                "daemon {id} ({addr}) is draining: no new blocks, and its {} blocks are being copied to other hosts (at the meta service's repair_rate). Run again with --wait to wait for that; stopping it sooner makes the rest misses.",
+                keys.len()
+            ),
+        }
     }
-    Ok(())
+    match left {
+        Some(n) if n > 0 => Err(Failure::other(anyhow::anyhow!(
+            "daemon {id}: {n} blocks not copied to another host within {:?}",
+            args.wait.unwrap_or_default()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Waits until each block on daemon `id` also has a copy on a daemon that
+/// is not draining, for at most `within`; returns how many do not.
+async fn wait_copied(
+    client: &Client,
+    id: u32,
+    blocks: usize,
+    within: Duration,
+    quiet: bool,
+) -> Result<usize, Failure> {
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(blocks as u64)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "copied {pos}/{len} blocks to other hosts {bar:30} {elapsed}",
+        )
+        .expect("a valid template"),
+    );
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let st = client.cluster_stats().await?;
+        let staying: std::collections::HashSet<u32> = st
+            .daemons
+            .iter()
+            .filter(|d| d.alive && !d.draining && d.id != id)
+            .map(|d| d.id)
+            .collect();
+        let (mut on_it, mut alone) = (0usize, 0usize);
+        let mut after = None;
+        loop {
+            let page = client
+                .list(&ListRequest {
+                    namespace: None,
+                    after: after.clone(),
+                    prefix: Vec::new(),
+                    daemon: id,
+                    limit: 4096,
+                })
+                .await?;
+            on_it += page.entries.len();
+            alone += page
+                .entries
+                .iter()
+                .filter(|e| !e.location.daemons.iter().any(|d| staying.contains(&d)))
+                .count();
+            after = page.entries.last().map(|e| e.key.clone());
+            if !page.more || after.is_none() {
+                break;
+            }
+        }
+        bar.set_length(on_it.max(blocks) as u64);
+        bar.set_position((on_it.max(blocks) - alone) as u64);
+        if alone == 0 || tokio::time::Instant::now() >= deadline {
+            bar.finish_and_clear();
+            return Ok(alone);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }

@@ -348,3 +348,52 @@ async fn a_hot_block_gets_copies_on_every_host_and_drops_them_when_it_cools() {
     let got = client.get(&key).await.unwrap();
     assert_eq!(got.as_deref(), Some(&value(0, 4096)[..]));
 }
+
+/// An operator drains a host before taking it out: its blocks (one copy
+/// each) are copied to the other hosts while it still serves, `drain
+/// --wait` returns once they are, and the host then dies without a single
+/// miss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_host_can_be_killed_without_a_miss() {
+    let mut cluster = cluster_on(&["a", "b", "c"]).await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    const BLOCKS: u64 = 90;
+    let stored = put_copies(&client, 0..BLOCKS, 1).await;
+    assert!(
+        stored.iter().all(|o| *o == PutOutcome::Stored),
+        "{stored:?}"
+    );
+    let st = client.cluster_stats().await.unwrap();
+    let hashes: Vec<BlockHash> = (0..BLOCKS).map(hash).collect();
+    let found = client.lookup(&ns(), &hashes).await.unwrap();
+    let mut count: HashMap<u32, usize> = HashMap::new();
+    for l in &found.items {
+        *count
+            .entry(l.expect("stored").daemons.first().unwrap())
+            .or_default() += 1;
+    }
+    let (victim, on_it) = count.into_iter().max_by_key(|(_, n)| *n).unwrap();
+    assert!(on_it > 0, "the drained daemon holds blocks");
+    let out = std::process::Command::new(common::BIN)
+        .args(["drain", &victim.to_string(), "--wait", "30s", "--json"])
+        .args(["--etcd", &cluster.etcd_url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("\"not_copied\":0"), "{said}");
+    let at = cluster
+        .daemons
+        .iter()
+        .position(|(addr, _)| st.daemons.iter().any(|d| d.id == victim && d.addr == *addr))
+        .expect("the drained daemon is one of the cluster's");
+    cluster.daemons[at].1.kill9();
+    for i in 0..BLOCKS {
+        let got = client.get(&BlockKey::new(ns(), hash(i))).await.unwrap();
+        assert_eq!(got, Some(value(i, 4096)), "block {i} after its host died");
+    }
+}

@@ -6,22 +6,76 @@ use mooncake_proto::BlockKey;
 
 use super::{Copies, Entry, Index};
 
+/// Which daemons are leaving (draining): their copies still serve, but do
+/// not count toward the copies a block wants.
+pub type Leaving<'a> = &'a dyn Fn(u32) -> bool;
+
+/// No daemon leaving.
+#[cfg(test)]
+pub fn none_leaving(_: u32) -> bool {
+    false
+}
+
+impl Entry {
+    /// Its copies on daemons that are not leaving.
+    fn staying(&self, leaving: Leaving<'_>) -> usize {
+        self.copies.iter().filter(|d| !leaving(*d)).count()
+    }
+
+    /// Visible, and fewer of its copies stay than its writer asked for,
+    /// with room for another.
+    fn wants_copy(&self, leaving: Leaving<'_>) -> bool {
+        !self.is_pending()
+            && !self.copies.is_empty()
+            && !self.copies.is_full()
+            && self.staying(leaving) < usize::from(self.want())
+    }
+}
+
 impl Index {
-    /// A visible block with fewer copies than wanted: where it is, and how
-    /// many copies it wants; `None` for any other.
-    pub fn short_of_copies(&self, block: &BlockKey) -> Option<(Location, u8)> {
+    /// A visible block with fewer copies than wanted, not counting those
+    /// on `leaving` daemons: where it is, and how many copies it wants;
+    /// `None` for any other.
+    pub fn short_of_copies(
+        &self,
+        block: &BlockKey,
+        leaving: Leaving<'_>,
+    ) -> Option<(Location, u8)> {
         let names = self.names();
         let key = names.key_of(block)?;
         let shard = self.shard(&key).read();
-        let e = shard.get(&key).filter(|e| e.is_short())?;
+        let e = shard.get(&key).filter(|e| e.wants_copy(leaving))?;
         Some((e.visible()?, e.want()))
+    }
+
+    /// The visible blocks with a copy on `daemon` (a daemon being drained,
+    /// whose blocks are copied elsewhere).
+    pub fn keys_on(&self, daemon: u32) -> Vec<BlockKey> {
+        let mut out = Vec::new();
+        for s in &self.shards {
+            let names = self.names();
+            let shard = s.read();
+            out.extend(
+                shard
+                    .iter()
+                    .filter(|(_, e)| !e.is_pending() && e.copies.contains(daemon))
+                    .map(|(k, _)| BlockKey::new(names.name(k.ns).clone(), k.hash)),
+            );
+        }
+        out
     }
 
     /// Adds `daemon`'s copy (made again from another) to a visible block
     /// that still has these bytes (size and checksum) and wants another
-    /// copy; `false` if not (removed, replaced or repaired meanwhile): the
-    /// caller then drops the copy.
-    pub fn add_copy(&self, block: &BlockKey, daemon: u32, size: u32, checksum: u64) -> bool {
+    /// copy (not counting those on `leaving` daemons); `false` if not
+    /// (removed, replaced or repaired meanwhile): the caller then drops the
+    /// copy.
+    pub fn add_copy(
+        &self,
+        block: &BlockKey,
+        (daemon, size, checksum): (u32, u32, u64),
+        leaving: Leaving<'_>,
+    ) -> bool {
         let names = self.names();
         let Some(key) = names.key_of(block) else {
             return false;
@@ -39,7 +93,7 @@ impl Index {
         if e.copies.contains(daemon) {
             return true;
         }
-        if e.copies.len() >= usize::from(e.want()) || !e.copies.push(daemon) {
+        if !e.wants_copy(leaving) || !e.copies.push(daemon) {
             return false;
         }
         shard.insert(key, e);

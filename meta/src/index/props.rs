@@ -62,6 +62,12 @@ enum Op {
     DaemonDied {
         daemon: u32,
     },
+    /// A daemon drained (its copies no longer count toward a block's
+    /// wanted copies), or taken back.
+    Drain {
+        daemon: u32,
+        on: bool,
+    },
     /// Expires reservations made more than `age` steps ago.
     Expire {
         age: u64,
@@ -143,7 +149,8 @@ fn op() -> impl Strategy<Value = Op> {
             raise
         }),
         (ns, h, d.clone()).prop_map(|(ns, h, daemon)| Op::RemoveAt { ns, h, daemon }),
-        d.prop_map(|daemon| Op::DaemonDied { daemon }),
+        d.clone().prop_map(|daemon| Op::DaemonDied { daemon }),
+        (d, any::<bool>()).prop_map(|(daemon, on)| Op::Drain { daemon, on }),
         (0u64..40).prop_map(|age| Op::Expire { age }),
         Just(Op::Sweep),
     ]
@@ -183,6 +190,16 @@ impl Model {
 
     fn short(&self) -> bool {
         self.visible && !self.copies.is_empty() && self.copies.len() < usize::from(self.want)
+    }
+
+    /// Visible, with room for another copy, and fewer copies than wanted
+    /// on daemons not `draining`.
+    fn wants_copy(&self, draining: &[u32]) -> bool {
+        let staying = self.copies.iter().filter(|d| !draining.contains(d)).count();
+        self.visible
+            && !self.copies.is_empty()
+            && self.copies.len() < MAX_COPIES
+            && staying < usize::from(self.want)
     }
 
     /// Its copies, each in its tier.
@@ -231,6 +248,7 @@ proptest! {
     fn the_index_holds_what_a_plain_map_holds(ops in proptest::collection::vec(op(), 1..150)) {
         let index = Index::new();
         let mut model: HashMap<(u8, u8), Model> = HashMap::new();
+        let mut draining: Vec<u32> = Vec::new();
         let t0 = Instant::now();
         let at = |step: u64| t0 + std::time::Duration::from_millis(step);
         for (step, op) in ops.into_iter().enumerate() {
@@ -295,12 +313,13 @@ proptest! {
                     prop_assert_eq!(moved, want);
                 }
                 Op::AddCopy { ns, h, daemon, size, checksum } => {
-                    let added = index.add_copy(&BlockKey::new(name(ns), hash(h)), daemon, size, checksum);
+                    let leaving = |d: u32| draining.contains(&d);
+                    let added = index.add_copy(&BlockKey::new(name(ns), hash(h)), (daemon, size, checksum), &leaving);
                     let want = match model.get_mut(&(ns, h)) {
                         Some(m) if m.visible && m.size == size && m.checksum == checksum => {
                             if m.copies.contains(&daemon) {
                                 true
-                            } else if m.copies.len() < usize::from(m.want) && m.copies.len() < MAX_COPIES {
+                            } else if m.wants_copy(&draining) {
                                 m.copies.push(daemon);
                                 true
                             } else {
@@ -377,6 +396,21 @@ proptest! {
                     short.sort();
                     prop_assert_eq!((gone.copies, gone.blocks, got), (copies, before - model.len(), short));
                 }
+                Op::Drain { daemon, on } => {
+                    draining.retain(|d| *d != daemon);
+                    if on {
+                        draining.push(daemon);
+                        let mut got = index.keys_on(daemon);
+                        let mut want: Vec<BlockKey> = model
+                            .iter()
+                            .filter(|(_, m)| m.visible && m.copies.contains(&daemon))
+                            .map(|((ns, h), _)| BlockKey::new(name(*ns), hash(*h)))
+                            .collect();
+                        got.sort();
+                        want.sort();
+                        prop_assert_eq!(got, want, "the blocks a drain copies away");
+                    }
+                }
                 Op::Expire { age } => {
                     let deadline = step.saturating_sub(age);
                     let mut got: Vec<(BlockKey, Copies)> = index.expire_pending(at(deadline));
@@ -401,10 +435,12 @@ proptest! {
                 let copies = m.copies.clone();
                 m.nvme.retain(|d| copies.contains(d));
             }
-            // Blocks short of copies, as the model says.
+            // Blocks short of copies (those of draining daemons not
+            // counted), as the model says.
+            let leaving = |d: u32| draining.contains(&d);
             for ((ns, h), m) in &model {
-                let short = index.short_of_copies(&BlockKey::new(name(*ns), hash(*h)));
-                prop_assert_eq!(short.map(|(l, w)| (l.daemons, w)), m.short().then(|| (m.located(), m.want)));
+                let short = index.short_of_copies(&BlockKey::new(name(*ns), hash(*h)), &leaving);
+                prop_assert_eq!(short.map(|(l, w)| (l.daemons, w)), m.wants_copy(&draining).then(|| (m.located(), m.want)));
             }
             // Every key, and a chain per namespace, read as the model says.
             for ns in 0..3u8 {

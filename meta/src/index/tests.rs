@@ -230,13 +230,17 @@ fn a_block_with_copies_outlives_all_but_its_last() {
     assert_eq!((gone.copies, gone.blocks), (1, 0));
     let key = BlockKey::new(ns(), h(1));
     assert_eq!(gone.short, vec![key.clone()], "short of the three it wants");
-    let (loc, want) = idx.short_of_copies(&key).unwrap();
+    let (loc, want) = idx.short_of_copies(&key, &none_leaving).unwrap();
     assert_eq!((loc.daemons, want), (copies(&[2]), 3));
     // A copy made again joins; one of other bytes does not.
-    assert!(!idx.add_copy(&key, 5, 10, 1234));
-    assert!(idx.add_copy(&key, 5, 10, 99));
-    assert!(idx.add_copy(&key, 6, 10, 99));
-    assert_eq!(idx.short_of_copies(&key), None, "three copies again");
+    assert!(!idx.add_copy(&key, (5, 10, 1234), &none_leaving));
+    assert!(idx.add_copy(&key, (5, 10, 99), &none_leaving));
+    assert!(idx.add_copy(&key, (6, 10, 99), &none_leaving));
+    assert_eq!(
+        idx.short_of_copies(&key, &none_leaving),
+        None,
+        "three copies again"
+    );
     assert_eq!(idx.stats().copies, 3);
     assert!(idx.remove_at(&key, 5) && idx.remove_at(&key, 6));
     assert_eq!(idx.lookup(&ns(), &[h(1)])[0].unwrap().daemons, copies(&[2]));
