@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use mooncake_client::{Client, ErrorSource};
-use mooncake_proto::message::{EvictRequest, EvictResponse, ListRequest};
+use mooncake_proto::message::{EvictRequest, EvictResponse, ListEntry, ListRequest};
 use mooncake_proto::units::{parse_duration, ByteSize};
 use mooncake_proto::{BlockHash, ErrorCode, Namespace, Opcode};
 use serde_json::json;
@@ -138,28 +138,11 @@ pub async fn drain(args: DrainArgs) -> Result<(), Failure> {
         return Ok(());
     }
     // Its blocks, namespace by namespace, as the index lists them.
-    let mut keys: Vec<(Namespace, BlockHash)> = Vec::new();
-    let mut after = None;
-    loop {
-        let page = client
-            .list(&ListRequest {
-                namespace: None,
-                after: after.clone(),
-                prefix: Vec::new(),
-                daemon: id,
-                limit: 4096,
-            })
-            .await?;
-        keys.extend(
-            page.entries
-                .iter()
-                .map(|e| (e.key.namespace.clone(), e.key.hash)),
-        );
-        after = page.entries.last().map(|e| e.key.clone());
-        if !page.more || after.is_none() {
-            break;
-        }
-    }
+    let keys: Vec<(Namespace, BlockHash)> = blocks_on(&client, id)
+        .await?
+        .into_iter()
+        .map(|e| (e.key.namespace, e.key.hash))
+        .collect();
     let mut evicted = 0;
     if args.evict {
         for chunk in keys.chunk_by(|a, b| a.0 == b.0) {
@@ -209,6 +192,28 @@ pub async fn drain(args: DrainArgs) -> Result<(), Failure> {
     }
 }
 
+/// Every block with a copy on daemon `id`, as the index lists them.
+async fn blocks_on(client: &Client, id: u32) -> Result<Vec<ListEntry>, Failure> {
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let page = client
+            .list(&ListRequest {
+                namespace: None,
+                after: after.clone(),
+                prefix: Vec::new(),
+                daemon: id,
+                limit: 4096,
+            })
+            .await?;
+        after = page.entries.last().map(|e| e.key.clone());
+        all.extend(page.entries);
+        if !page.more || after.is_none() {
+            return Ok(all);
+        }
+    }
+}
+
 /// Waits until each block on daemon `id` also has a copy on a daemon that
 /// is not draining, for at most `within`; returns how many do not.
 async fn wait_copied(
@@ -238,29 +243,12 @@ async fn wait_copied(
             .filter(|d| d.alive && !d.draining && d.id != id)
             .map(|d| d.id)
             .collect();
-        let (mut on_it, mut alone) = (0usize, 0usize);
-        let mut after = None;
-        loop {
-            let page = client
-                .list(&ListRequest {
-                    namespace: None,
-                    after: after.clone(),
-                    prefix: Vec::new(),
-                    daemon: id,
-                    limit: 4096,
-                })
-                .await?;
-            on_it += page.entries.len();
-            alone += page
-                .entries
-                .iter()
-                .filter(|e| !e.location.daemons.iter().any(|d| staying.contains(&d)))
-                .count();
-            after = page.entries.last().map(|e| e.key.clone());
-            if !page.more || after.is_none() {
-                break;
-            }
-        }
+        let on_it = blocks_on(client, id).await?;
+        let alone = on_it
+            .iter()
+            .filter(|e| !e.location.daemons.iter().any(|d| staying.contains(&d)))
+            .count();
+        let on_it = on_it.len();
         bar.set_length(on_it.max(blocks) as u64);
         bar.set_position((on_it.max(blocks) - alone) as u64);
         if alone == 0 || tokio::time::Instant::now() >= deadline {
