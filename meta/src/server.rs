@@ -68,6 +68,10 @@ pub struct State {
     pub repairs: crate::repair::Repairs,
     /// Blocks read often enough to get more copies.
     pub hot: crate::hot::Hot,
+    /// When the index, rebuilt from inventories, gets its namespaces'
+    /// wanted copies back (`Index::restore_wants`): a daemon TTL after the
+    /// term began, and again after a daemon registers later.
+    restore_wants_at: Mutex<Option<Instant>>,
 }
 
 impl State {
@@ -103,6 +107,7 @@ impl State {
             replicas: cfg.replicas.clone(),
             repairs: crate::repair::Repairs::new(cfg.repair_queue, cfg.repair_rate.0),
             hot: crate::hot::Hot::new(cfg.hot()),
+            restore_wants_at: Mutex::new(Some(Instant::now() + cfg.daemon_ttl.0)),
         })
     }
 
@@ -216,6 +221,38 @@ impl State {
     }
 
     /// Queues blocks left short of copies for repair.
+    /// Restores wanted copies (once due): blocks a rebuilt index holds
+    /// with fewer copies than their namespace wants are repaired.
+    fn restore_wants_if_due(&self, now: Instant) {
+        {
+            let mut at = self.restore_wants_at.lock();
+            if !at.is_some_and(|at| now >= at) {
+                return;
+            }
+            *at = None;
+        }
+        let replicas = &self.replicas;
+        let short = self
+            .index
+            .restore_wants(&|ns| crate::config::replicas_in(replicas, ns.as_str()));
+        if !short.is_empty() {
+            tracing::info!(
+                blocks = short.len(),
+                "blocks short of their namespace's copies after inventories; repairing"
+            );
+        }
+        self.repair(short, now);
+    }
+
+    /// A daemon registered: its inventory follows, and its blocks get their
+    /// wanted copies back a daemon TTL later (a restore already due waits
+    /// for it too).
+    fn restore_wants_later(&self, now: Instant) {
+        let later = now + self.daemon_ttl;
+        let mut at = self.restore_wants_at.lock();
+        *at = Some(at.map_or(later, |a| a.max(later)));
+    }
+
     fn repair(&self, short: Vec<BlockKey>, now: Instant) {
         let dropped = self.repairs.add(short, now);
         if dropped > 0 {
@@ -253,6 +290,7 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
         }
         let now = Instant::now();
+        state.restore_wants_if_due(now);
         for daemon in state.daemons.expire(state.daemon_ttl, now) {
             let gone = state.index.remove_daemon(daemon);
             tracing::warn!(
@@ -566,6 +604,7 @@ async fn dispatch(
             // What its inventory does not bring back is made again (not
             // counted lost: its inventory may bring it all back).
             state.repair(gone.short, now);
+            state.restore_wants_later(now);
             RegisterResponse {
                 daemon,
                 revision: state.revision,

@@ -397,3 +397,49 @@ async fn a_drained_host_can_be_killed_without_a_miss() {
         assert_eq!(got, Some(value(i, 4096)), "block {i} after its host died");
     }
 }
+
+/// The leader dies, and a host with it: the new leader rebuilds its index
+/// from the surviving daemons (which know where copies are, not how many
+/// were wanted), and still brings every block back to the copies its
+/// namespace wants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_lost_with_a_host_during_a_failover_are_made_again() {
+    let meta = "hot_copies = 1\n[meta.replicas]\n\"*\" = 2";
+    let mut cluster = Cluster::start_with_meta(2, 0, "32MiB", meta).await;
+    for node in ["a", "b", "c"] {
+        let addr = format!("127.0.0.1:{}", free_port());
+        cluster.spawn_daemon_on(&addr, node);
+    }
+    cluster.wait_healthy(3, Duration::from_secs(15)).await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    const BLOCKS: u64 = 30;
+    let stored = put_copies(&client, 0..BLOCKS, 0).await;
+    assert!(
+        stored.iter().all(|o| *o == PutOutcome::Stored),
+        "{stored:?}"
+    );
+    assert!(nodes_of(&client, 0..BLOCKS)
+        .await
+        .iter()
+        .all(|n| n.len() == 2));
+    let leader = cluster.leader_index().await;
+    cluster.metas[leader].1.kill9();
+    cluster.daemons[2].1.kill9();
+    cluster.wait_healthy(2, Duration::from_secs(30)).await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    let back = eventually(Duration::from_secs(30), || async {
+        let hashes: Vec<BlockHash> = (0..BLOCKS).map(hash).collect();
+        client.lookup(&ns(), &hashes).await.is_ok_and(|found| {
+            found
+                .items
+                .iter()
+                .all(|l| l.is_some_and(|l| l.daemons.len() == 2))
+        })
+    })
+    .await;
+    assert!(back, "every block has two copies again, on hosts a and b");
+    for i in 0..BLOCKS {
+        let got = client.get(&BlockKey::new(ns(), hash(i))).await.unwrap();
+        assert_eq!(got, Some(value(i, 4096)), "block {i}");
+    }
+}

@@ -48,6 +48,41 @@ impl Index {
         Some((e.visible()?, e.want()))
     }
 
+    /// After a new leader rebuilt the index from the daemons' inventories
+    /// (which say where copies are, not how many their writers asked
+    /// for): raises each visible block's wanted copies to what its
+    /// namespace wants by default (`want_of`), and returns the blocks left
+    /// short of them, for the repairs. A count asked for per put, above
+    /// the namespace's, is not known again.
+    pub fn restore_wants(
+        &self,
+        want_of: &dyn Fn(&mooncake_proto::Namespace) -> u8,
+    ) -> Vec<BlockKey> {
+        let mut short = Vec::new();
+        for s in &self.shards {
+            let names = self.names();
+            let mut shard = s.write(self);
+            let mut raised = Vec::new();
+            for (k, e) in shard.iter() {
+                let want = want_of(names.name(k.ns));
+                if !e.is_pending() && e.want() < want {
+                    raised.push((*k, want));
+                }
+            }
+            for (k, want) in raised {
+                let Some(mut e) = shard.get(&k).copied() else {
+                    continue;
+                };
+                e.set_want(want);
+                if e.is_short() {
+                    short.push(BlockKey::new(names.name(k.ns).clone(), k.hash));
+                }
+                shard.insert(k, e);
+            }
+        }
+        short
+    }
+
     /// The visible blocks with a copy on `daemon` (a daemon being drained,
     /// whose blocks are copied elsewhere).
     pub fn keys_on(&self, daemon: u32) -> Vec<BlockKey> {

@@ -364,3 +364,34 @@ fn a_copy_moved_between_tiers_is_one_removal_and_one_store_in_its_new_medium() {
     assert_eq!(idx.remove_daemon(2).blocks, 1);
     assert_eq!(feed.drain(), [(Kind::Removed, 2, Tier::Nvme)]);
 }
+
+#[test]
+fn a_rebuilt_index_gets_its_namespaces_wanted_copies_back() {
+    let idx = Index::new();
+    // As inventories rebuild it: one block on two daemons, one on one.
+    for (i, daemons) in [(1u8, &[1u32, 2][..]), (2, &[3][..])] {
+        for d in daemons {
+            idx.insert_visible(&BlockKey::new(ns(), h(i)), (*d, Tier::Dram), 10, 5);
+        }
+    }
+    let other = Namespace::new("other").unwrap();
+    idx.insert_visible(&BlockKey::new(other.clone(), h(3)), (4, Tier::Dram), 10, 5);
+    // A put still being written is left alone.
+    idx.reserve(&ns(), h(4), (10, copies(&[5]), 1), me(), Instant::now());
+    let mut short = idx.restore_wants(&|n| if *n == ns() { 2 } else { 1 });
+    short.sort();
+    assert_eq!(short, [BlockKey::new(ns(), h(2))], "one copy of two");
+    let (loc, want) = idx
+        .short_of_copies(&BlockKey::new(ns(), h(2)), &none_leaving)
+        .unwrap();
+    assert_eq!((loc.daemons, want), (copies(&[3]), 2));
+    assert_eq!(
+        idx.short_of_copies(&BlockKey::new(ns(), h(1)), &none_leaving),
+        None
+    );
+    assert_eq!(
+        idx.short_of_copies(&BlockKey::new(other, h(3)), &none_leaving),
+        None
+    );
+    assert!(idx.lookup(&ns(), &[h(4)])[0].is_none(), "still pending");
+}
