@@ -443,3 +443,49 @@ async fn copies_lost_with_a_host_during_a_failover_are_made_again() {
         assert_eq!(got, Some(value(i, 4096)), "block {i}");
     }
 }
+
+/// With TLS on every port (mutual TLS between the servers), a lost copy is
+/// still made again: the target daemon fetches it from the surviving one
+/// over TLS, with its peer certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_lost_copy_is_fetched_again_from_a_surviving_one() {
+    let mut cluster = Cluster::start_tls(1, 0, "32MiB").await;
+    for node in ["a", "b", "c"] {
+        let addr = format!("127.0.0.1:{}", free_port());
+        cluster.spawn_daemon_on(&addr, node);
+    }
+    cluster.wait_healthy(3, Duration::from_secs(15)).await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    const BLOCKS: u64 = 24;
+    let out = put_copies(&client, 0..BLOCKS, 2).await;
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    cluster.daemons[0].1.kill9();
+    let lost = cluster.daemons[0].0.clone();
+    let back = eventually(Duration::from_secs(30), || async {
+        let hashes: Vec<BlockHash> = (0..BLOCKS).map(hash).collect();
+        let (Ok(found), Ok(st)) = (
+            client.lookup(&ns(), &hashes).await,
+            client.cluster_stats().await,
+        ) else {
+            return false;
+        };
+        let dead: Vec<u32> = st
+            .daemons
+            .iter()
+            .filter(|d| d.addr == lost)
+            .map(|d| d.id)
+            .collect();
+        found.items.iter().all(|l| {
+            l.is_some_and(|l| l.daemons.len() == 2 && !l.daemons.iter().any(|d| dead.contains(&d)))
+        })
+    })
+    .await;
+    assert!(
+        back,
+        "every block has two copies again, none on the dead host"
+    );
+    for i in 0..BLOCKS {
+        let got = client.get(&BlockKey::new(ns(), hash(i))).await.unwrap();
+        assert_eq!(got, Some(value(i, 4096)), "block {i}");
+    }
+}
