@@ -531,6 +531,7 @@ async fn dispatch(
                 copies: st.copies,
                 bytes: st.bytes,
                 pending: st.pending,
+                repairing: state.repairs.len() as u64,
                 daemons: state.daemons.infos(),
                 errors: metrics.top_errors(5),
             }

@@ -316,6 +316,7 @@ pub async fn stat(args: StatArgs) -> Result<(), Failure> {
             "{}",
             json!({"leader": st.leader, "revision": st.revision, "standbys": st.standbys,
                    "blocks": st.blocks, "copies": st.copies, "bytes": st.bytes, "pending": st.pending,
+                   "repairing": st.repairing,
                    "hits": hits, "misses": misses, "daemons": daemons, "errors": errors})
         );
         return Ok(());
@@ -337,6 +338,12 @@ pub async fn stat(args: StatArgs) -> Result<(), Failure> {
         st.copies,
         st.pending
     );
+    if st.repairing > 0 {
+        println!(
+            "repairs   {} blocks waiting for a copy on another host (a host lost, or draining)",
+            st.repairing
+        );
+    }
     println!(
         "hit rate  {} ({hits} hits, {misses} misses since the daemons started)",
         percent(hits, misses)

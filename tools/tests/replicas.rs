@@ -386,6 +386,14 @@ async fn a_drained_host_can_be_killed_without_a_miss() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(said.contains("\"not_copied\":0"), "{said}");
+    let settled = eventually(Duration::from_secs(10), || async {
+        client
+            .cluster_stats()
+            .await
+            .is_ok_and(|st| st.repairing == 0)
+    })
+    .await;
+    assert!(settled, "no block waits for a copy any more");
     let at = cluster
         .daemons
         .iter()

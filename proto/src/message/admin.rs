@@ -62,6 +62,9 @@ pub struct ClusterStats {
     pub copies: u64,
     pub bytes: u64,
     pub pending: u64,
+    /// Blocks waiting for a copy to be made (lost with a host, or on a
+    /// host being drained).
+    pub repairing: u64,
     pub daemons: Vec<DaemonInfo>,
     /// The meta service's most frequent error answers since it leads.
     pub errors: Vec<ErrorCount>,
@@ -79,6 +82,7 @@ impl Body for ClusterStats {
         w.u64(self.copies);
         w.u64(self.bytes);
         w.u64(self.pending);
+        w.u64(self.repairing);
         w.count(self.daemons.len());
         for d in &self.daemons {
             w.u32(d.id);
@@ -111,6 +115,7 @@ impl Body for ClusterStats {
         let copies = r.u64()?;
         let bytes = r.u64()?;
         let pending = r.u64()?;
+        let repairing = r.u64()?;
         let n = r.count(37)?;
         let daemons = (0..n)
             .map(|_| {
@@ -147,6 +152,7 @@ impl Body for ClusterStats {
             copies,
             bytes,
             pending,
+            repairing,
             daemons,
             errors,
         })

@@ -133,6 +133,7 @@ fn every_body_round_trips_and_refuses_truncation() {
         copies: 5,
         bytes: 2,
         pending: 3,
+        repairing: 8,
         daemons: vec![DaemonInfo {
             id: 1,
             node: "n".into(),
