@@ -63,6 +63,28 @@ fn unavailable(err: impl std::fmt::Display) -> CoordinatorError {
     CoordinatorError::Unavailable(err.to_string())
 }
 
+/// An etcd call's failure in a few words: gRPC's message and the innermost
+/// cause (`tcp connect error: Connection refused (os error 111)`), rather
+/// than the whole chain of wrapped errors in their debug form.
+fn etcd_failed(err: etcd_client::Error) -> CoordinatorError {
+    let (mut said, mut cause): (String, Option<&(dyn std::error::Error + 'static)>) = match &err {
+        etcd_client::Error::GRpcStatus(status) if !status.message().is_empty() => (
+            status.message().to_string(),
+            std::error::Error::source(status),
+        ),
+        other => (other.to_string(), std::error::Error::source(other)),
+    };
+    let mut innermost = None;
+    while let Some(c) = cause {
+        innermost = Some(c.to_string());
+        cause = c.source();
+    }
+    if let Some(root) = innermost.filter(|r| !said.contains(r.as_str())) {
+        said = format!("{said}: {root}");
+    }
+    CoordinatorError::Unavailable(said)
+}
+
 impl EtcdCoordinator {
     /// Connects, opens a session, and keeps it (and this node's
     /// registrations) alive in the background for as long as the returned
@@ -78,7 +100,7 @@ impl EtcdCoordinator {
                 tokio::time::timeout(ttl * 2, Client::connect(cfg.endpoints.clone(), Some(opts)))
                     .await
                     .map_err(|_| unavailable(format!("{what} did not answer")))?
-                    .map_err(unavailable)?;
+                    .map_err(etcd_failed)?;
             let session = open_session(&client, ttl).await?;
             Ok((client, session))
         })
@@ -131,7 +153,7 @@ impl EtcdCoordinator {
         tokio::time::timeout(self.cfg.ttl, put)
             .await
             .map_err(|_| unavailable("etcd put timed out"))?
-            .map_err(unavailable)?;
+            .map_err(etcd_failed)?;
         Ok(())
     }
 }
@@ -141,7 +163,7 @@ async fn open_session(client: &Client, ttl: Duration) -> Result<Session, Coordin
     let grant = tokio::time::timeout(ttl, client.lease_grant(ttl.as_secs() as i64, None))
         .await
         .map_err(|_| unavailable("etcd lease grant timed out"))?
-        .map_err(unavailable)?;
+        .map_err(etcd_failed)?;
     Ok(Session {
         lease: grant.id(),
         lost: CancellationToken::new(),
@@ -297,7 +319,7 @@ impl Coordinator for EtcdCoordinator {
                             // The keep-alive task opens a new session.
                             session.lost.cancel();
                         }
-                        return Err(unavailable(err));
+                        return Err(etcd_failed(err));
                     }
                 },
                 _ = session.lost.cancelled() => {
@@ -328,7 +350,7 @@ impl Coordinator for EtcdCoordinator {
                     })
                 })),
                 Err(err) if err.to_string().contains("no leader") => Ok(None),
-                Err(err) => Err(unavailable(err)),
+                Err(err) => Err(etcd_failed(err)),
             }
         })
     }
@@ -360,7 +382,7 @@ impl Coordinator for EtcdCoordinator {
             )
             .await
             .map_err(|_| unavailable("etcd get timed out"))?
-            .map_err(unavailable)?;
+            .map_err(etcd_failed)?;
             Ok(got
                 .kvs()
                 .iter()

@@ -1021,6 +1021,9 @@ fn a_server_whose_etcd_never_answers_gives_up_after_etcd_wait_with_exit_code_3()
         assert_eq!(out.status.code(), Some(3), "{role}: {err}");
         let last = err.trim_end().lines().last().unwrap_or_default();
         assert!(last.contains("is etcd running"), "{role}: {err}");
+        // gRPC's message and the root cause, not the wrapped errors' chain.
+        assert!(last.contains("Connection refused"), "{role}: {err}");
+        assert!(!last.contains("tonic::"), "{role}: {err}");
         assert!(
             err.contains("waiting for etcd"),
             "{role} said it waited: {err}"
