@@ -59,3 +59,49 @@ def test_tls_round_trips_and_refuses_plain_clients_and_strangers(tmp_path, monke
         assert store.put("engine-key", value) == 0
         assert store.get("engine-key") == value
         assert store.close() == 0
+
+
+def test_the_daemon_an_engine_starts_beside_itself_speaks_tls_on_a_tls_cluster(tmp_path, monkeypatch):
+    """An engine that contributes memory (`global_segment_size` > 0) on a
+    TLS cluster: the daemon it starts gets its certificate from the
+    environment and joins; without one, setup says what is missing."""
+    certs = tmp_path / "certs"
+    subprocess.run([binary(), "certs", "--out", str(certs)], check=True, capture_output=True)
+    ca = str(certs / "ca.pem")
+    tls = {"tls_ca": ca, "tls_cert": str(certs / "client.pem"), "tls_key": str(certs / "client.key")}
+    with single_host_store(
+        "16MiB",
+        "--tls",
+        "--tls-cert", str(certs / "daemon.pem"),
+        "--tls-key", str(certs / "daemon.key"),
+        "--tls-client-ca", ca,
+        "--peer-ca", ca,
+        client_args=tls,
+    ) as meta:
+        monkeypatch.setenv("MOONCAKE_TLS_CA", ca)
+        monkeypatch.setenv("MOONCAKE_TLS_CERT", tls["tls_cert"])
+        monkeypatch.setenv("MOONCAKE_TLS_KEY", tls["tls_key"])
+        store = MooncakeDistributedStore()
+        assert store.setup("localhost", "P2PHANDSHAKE", 64 << 20, 16 << 20, "tcp", "", meta) != 0, \
+            "no daemon certificate: refused"
+        monkeypatch.setenv("MOONCAKE_DAEMON_TLS_CERT", str(certs / "daemon.pem"))
+        monkeypatch.setenv("MOONCAKE_DAEMON_TLS_KEY", str(certs / "daemon.key"))
+        store = MooncakeDistributedStore()
+        assert store.setup("localhost", "P2PHANDSHAKE", 64 << 20, 16 << 20, "tcp", "", meta) == 0
+        try:
+            own = store.get_hostname()
+            client = mooncake_store.Client(meta, namespace="default", **tls)
+            # 48 MiB: more than the store's own 16 MiB daemon holds, so the
+            # daemon started here (64 MiB) takes blocks too.
+            value = bytes(range(256)) * 4096
+            keys = [f"tls-seg-{i}" for i in range(48)]
+            for k in keys:
+                assert store.put(k, value) == 0
+            places = {addr for loc in client.locations(keys) if loc for addr in loc[1]}
+            assert own in places, f"{own} holds blocks: {places}"
+            for k in keys:
+                got = store.get(k)
+                assert got in (value, b""), "a block read back is the block put"
+            assert any(store.get(k) == value for k in keys)
+        finally:
+            assert store.close() == 0

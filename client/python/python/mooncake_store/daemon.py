@@ -17,12 +17,38 @@ import signal
 import subprocess
 import tempfile
 import threading
-from typing import Optional
+from typing import List, Optional
 
 #: How long starting a daemon waits for it to register.
 REGISTER_WITHIN = 15.0
 #: How long stopping a daemon waits for it to leave the meta service.
 STOP_WITHIN = 15.0
+
+
+def tls_flags() -> List[str]:
+    """The daemon's TLS flags on a TLS cluster, from the environment that
+    the engines' Mooncake backends already set for their clients
+    (``MOONCAKE_TLS_CA``, and ``MOONCAKE_TLS_CERT`` for mutual TLS), plus
+    the daemon's own server certificate (``MOONCAKE_DAEMON_TLS_CERT`` and
+    ``MOONCAKE_DAEMON_TLS_KEY``: it must name the address clients reach it
+    at). None without ``MOONCAKE_TLS_CA``."""
+    ca = os.environ.get("MOONCAKE_TLS_CA")
+    if not ca:
+        return []
+    cert = os.environ.get("MOONCAKE_DAEMON_TLS_CERT")
+    key = os.environ.get("MOONCAKE_DAEMON_TLS_KEY")
+    if not (cert and key):
+        raise RuntimeError(
+            "the store speaks TLS (MOONCAKE_TLS_CA is set), and the storage daemon "
+            "this client starts (global_segment_size > 0) needs a server certificate "
+            "of its own: set MOONCAKE_DAEMON_TLS_CERT and MOONCAKE_DAEMON_TLS_KEY, "
+            "or pass global_segment_size=0"
+        )
+    flags = ["--tls", "--tls-cert", cert, "--tls-key", key, "--peer-ca", ca]
+    if os.environ.get("MOONCAKE_TLS_CERT"):
+        # Mutual TLS: the daemon admits only clients the CA signed.
+        flags += ["--tls-client-ca", ca]
+    return flags
 
 
 def find_binary() -> str:
@@ -39,12 +65,13 @@ def find_binary() -> str:
 
 class DaemonProcess:
     """``mooncake-store daemon`` with ``dram`` bytes of pool, serving on
-    ``host`` (a free port), registered with the meta service at ``meta``.
-    The constructor returns once the daemon is registered: puts can be
-    placed on it."""
+    ``host`` (a free port), registered with the meta service at ``meta``,
+    speaking TLS on a TLS cluster (``tls_flags``). The constructor returns
+    once the daemon is registered: puts can be placed on it."""
 
     def __init__(self, meta: str, dram: int, host: str = "127.0.0.1") -> None:
         exe = find_binary()
+        tls = tls_flags()
         self._log = tempfile.NamedTemporaryFile(
             prefix="mooncake-daemon-", suffix=".log", delete=False
         )
@@ -57,6 +84,7 @@ class DaemonProcess:
                 "--dram", str(int(dram)),
                 "--admin", "",
                 "--until-stdin-closes",
+                *tls,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
