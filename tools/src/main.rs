@@ -22,6 +22,7 @@ mod route_sim;
 mod serve;
 mod simulate;
 mod svg;
+mod tiers_sim;
 mod token;
 mod trace;
 mod trace_gen;

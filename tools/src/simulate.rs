@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::exit::Failure;
 use crate::svg::{line_chart, Series};
+use crate::tiers_sim::{self, Demote, Nvme, TierResult};
 use crate::trace;
 
 #[derive(clap::Args, Debug)]
@@ -34,6 +35,17 @@ pub struct SimulateArgs {
     /// config).
     #[arg(long, default_value_t = PROBATION_SHARE)]
     probation_share: f64,
+    /// An NVMe tier of this many blocks behind each DRAM size (the
+    /// daemon's 2q pool): adds, per size, the hit rate of both tiers with
+    /// every evicted block demoted and with only those read in DRAM, the
+    /// drive's writes for each, and an exact LRU and Belady's MIN of both
+    /// sizes together.
+    #[arg(long)]
+    nvme: Option<usize>,
+    /// With --nvme: reads from the drive after which a block is copied
+    /// back into DRAM (the daemon's `promote_after`; 0: never).
+    #[arg(long, default_value_t = 2)]
+    promote_after: u32,
     /// Write the curves here as an SVG plot.
     #[arg(long)]
     svg: Option<PathBuf>,
@@ -47,6 +59,17 @@ struct Row {
     lru: f64,
     /// The daemon's pool, in the order of `Eviction::ALL`.
     pool: Vec<f64>,
+    min: f64,
+    /// With a drive behind the pool.
+    tiers: Option<Tiers>,
+}
+
+/// One DRAM size with a drive behind it.
+struct Tiers {
+    all: TierResult,
+    read: TierResult,
+    /// An exact LRU and MIN of the two sizes together.
+    lru: f64,
     min: f64,
 }
 
@@ -101,11 +124,16 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
                 trace::simulate_pool(&requests, pool, args.block_tokens).map_err(Failure::other)?;
             rates.push(r.token_hit_rate());
         }
+        let tiers = match args.nvme {
+            Some(drive) => Some(tiers(&args, &requests, cap, drive)?),
+            None => None,
+        };
         rows.push(Row {
             cap,
             lru: trace::simulate_lru(&requests, Some(cap), args.block_tokens).token_hit_rate(),
             pool: rates,
             min: trace::simulate_belady(&requests, cap, args.block_tokens).token_hit_rate(),
+            tiers,
         });
         bar.inc(1);
     }
@@ -164,6 +192,18 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
                 for order in Eviction::ALL {
                     point[format!("daemon_{order}_token_hit_rate")] = json!(r.pool(order));
                 }
+                if let Some(t) = &r.tiers {
+                    point["nvme"] = json!({
+                        "demote_all_token_hit_rate": t.all.hits.token_hit_rate(),
+                        "demote_all_nvme_writes": t.all.nvme_writes,
+                        "demote_all_nvme_hit_blocks": t.all.nvme_hits,
+                        "demote_read_token_hit_rate": t.read.hits.token_hit_rate(),
+                        "demote_read_nvme_writes": t.read.nvme_writes,
+                        "demote_read_nvme_hit_blocks": t.read.nvme_hits,
+                        "lru_token_hit_rate": t.lru,
+                        "min_token_hit_rate": t.min,
+                    });
+                }
                 point
             })
             .collect();
@@ -205,8 +245,74 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
             closed
         );
     }
+    if let Some(drive) = args.nvme {
+        print_tiers(&rows, drive, args.promote_after);
+    }
     if let Some(path) = &args.svg {
         println!("plot: {}", path.display());
     }
     Ok(())
+}
+
+/// The daemon's 2q pool of `cap` blocks with a drive of `drive` blocks
+/// behind it, under each demotion choice.
+fn tiers(
+    args: &SimulateArgs,
+    requests: &[trace::Request],
+    cap: usize,
+    drive: usize,
+) -> Result<Tiers, Failure> {
+    let run = |demote| {
+        let pool = trace::Pool {
+            probation_share: args.probation_share,
+            ..trace::Pool::new(cap, Eviction::TwoQ)
+        };
+        let nvme = Nvme {
+            capacity: drive,
+            promote_after: args.promote_after,
+            demote,
+        };
+        tiers_sim::simulate(requests, pool, nvme, args.block_tokens).map_err(Failure::other)
+    };
+    let both = cap + drive;
+    Ok(Tiers {
+        all: run(Demote::All)?,
+        read: run(Demote::Read)?,
+        lru: trace::simulate_lru(requests, Some(both), args.block_tokens).token_hit_rate(),
+        min: trace::simulate_belady(requests, both, args.block_tokens).token_hit_rate(),
+    })
+}
+
+fn print_tiers(rows: &[Row], drive: usize, promote_after: u32) {
+    println!();
+    println!(
+        "with an NVMe tier of {drive} blocks behind the daemon's 2q pool (promote after {promote_after} drive reads):"
+    );
+    println!(
+        "{:>10} {:>10} {:>13} {:>11} {:>13} {:>11} {:>13} {:>12}",
+        "DRAM",
+        "DRAM only",
+        "demote all",
+        "writes",
+        "demote read",
+        "writes",
+        "LRU of both",
+        "MIN of both"
+    );
+    for r in rows {
+        let Some(t) = &r.tiers else {
+            continue;
+        };
+        println!(
+            "{:>10} {:>9.2}% {:>12.2}% {:>11} {:>12.2}% {:>11} {:>12.2}% {:>11.2}%",
+            r.cap,
+            100.0 * r.pool(Eviction::TwoQ),
+            100.0 * t.all.hits.token_hit_rate(),
+            t.all.nvme_writes,
+            100.0 * t.read.hits.token_hit_rate(),
+            t.read.nvme_writes,
+            100.0 * t.lru,
+            100.0 * t.min,
+        );
+    }
 }

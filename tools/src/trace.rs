@@ -61,7 +61,7 @@ pub struct SimResult {
 
 impl SimResult {
     /// Counts one request whose first `matched` blocks were cached.
-    fn count(&mut self, req: &Request, matched: usize, block_tokens: u64) {
+    pub fn count(&mut self, req: &Request, matched: usize, block_tokens: u64) {
         self.tokens += req.input_length;
         self.hit_tokens += hit_tokens(req, matched, block_tokens);
         self.blocks += req.hash_ids.len() as u64;

@@ -12,6 +12,8 @@ pub struct Demoted {
     /// Its parent, kept with it on the next tier so that it comes back
     /// into DRAM as part of its chain (prefix-aware eviction).
     pub parent: Option<mooncake_proto::BlockHash>,
+    /// Read while it was in DRAM.
+    pub read: bool,
 }
 
 impl DramPool {

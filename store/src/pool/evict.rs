@@ -537,6 +537,7 @@ impl DramPool {
                 bytes,
                 checksum: block.checksum,
                 parent: block.parent,
+                read: block.read,
             };
             kept = next.try_send(demoted).is_ok();
             if kept {

@@ -1,0 +1,219 @@
+//! Two tiers offline: the daemon's DRAM pool (its own code, as `simulate`
+//! drives it) with an NVMe tier behind it, kept as the daemon's NVMe tier
+//! keeps its blocks (an exact LRU of its capacity, fed by the pool's
+//! demotions, read when DRAM misses, a block read `promote_after` times
+//! copied back into DRAM). It answers what a drive behind the pool buys,
+//! and which demoted blocks are worth a drive's write.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use mooncake_proto::{BlockHash, BlockKey, Namespace};
+use mooncake_store_daemon::pool::{Demoted, PoolConfig};
+use mooncake_store_daemon::{DramPool, PoolError};
+
+use crate::trace::{Pool, Request, SimResult};
+
+/// Which evicted blocks go to the drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Demote {
+    /// Every evicted block (the daemon today).
+    All,
+    /// Only blocks read while they were in DRAM; a block written and
+    /// never read is dropped.
+    Read,
+}
+
+/// The drive behind the pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Nvme {
+    /// Blocks it holds.
+    pub capacity: usize,
+    pub promote_after: u32,
+    pub demote: Demote,
+}
+
+/// A two-tier run: hits as `SimResult` counts them (a block in either tier
+/// is a hit), and what the drive did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TierResult {
+    pub hits: SimResult,
+    /// Blocks read from the drive (DRAM missed them).
+    pub nvme_hits: u64,
+    /// Blocks written to the drive.
+    pub nvme_writes: u64,
+}
+
+/// The drive's blocks by recency: an exact LRU.
+#[derive(Default)]
+struct Lru {
+    stamp_of: HashMap<BlockKey, u64>,
+    by_stamp: BTreeMap<u64, BlockKey>,
+    clock: u64,
+}
+
+impl Lru {
+    fn contains(&self, key: &BlockKey) -> bool {
+        self.stamp_of.contains_key(key)
+    }
+
+    fn touch(&mut self, key: &BlockKey) {
+        self.clock += 1;
+        if let Some(old) = self.stamp_of.insert(key.clone(), self.clock) {
+            self.by_stamp.remove(&old);
+        }
+        self.by_stamp.insert(self.clock, key.clone());
+    }
+
+    /// Adds a block, evicting the least recent past `capacity`; `false`
+    /// if it was there already (no write).
+    fn add(&mut self, key: &BlockKey, capacity: usize) -> bool {
+        if self.contains(key) || capacity == 0 {
+            return false;
+        }
+        while self.stamp_of.len() >= capacity {
+            let Some((_, old)) = self.by_stamp.pop_first() else {
+                break;
+            };
+            self.stamp_of.remove(&old);
+        }
+        self.touch(key);
+        true
+    }
+}
+
+/// Replays `trace` through the pool and, behind it, `nvme`.
+pub fn simulate(
+    trace: &[Request],
+    pool: Pool,
+    nvme: Nvme,
+    block_tokens: u64,
+) -> anyhow::Result<TierResult> {
+    let block = pool.block_bytes.max(1024);
+    let cfg = PoolConfig {
+        eviction: pool.order,
+        probation_share: pool.probation_share,
+        high_watermark: 1.0,
+        ..PoolConfig::with_capacity((pool.capacity * block) as u64)
+    };
+    let dram = Arc::new(DramPool::new(cfg)?);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Demoted>(1 << 16);
+    dram.demote_to(tx);
+    let value: Vec<u8> = (0..block).map(|i| i as u8).collect();
+    let sum = mooncake_proto::checksum(&value);
+    let ns = Namespace::new("simulate").expect("a valid namespace");
+    let key = |id: u64| BlockKey::new(ns.clone(), BlockHash::from_opaque(&id.to_le_bytes()));
+    let mut drive = Lru::default();
+    let mut reads: HashMap<BlockKey, u32> = HashMap::new();
+    let mut r = TierResult::default();
+    // Puts a block into DRAM (a new block, or one promoted), then takes
+    // what that evicted to the drive.
+    let mut put = |k: BlockKey,
+                   parent: Option<BlockHash>,
+                   drive: &mut Lru,
+                   r: &mut TierResult|
+     -> anyhow::Result<()> {
+        match dram.reserve(k, block as u64, sum) {
+            Ok(mut slot) => {
+                slot.buf_mut().copy_from_slice(&value);
+                slot.set_parent(parent);
+                slot.commit()?;
+            }
+            Err(PoolError::AlreadyExists) => {}
+            Err(e) => anyhow::bail!("the pool refused a block: {e}"),
+        }
+        while let Ok(d) = rx.try_recv() {
+            dram.demotion_done(d.bytes.len() as u64);
+            let worth = match nvme.demote {
+                Demote::All => true,
+                Demote::Read => d.read,
+            };
+            if worth && drive.add(&d.key, nvme.capacity) {
+                r.nvme_writes += 1;
+            }
+        }
+        dram.take_overflow();
+        Ok(())
+    };
+    for req in trace {
+        let keys: Vec<BlockKey> = req.hash_ids.iter().map(|id| key(*id)).collect();
+        let matched = keys
+            .iter()
+            .take_while(|k| dram.contains(k) || drive.contains(k))
+            .count();
+        r.hits.count(req, matched, block_tokens);
+        for (i, k) in keys[..matched].iter().enumerate() {
+            if dram.get(k).is_some() {
+                continue;
+            }
+            r.nvme_hits += 1;
+            drive.touch(k);
+            let n = reads.entry(k.clone()).or_insert(0);
+            *n += 1;
+            if nvme.promote_after > 0 && *n >= nvme.promote_after {
+                reads.remove(k);
+                let parent = i.checked_sub(1).map(|p| keys[p].hash);
+                put(k.clone(), parent, &mut drive, &mut r)?;
+            }
+        }
+        let mut parent = matched.checked_sub(1).map(|i| keys[i].hash);
+        for k in &keys[matched..] {
+            put(k.clone(), parent, &mut drive, &mut r)?;
+            parent = Some(k.hash);
+        }
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mooncake_store_daemon::pool::Eviction;
+
+    fn req(ids: &[u64]) -> Request {
+        Request {
+            timestamp: 0,
+            input_length: ids.len() as u64 * 512,
+            hash_ids: ids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_drive_behind_the_pool_hits_what_dram_evicted() {
+        // 4 blocks of DRAM, 8 on the drive: the first chain is evicted
+        // from DRAM by the second and read back from the drive.
+        let trace = [req(&[1, 2, 3, 4]), req(&[5, 6, 7, 8]), req(&[1, 2, 3, 4])];
+        let nvme = |capacity, demote| Nvme {
+            capacity,
+            promote_after: 0,
+            demote,
+        };
+        let pool = || Pool::new(4, Eviction::Lru);
+        let none = simulate(&trace, pool(), nvme(0, Demote::All), 512).unwrap();
+        assert_eq!(none.hits.hit_blocks, 0, "DRAM alone forgot the first chain");
+        let all = simulate(&trace, pool(), nvme(8, Demote::All), 512).unwrap();
+        assert_eq!(all.hits.hit_blocks, 4);
+        assert_eq!(all.nvme_hits, 4, "every hit read from the drive");
+        assert!(all.nvme_writes >= 4);
+        // Never read in DRAM: not worth a write under `Read`.
+        let read = simulate(&trace, pool(), nvme(8, Demote::Read), 512).unwrap();
+        assert_eq!((read.hits.hit_blocks, read.nvme_writes), (0, 0));
+    }
+
+    #[test]
+    fn a_block_read_often_from_the_drive_comes_back_to_dram() {
+        let trace = [req(&[1]), req(&[2]), req(&[1]), req(&[1]), req(&[1])];
+        let pool = || Pool::new(1, Eviction::Lru);
+        let nvme = |promote_after| Nvme {
+            capacity: 8,
+            promote_after,
+            demote: Demote::All,
+        };
+        let never = simulate(&trace, pool(), nvme(0), 512).unwrap();
+        assert_eq!((never.hits.hit_blocks, never.nvme_hits), (3, 3));
+        // Read twice from the drive, block 1 goes back to DRAM (pushing 2
+        // out): its third read is a DRAM hit.
+        let twice = simulate(&trace, pool(), nvme(2), 512).unwrap();
+        assert_eq!((twice.hits.hit_blocks, twice.nvme_hits), (3, 2));
+    }
+}
