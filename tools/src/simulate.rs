@@ -68,6 +68,7 @@ struct Row {
 struct Tiers {
     all: TierResult,
     read: TierResult,
+    split: TierResult,
     /// An exact LRU and MIN of the two sizes together.
     lru: f64,
     min: f64,
@@ -200,6 +201,8 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
                         "demote_read_token_hit_rate": t.read.hits.token_hit_rate(),
                         "demote_read_nvme_writes": t.read.nvme_writes,
                         "demote_read_nvme_hit_blocks": t.read.nvme_hits,
+                        "split_token_hit_rate": t.split.hits.token_hit_rate(),
+                        "split_nvme_writes": t.split.nvme_writes,
                         "lru_token_hit_rate": t.lru,
                         "min_token_hit_rate": t.min,
                     });
@@ -254,6 +257,9 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Under `split`, the drive's share for blocks never read in DRAM.
+const SPLIT: f64 = 0.25;
+
 /// The daemon's 2q pool of `cap` blocks with a drive of `drive` blocks
 /// behind it, under each demotion choice.
 fn tiers(
@@ -278,6 +284,7 @@ fn tiers(
     Ok(Tiers {
         all: run(Demote::All)?,
         read: run(Demote::Read)?,
+        split: run(Demote::Split(SPLIT))?,
         lru: trace::simulate_lru(requests, Some(both), args.block_tokens).token_hit_rate(),
         min: trace::simulate_belady(requests, both, args.block_tokens).token_hit_rate(),
     })
@@ -289,12 +296,14 @@ fn print_tiers(rows: &[Row], drive: usize, promote_after: u32) {
         "with an NVMe tier of {drive} blocks behind the daemon's 2q pool (promote after {promote_after} drive reads):"
     );
     println!(
-        "{:>10} {:>10} {:>13} {:>11} {:>13} {:>11} {:>13} {:>12}",
+        "{:>10} {:>10} {:>13} {:>11} {:>13} {:>11} {:>13} {:>11} {:>13} {:>12}",
         "DRAM",
         "DRAM only",
         "demote all",
         "writes",
         "demote read",
+        "writes",
+        "split",
         "writes",
         "LRU of both",
         "MIN of both"
@@ -304,13 +313,15 @@ fn print_tiers(rows: &[Row], drive: usize, promote_after: u32) {
             continue;
         };
         println!(
-            "{:>10} {:>9.2}% {:>12.2}% {:>11} {:>12.2}% {:>11} {:>12.2}% {:>11.2}%",
+            "{:>10} {:>9.2}% {:>12.2}% {:>11} {:>12.2}% {:>11} {:>12.2}% {:>11} {:>12.2}% {:>11.2}%",
             r.cap,
             100.0 * r.pool(Eviction::TwoQ),
             100.0 * t.all.hits.token_hit_rate(),
             t.all.nvme_writes,
             100.0 * t.read.hits.token_hit_rate(),
             t.read.nvme_writes,
+            100.0 * t.split.hits.token_hit_rate(),
+            t.split.nvme_writes,
             100.0 * t.lru,
             100.0 * t.min,
         );

@@ -15,13 +15,18 @@ use mooncake_store_daemon::{DramPool, PoolError};
 use crate::trace::{Pool, Request, SimResult};
 
 /// Which evicted blocks go to the drive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Demote {
     /// Every evicted block (the daemon today).
     All,
     /// Only blocks read while they were in DRAM; a block written and
     /// never read is dropped.
     Read,
+    /// Every evicted block, but those never read in DRAM into a probation
+    /// part of the drive of this share of it (an LRU of its own), so that
+    /// one-off blocks churn there without pushing out the rest; a block
+    /// read from probation moves to the main part.
+    Split(f64),
 }
 
 /// The drive behind the pool.
@@ -44,6 +49,56 @@ pub struct TierResult {
     pub nvme_writes: u64,
 }
 
+/// The drive: a main LRU, and a probation LRU under `Demote::Split`.
+#[derive(Default)]
+struct Drive {
+    main: Lru,
+    probation: Lru,
+}
+
+impl Drive {
+    fn contains(&self, key: &BlockKey) -> bool {
+        self.main.contains(key) || self.probation.contains(key)
+    }
+
+    /// A read from the drive: a probation block moves to main.
+    fn touch(&mut self, key: &BlockKey, nvme: &Nvme) {
+        if self.probation.remove(key) {
+            let (main, _) = nvme.split();
+            self.main.add(key, main);
+        } else {
+            self.main.touch(key);
+        }
+    }
+
+    /// A demoted block; `true` if written.
+    fn demote(&mut self, key: &BlockKey, read: bool, nvme: &Nvme) -> bool {
+        if self.contains(key) {
+            return false;
+        }
+        let (main, probation) = nvme.split();
+        match nvme.demote {
+            Demote::All => self.main.add(key, main),
+            Demote::Read => read && self.main.add(key, main),
+            Demote::Split(_) if read => self.main.add(key, main),
+            Demote::Split(_) => self.probation.add(key, probation),
+        }
+    }
+}
+
+impl Nvme {
+    /// Blocks of the main part and of probation.
+    fn split(&self) -> (usize, usize) {
+        match self.demote {
+            Demote::Split(share) => {
+                let probation = (self.capacity as f64 * share) as usize;
+                (self.capacity - probation, probation)
+            }
+            _ => (self.capacity, 0),
+        }
+    }
+}
+
 /// The drive's blocks by recency: an exact LRU.
 #[derive(Default)]
 struct Lru {
@@ -55,6 +110,16 @@ struct Lru {
 impl Lru {
     fn contains(&self, key: &BlockKey) -> bool {
         self.stamp_of.contains_key(key)
+    }
+
+    fn remove(&mut self, key: &BlockKey) -> bool {
+        match self.stamp_of.remove(key) {
+            Some(stamp) => {
+                self.by_stamp.remove(&stamp);
+                true
+            }
+            None => false,
+        }
     }
 
     fn touch(&mut self, key: &BlockKey) {
@@ -103,14 +168,14 @@ pub fn simulate(
     let sum = mooncake_proto::checksum(&value);
     let ns = Namespace::new("simulate").expect("a valid namespace");
     let key = |id: u64| BlockKey::new(ns.clone(), BlockHash::from_opaque(&id.to_le_bytes()));
-    let mut drive = Lru::default();
+    let mut drive = Drive::default();
     let mut reads: HashMap<BlockKey, u32> = HashMap::new();
     let mut r = TierResult::default();
     // Puts a block into DRAM (a new block, or one promoted), then takes
     // what that evicted to the drive.
     let mut put = |k: BlockKey,
                    parent: Option<BlockHash>,
-                   drive: &mut Lru,
+                   drive: &mut Drive,
                    r: &mut TierResult|
      -> anyhow::Result<()> {
         match dram.reserve(k, block as u64, sum) {
@@ -124,11 +189,7 @@ pub fn simulate(
         }
         while let Ok(d) = rx.try_recv() {
             dram.demotion_done(d.bytes.len() as u64);
-            let worth = match nvme.demote {
-                Demote::All => true,
-                Demote::Read => d.read,
-            };
-            if worth && drive.add(&d.key, nvme.capacity) {
+            if drive.demote(&d.key, d.read, &nvme) {
                 r.nvme_writes += 1;
             }
         }
@@ -147,7 +208,7 @@ pub fn simulate(
                 continue;
             }
             r.nvme_hits += 1;
-            drive.touch(k);
+            drive.touch(k, &nvme);
             let n = reads.entry(k.clone()).or_insert(0);
             *n += 1;
             if nvme.promote_after > 0 && *n >= nvme.promote_after {
@@ -198,6 +259,37 @@ mod tests {
         // Never read in DRAM: not worth a write under `Read`.
         let read = simulate(&trace, pool(), nvme(8, Demote::Read), 512).unwrap();
         assert_eq!((read.hits.hit_blocks, read.nvme_writes), (0, 0));
+    }
+
+    #[test]
+    fn under_split_one_off_blocks_churn_in_probation_and_spare_the_rest() {
+        // One block of DRAM, a drive of 4 (1 of it probation). Block 1 is
+        // read in DRAM (it goes to main when evicted); then one-off blocks
+        // 10-13 pass through; block 1 is still on the drive.
+        let trace = [
+            req(&[1]),
+            req(&[1]),
+            req(&[10]),
+            req(&[11]),
+            req(&[12]),
+            req(&[13]),
+            req(&[14]),
+            req(&[1]),
+        ];
+        let run = |demote| {
+            let nvme = Nvme {
+                capacity: 4,
+                promote_after: 0,
+                demote,
+            };
+            simulate(&trace, Pool::new(1, Eviction::Lru), nvme, 512).unwrap()
+        };
+        assert_eq!(run(Demote::All).hits.hit_blocks, 1, "only the DRAM hit");
+        assert_eq!(
+            run(Demote::Split(0.25)).hits.hit_blocks,
+            2,
+            "and the drive's"
+        );
     }
 
     #[test]

@@ -423,6 +423,8 @@ impl DramPool {
         alloc: &Allocator,
     ) -> Option<mooncake_proto::BlockHash> {
         if self.cfg.eviction != Eviction::TwoQ {
+            // Only noted (a demoted block says whether it was read).
+            block.read = true;
             return None;
         }
         if block.queue == Queue::Probation {
