@@ -6,13 +6,11 @@
 //! and which demoted blocks are worth a drive's write.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
-use mooncake_proto::{BlockHash, BlockKey, Namespace};
-use mooncake_store_daemon::pool::{Demoted, PoolConfig};
-use mooncake_store_daemon::{DramPool, PoolError};
+use mooncake_proto::{BlockHash, BlockKey};
+use mooncake_store_daemon::pool::Demoted;
 
-use crate::trace::{Pool, Request, SimResult};
+use crate::trace::{Pool, Request, SimPool, SimResult};
 
 /// Which evicted blocks go to the drive.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -154,20 +152,10 @@ pub fn simulate(
     nvme: Nvme,
     block_tokens: u64,
 ) -> anyhow::Result<TierResult> {
-    let block = pool.block_bytes.max(1024);
-    let cfg = PoolConfig {
-        eviction: pool.order,
-        probation_share: pool.probation_share,
-        high_watermark: 1.0,
-        ..PoolConfig::with_capacity((pool.capacity * block) as u64)
-    };
-    let dram = Arc::new(DramPool::new(cfg)?);
+    let sim = SimPool::new(&pool)?;
+    let dram = &sim.dram;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Demoted>(1 << 16);
     dram.demote_to(tx);
-    let value: Vec<u8> = (0..block).map(|i| i as u8).collect();
-    let sum = mooncake_proto::checksum(&value);
-    let ns = Namespace::new("simulate").expect("a valid namespace");
-    let key = |id: u64| BlockKey::new(ns.clone(), BlockHash::from_opaque(&id.to_le_bytes()));
     let mut drive = Drive::default();
     let mut reads: HashMap<BlockKey, u32> = HashMap::new();
     let mut r = TierResult::default();
@@ -178,15 +166,7 @@ pub fn simulate(
                    drive: &mut Drive,
                    r: &mut TierResult|
      -> anyhow::Result<()> {
-        match dram.reserve(k, block as u64, sum) {
-            Ok(mut slot) => {
-                slot.buf_mut().copy_from_slice(&value);
-                slot.set_parent(parent);
-                slot.commit()?;
-            }
-            Err(PoolError::AlreadyExists) => {}
-            Err(e) => anyhow::bail!("the pool refused a block: {e}"),
-        }
+        sim.put(k, parent)?;
         while let Ok(d) = rx.try_recv() {
             dram.demotion_done(d.bytes.len() as u64);
             if drive.demote(&d.key, d.read, &nvme) {
@@ -197,7 +177,7 @@ pub fn simulate(
         Ok(())
     };
     for req in trace {
-        let keys: Vec<BlockKey> = req.hash_ids.iter().map(|id| key(*id)).collect();
+        let keys: Vec<BlockKey> = req.hash_ids.iter().map(|id| sim.key(*id)).collect();
         let matched = keys
             .iter()
             .take_while(|k| dram.contains(k) || drive.contains(k))

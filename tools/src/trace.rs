@@ -150,48 +150,76 @@ pub fn simulate_pool(
     pool: Pool,
     block_tokens: u64,
 ) -> anyhow::Result<SimResult> {
-    // At least 1 KiB: the smallest block the pool gives one allocation.
-    let block = pool.block_bytes.max(1024);
-    let cfg = PoolConfig {
-        eviction: pool.order,
-        probation_share: pool.probation_share,
-        high_watermark: 1.0,
-        ..PoolConfig::with_capacity((pool.capacity * block) as u64)
-    };
-    let pool = Arc::new(DramPool::new(cfg)?);
-    // Slots are written as the daemon writes them, so that a put costs
-    // its copy and checksum.
-    let value: Vec<u8> = (0..block).map(|i| i as u8).collect();
-    let sum = mooncake_proto::checksum(&value);
-    let ns = Namespace::new("simulate").expect("a valid namespace");
-    let key = |id: u64| BlockKey::new(ns.clone(), BlockHash::from_opaque(&id.to_le_bytes()));
+    let sim = SimPool::new(&pool)?;
     let mut r = SimResult::default();
     for req in trace {
         let matched = req
             .hash_ids
             .iter()
-            .take_while(|id| pool.contains(&key(**id)))
+            .take_while(|id| sim.dram.contains(&sim.key(**id)))
             .count();
         for id in &req.hash_ids[..matched] {
-            drop(pool.get(&key(*id)));
+            drop(sim.dram.get(&sim.key(*id)));
         }
         r.count(req, matched, block_tokens);
-        let mut parent = matched.checked_sub(1).map(|i| key(req.hash_ids[i]).hash);
+        let mut parent = matched
+            .checked_sub(1)
+            .map(|i| sim.key(req.hash_ids[i]).hash);
         for id in &req.hash_ids[matched..] {
-            let k = key(*id);
-            match pool.reserve(k.clone(), block as u64, sum) {
-                Ok(mut slot) => {
-                    slot.buf_mut().copy_from_slice(&value);
-                    slot.set_parent(parent);
-                    slot.commit()?;
-                }
-                Err(PoolError::AlreadyExists) => {}
-                Err(e) => anyhow::bail!("the pool refused a block: {e}"),
-            }
+            let k = sim.key(*id);
+            sim.put(k.clone(), parent)?;
             parent = Some(k.hash);
         }
     }
     Ok(r)
+}
+
+/// The daemon's DRAM pool as the simulations drive it: blocks of the
+/// pool's size, written as the daemon writes them (so that a put costs
+/// its copy and checksum), keyed by trace id.
+pub struct SimPool {
+    pub dram: Arc<DramPool>,
+    value: Vec<u8>,
+    sum: u64,
+    ns: Namespace,
+}
+
+impl SimPool {
+    pub fn new(pool: &Pool) -> anyhow::Result<SimPool> {
+        // At least 1 KiB: the smallest block the pool gives one allocation.
+        let block = pool.block_bytes.max(1024);
+        let cfg = PoolConfig {
+            eviction: pool.order,
+            probation_share: pool.probation_share,
+            high_watermark: 1.0,
+            ..PoolConfig::with_capacity((pool.capacity * block) as u64)
+        };
+        let value: Vec<u8> = (0..block).map(|i| i as u8).collect();
+        Ok(SimPool {
+            dram: Arc::new(DramPool::new(cfg)?),
+            sum: mooncake_proto::checksum(&value),
+            value,
+            ns: Namespace::new("simulate").expect("a valid namespace"),
+        })
+    }
+
+    pub fn key(&self, id: u64) -> BlockKey {
+        BlockKey::new(self.ns.clone(), BlockHash::from_opaque(&id.to_le_bytes()))
+    }
+
+    /// Stores a block after `parent` (kept if already there).
+    pub fn put(&self, key: BlockKey, parent: Option<BlockHash>) -> anyhow::Result<()> {
+        match self.dram.reserve(key, self.value.len() as u64, self.sum) {
+            Ok(mut slot) => {
+                slot.buf_mut().copy_from_slice(&self.value);
+                slot.set_parent(parent);
+                slot.commit()?;
+                Ok(())
+            }
+            Err(PoolError::AlreadyExists) => Ok(()),
+            Err(e) => anyhow::bail!("the pool refused a block: {e}"),
+        }
+    }
 }
 
 /// Belady's MIN: with the whole future known, a full cache evicts the

@@ -5,6 +5,7 @@ its certificates taken from the environment."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 
 import pytest
@@ -15,7 +16,11 @@ from mooncake.store import MooncakeDistributedStore
 from conftest import binary, single_host_store
 
 
-def test_tls_round_trips_and_refuses_plain_clients_and_strangers(tmp_path, monkeypatch):
+@contextlib.contextmanager
+def tls_store(tmp_path, dram: str):
+    """A single-host store with mutual TLS on every port and a development
+    CA; yields its meta address, the certificates' folder and a client's
+    TLS arguments."""
     certs = tmp_path / "certs"
     subprocess.run([binary(), "certs", "--out", str(certs)], check=True, capture_output=True)
     ca = str(certs / "ca.pem")
@@ -25,7 +30,7 @@ def test_tls_round_trips_and_refuses_plain_clients_and_strangers(tmp_path, monke
         "tls_key": str(certs / "client.key"),
     }
     with single_host_store(
-        "64MiB",
+        dram,
         "--tls",
         "--tls-cert", str(certs / "daemon.pem"),
         "--tls-key", str(certs / "daemon.key"),
@@ -33,6 +38,12 @@ def test_tls_round_trips_and_refuses_plain_clients_and_strangers(tmp_path, monke
         "--peer-ca", ca,
         client_args=tls,
     ) as meta:
+        yield meta, certs, tls
+
+
+def test_tls_round_trips_and_refuses_plain_clients_and_strangers(tmp_path, monkeypatch):
+    with tls_store(tmp_path, "64MiB") as (meta, certs, tls):
+        ca = tls["tls_ca"]
         client = mooncake_store.Client(meta, namespace="t/tls", **tls)
         value = bytes(range(256)) * 1024
         client.put("s1", value)
@@ -65,19 +76,8 @@ def test_the_daemon_an_engine_starts_beside_itself_speaks_tls_on_a_tls_cluster(t
     """An engine that contributes memory (`global_segment_size` > 0) on a
     TLS cluster: the daemon it starts gets its certificate from the
     environment and joins; without one, setup says what is missing."""
-    certs = tmp_path / "certs"
-    subprocess.run([binary(), "certs", "--out", str(certs)], check=True, capture_output=True)
-    ca = str(certs / "ca.pem")
-    tls = {"tls_ca": ca, "tls_cert": str(certs / "client.pem"), "tls_key": str(certs / "client.key")}
-    with single_host_store(
-        "16MiB",
-        "--tls",
-        "--tls-cert", str(certs / "daemon.pem"),
-        "--tls-key", str(certs / "daemon.key"),
-        "--tls-client-ca", ca,
-        "--peer-ca", ca,
-        client_args=tls,
-    ) as meta:
+    with tls_store(tmp_path, "16MiB") as (meta, certs, tls):
+        ca = tls["tls_ca"]
         monkeypatch.setenv("MOONCAKE_TLS_CA", ca)
         monkeypatch.setenv("MOONCAKE_TLS_CERT", tls["tls_cert"])
         monkeypatch.setenv("MOONCAKE_TLS_KEY", tls["tls_key"])
