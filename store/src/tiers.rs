@@ -1,7 +1,8 @@
 //! The daemon's tiers together: DRAM first, then NVMe, on one or more
 //! drives. Evicted DRAM blocks are demoted to NVMe (their bytes copied out
 //! before the space is freed, written by a background task that keeps a few
-//! writes in flight per drive); NVMe hits are served from the drive that
+//! writes in flight per drive, and serving the block from the queue until
+//! it is written); NVMe hits are served from the drive that
 //! holds the block and promoted back to DRAM after a configurable number of
 //! hits. A block may be in DRAM and on one drive; it leaves the daemon (and
 //! the meta service is told) only when no tier holds it.
@@ -138,8 +139,13 @@ impl Tiers {
         Some(gate)
     }
 
-    /// A block from NVMe (DRAM missed it): its bytes and checksum.
+    /// A block DRAM missed, from NVMe or on its way there (evicted and not
+    /// written yet): its bytes and checksum.
     pub async fn get_nvme(&self, key: &BlockKey) -> Option<(Vec<u8>, u64)> {
+        if let Some((bytes, sum)) = self.dram.get_demoting(key) {
+            self.nvme_hits.fetch_add(1, Ordering::Relaxed);
+            return Some((bytes.to_vec(), sum));
+        }
         let drive = self.nvme.iter().find(|d| d.contains(key))?;
         let found = match drive.get(key).await {
             Ok(found) => found,
@@ -394,7 +400,7 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                 Some(demoted) => {
                     if tiers.on_nvme(&demoted.key) {
                         // Promoted earlier, still on its drive.
-                        tiers.dram.demotion_done(demoted.bytes.len() as u64);
+                        tiers.dram.demotion_done(&demoted);
                         tiers.note_moved(demoted.key);
                         continue;
                     }
@@ -413,7 +419,7 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
             Some((i, demoted, written)) = writes.next() => {
                 let len = demoted.bytes.len() as u64;
                 in_flight_bytes[i] -= len;
-                tiers.dram.demotion_done(len);
+                tiers.dram.demotion_done(&demoted);
                 match written {
                     Ok(evicted) => {
                         tiers.note_moved(demoted.key);

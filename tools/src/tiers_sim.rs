@@ -168,7 +168,7 @@ pub fn simulate(
      -> anyhow::Result<()> {
         sim.put(k, parent)?;
         while let Ok(d) = rx.try_recv() {
-            dram.demotion_done(d.bytes.len() as u64);
+            dram.demotion_done(&d);
             if drive.demote(&d.key, d.read, &nvme) {
                 r.nvme_writes += 1;
             }

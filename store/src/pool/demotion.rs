@@ -7,14 +7,22 @@ use super::*;
 /// copied out before its DRAM space was freed.
 pub struct Demoted {
     pub key: BlockKey,
-    pub bytes: Vec<u8>,
+    /// Shared with the pool's table of blocks on their way, which serves
+    /// reads of them until they are written.
+    pub bytes: Arc<[u8]>,
     pub checksum: u64,
     /// Its parent, kept with it on the next tier so that it comes back
     /// into DRAM as part of its chain (prefix-aware eviction).
     pub parent: Option<mooncake_proto::BlockHash>,
     /// Read while it was in DRAM.
     pub read: bool,
+    /// Tells this demotion from a later one of the same key.
+    seq: u64,
 }
+
+/// Blocks evicted and not yet written to the next tier: their bytes,
+/// checksum and demotion number, by key.
+pub(super) type Demoting = HashMap<BlockKey, (u64, Arc<[u8]>, u64)>;
 
 impl DramPool {
     /// Blocks evicted while the demotion queue was full.
@@ -38,9 +46,62 @@ impl DramPool {
         })
     }
 
-    /// The demoter wrote (or gave up on) a demoted block of `len` bytes.
-    pub fn demotion_done(&self, len: u64) {
-        self.demote_queued.fetch_sub(len, Ordering::Relaxed);
+    /// The demoter wrote (or gave up on) a demoted block: it is no longer
+    /// served from the queue.
+    pub fn demotion_done(&self, done: &Demoted) {
+        self.demote_queued
+            .fetch_sub(done.bytes.len() as u64, Ordering::Relaxed);
+        let mut demoting = self.demoting.lock();
+        if demoting
+            .get(&done.key)
+            .is_some_and(|(seq, _, _)| *seq == done.seq)
+        {
+            demoting.remove(&done.key);
+        }
+    }
+
+    /// A block evicted from DRAM and still on its way to the next tier:
+    /// its bytes and checksum, so that a read between its eviction and its
+    /// write is a hit.
+    pub fn get_demoting(&self, key: &BlockKey) -> Option<(Arc<[u8]>, u64)> {
+        let demoting = self.demoting.lock();
+        let (_, bytes, sum) = demoting.get(key)?;
+        Some((bytes.clone(), *sum))
+    }
+
+    /// Queues an evicted block for the next tier (`false`: the queue is
+    /// full, and the block is dropped), serving it meanwhile.
+    pub(super) fn send_demoted(
+        &self,
+        next: &tokio::sync::mpsc::Sender<Demoted>,
+        key: BlockKey,
+        bytes: &[u8],
+        (checksum, parent, read): (u64, Option<mooncake_proto::BlockHash>, bool),
+    ) -> bool {
+        let seq = self.demote_seq.fetch_add(1, Ordering::Relaxed);
+        let bytes: Arc<[u8]> = Arc::from(bytes);
+        self.demoting
+            .lock()
+            .insert(key.clone(), (seq, bytes.clone(), checksum));
+        let demoted = Demoted {
+            key,
+            bytes,
+            checksum,
+            parent,
+            read,
+            seq,
+        };
+        match next.try_send(demoted) {
+            Ok(()) => true,
+            Err(err) => {
+                let back = err.into_inner();
+                let mut demoting = self.demoting.lock();
+                if demoting.get(&back.key).is_some_and(|(s, _, _)| *s == seq) {
+                    demoting.remove(&back.key);
+                }
+                false
+            }
+        }
     }
 
     /// Blocks sent to the next tier since start.

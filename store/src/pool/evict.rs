@@ -533,15 +533,9 @@ impl DramPool {
         if let Some(next) = self.demote.get().filter(|_| budget_left) {
             let offset = block.alloc.offset as usize * UNIT as usize;
             // SAFETY: an evictable block has no lease and no writer.
-            let bytes = unsafe { self.region.slice(offset, block.len as usize) }.to_vec();
-            let demoted = Demoted {
-                key: key.clone(),
-                bytes,
-                checksum: block.checksum,
-                parent: block.parent,
-                read: block.read,
-            };
-            kept = next.try_send(demoted).is_ok();
+            let bytes = unsafe { self.region.slice(offset, block.len as usize) };
+            let about = (block.checksum, block.parent, block.read);
+            kept = self.send_demoted(next, key.clone(), bytes, about);
             if kept {
                 self.demotions.fetch_add(1, Ordering::Relaxed);
                 self.demote_queued

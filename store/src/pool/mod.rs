@@ -157,6 +157,9 @@ pub struct DramPool {
     overflow: Mutex<Vec<BlockKey>>,
     /// Bytes copied into the demotion queue and not yet written.
     demote_queued: AtomicU64,
+    /// The blocks in that queue, served until written.
+    demoting: Mutex<demotion::Demoting>,
+    demote_seq: AtomicU64,
 }
 
 struct Inner {
@@ -276,6 +279,8 @@ impl DramPool {
             quota_evictions: AtomicU64::new(0),
             overflow: Mutex::new(Vec::new()),
             demote_queued: AtomicU64::new(0),
+            demoting: Mutex::new(Default::default()),
+            demote_seq: AtomicU64::new(0),
         })
     }
 

@@ -381,3 +381,38 @@ fn under_two_q_readers_that_come_back_soon_grow_probation_until_their_blocks_sta
         "probation grew toward a round: {limit}"
     );
 }
+
+#[test]
+fn an_evicted_block_on_its_way_to_the_next_tier_is_still_served() {
+    let p = pool(256 << 10);
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    p.demote_to(tx);
+    for i in 0..4 {
+        put(&p, key(i), i as u8, 64 << 10).unwrap();
+    }
+    // A fifth block evicts the first, which waits in the queue.
+    put(&p, key(4), 4, 64 << 10).unwrap();
+    assert!(!p.contains(&key(0)));
+    let (bytes, sum) = p.get_demoting(&key(0)).expect("served from the queue");
+    assert_eq!(&bytes[..], &vec![0u8; 64 << 10][..]);
+    assert_eq!(sum, checksum(&bytes));
+    let first = rx.try_recv().unwrap();
+    assert_eq!(first.key, key(0));
+    // Put again and evicted again before the first demotion is done: the
+    // older one's completion leaves the newer one served.
+    put(&p, key(0), 9, 64 << 10).unwrap();
+    for i in 5..9 {
+        put(&p, key(i), 5, 64 << 10).unwrap();
+    }
+    assert!(!p.contains(&key(0)));
+    p.demotion_done(&first);
+    let (bytes, _) = p.get_demoting(&key(0)).expect("the newer demotion");
+    assert_eq!(bytes[0], 9, "the newer bytes");
+    while let Ok(d) = rx.try_recv() {
+        p.demotion_done(&d);
+    }
+    assert!(
+        p.get_demoting(&key(0)).is_none(),
+        "written: no longer served from the queue"
+    );
+}
