@@ -7,8 +7,10 @@
 # dependencies, plus what its Mooncake backend imports, and this
 # repository's Python package; starts `mooncake-store up`; and runs the
 # drivers in client/python/engines/, which drive the engines' classes as
-# the engines do. Separate from tools/test.sh: the first run downloads about
-# 3 GiB (2 to 3 minutes here), later runs take seconds.
+# the engines do: SGLang HiCache's `MooncakeStore` and the native SGLang
+# backend, vLLM's v1 scheduler with the native vLLM connector, and vLLM's
+# KV-event classes. Separate from tools/test.sh: the first run downloads
+# about 3 GiB (2 to 3 minutes here), later runs take about a minute.
 #
 # Usage: tools/test-engines.sh
 set -euo pipefail
@@ -17,8 +19,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
 VENV="${MOONCAKE_ENGINES_VENV:-$HOME/.cache/mooncake-engines-venv}"
 
 tools/setup.sh --build
-cargo build --release -q --bin mooncake-store
-BIN="$CARGO_TARGET_DIR/release/mooncake-store"
+# The debug build tools/test.sh made: these drivers check behaviour, not speed.
+cargo build -q --bin mooncake-store
+BIN="$CARGO_TARGET_DIR/debug/mooncake-store"
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 # The engine itself without its dependencies (most need a GPU), then the
@@ -39,7 +42,8 @@ BIN="$CARGO_TARGET_DIR/release/mooncake-store"
 "$VENV/bin/pip" install -q --disable-pip-version-check \
     cbor2==6.3.0 cloudpickle==3.1.3 fastapi==0.165.0 llguidance==1.9.1 openai==3.57.0 \
     openai-harmony==0.0.8 partial-json-parser==0.2.1.1.post7 prometheus-client==0.26.0 \
-    py-cpuinfo==9.0.0 uvloop==0.23.0 xgrammar==0.2.9 2>&1 | grep -v "requires\|incompatible\|resolver" || true
+    py-cpuinfo==9.0.0 uvloop==0.23.0 xgrammar==0.2.9 \
+    cachetools==8.0.2 einops==0.8.2 2>&1 | grep -v "requires\|incompatible\|resolver" || true
 "$VENV/bin/pip" install -q --disable-pip-version-check ./client/python
 
 . tools/store-for-script.sh
@@ -47,7 +51,7 @@ EVENTS="127.0.0.1:$(free_port)"
 REPLAY="127.0.0.1:$(free_port)"
 start_store 1GiB --events "$EVENTS" --events-replay "$REPLAY"
 
-for driver in client/python/engines/sglang_hicache.py; do
+for driver in client/python/engines/sglang_hicache.py client/python/engines/vllm_connector.py; do
     echo "== $driver"
     "$VENV/bin/python" -W ignore "$driver" "$META"
 done

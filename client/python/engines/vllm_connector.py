@@ -1,0 +1,309 @@
+"""vLLM's own scheduler on this store, through the native connector
+`mooncake_store.engines.vllm`, loaded the way vLLM loads a connector from
+`kv_connector_module_path`.
+
+Builds vLLM's `VllmConfig` for a small Llama-shaped model (its config.json
+only: no weights, no tokenizer), vLLM's v1 `Scheduler`, which creates the
+scheduler side of the connector through vLLM's own factory, and the
+worker side with a paged KV cache on the CPU in FlashAttention's layout
+(2, blocks, block_size, heads, head_dim) per layer. A stand-in for the
+model runner does what vLLM's does around a forward pass (binds the
+step's connector metadata, starts the loads, writes the KV of the tokens
+scheduled, waits for the saves, reports load errors) and writes, for each
+token, KV bytes that depend on the token and all tokens before it, so
+that a block loaded from the store is checked byte for byte against what
+the model would have computed. Run by `tools/test-engines.sh`.
+
+Usage: python vllm_connector.py META_ADDR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import torch
+
+from vllm import SamplingParams
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+import mooncake_store
+from mooncake_store.engines import vllm as vllm_native
+from mooncake_store.engines.vllm import MooncakeStoreNative
+
+BLOCK, LAYERS, HEADS, DIM, BLOCKS = 16, 2, 2, 16, 96
+EOS = 2
+
+MODEL = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HEADS * DIM * 2,
+    "intermediate_size": 128, "num_attention_heads": HEADS * 2, "num_key_value_heads": HEADS,
+    "num_hidden_layers": LAYERS, "vocab_size": 1000, "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5, "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": EOS,
+}
+
+
+def vllm_config(model_dir: str, meta: str, namespace: str, tp: int) -> VllmConfig:
+    model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", seed=0)
+    return VllmConfig(
+        parallel_config=ParallelConfig(tensor_parallel_size=tp, distributed_executor_backend="mp"),
+        model_config=model,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8, max_num_batched_tokens=512, max_model_len=4096,
+            enable_chunked_prefill=True, is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, enable_prefix_caching=True),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="MooncakeStoreNative",
+            kv_connector_module_path="mooncake_store.engines.vllm",
+            kv_role="kv_both",
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config={"meta": meta, "namespace": namespace},
+        ),
+        device_config=DeviceConfig("cpu"),
+    )
+
+
+def expected(tokens: list[int], pos: int, layer: int, rank: int) -> torch.Tensor:
+    """The (K, V) of token `pos` in `layer` on tensor-parallel rank `rank`
+    (its heads): a function of every token up to it, as a model's would
+    be; small integers, exact in float16."""
+    seed = zlib.crc32(repr((rank, layer, tokens[: pos + 1])).encode())
+    base = torch.arange(HEADS * DIM, dtype=torch.int64).view(HEADS, DIM)
+    k = (base * 7 + seed) % 2039
+    return torch.stack([k, (k + 1) % 2039]).to(torch.float16)
+
+
+class Worker:
+    """One tensor-parallel rank: the connector's worker side and the rank's
+    paged KV cache."""
+
+    def __init__(self, config: VllmConfig, kv_config: KVCacheConfig, layers: list[str], rank: int):
+        self.rank = rank
+        self.connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_config)
+        assert isinstance(self.connector, MooncakeStoreNative)
+        self.caches = {name: torch.zeros(2, BLOCKS, BLOCK, HEADS, DIM, dtype=torch.float16) for name in layers}
+        # The rank vLLM's process groups would give this worker's process.
+        saved, vllm_native._ranks = vllm_native._ranks, lambda: (rank, 0)
+        try:
+            self.connector.register_kv_caches(self.caches)
+        finally:
+            vllm_native._ranks = saved
+
+
+class Engine:
+    """One vLLM instance: its scheduler (with the connector's scheduler
+    side) and a worker per tensor-parallel rank."""
+
+    def __init__(self, model_dir: str, meta: str, namespace: str, tp: int = 1):
+        self.config = vllm_config(model_dir, meta, namespace, tp)
+        self.config.cache_config.num_gpu_blocks = BLOCKS
+        layers = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+        kv_config = KVCacheConfig(
+            num_blocks=BLOCKS,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                KVCacheGroupSpec(layers, FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=torch.float16))
+            ],
+        )
+        self.scheduler = Scheduler(
+            vllm_config=self.config, kv_cache_config=kv_config, log_stats=True,
+            structured_output_manager=StructuredOutputManager(self.config), block_size=BLOCK,
+        )
+        assert isinstance(self.scheduler.connector, MooncakeStoreNative), type(self.scheduler.connector)
+        self.workers = [Worker(self.config, kv_config, layers, rank) for rank in range(tp)]
+        self.hash_fn = get_hash_fn_by_name(self.config.cache_config.prefix_caching_hash_algo)
+        init_none_hash(self.hash_fn)
+        self.tokens: dict[str, list[int]] = {}
+        self.load_errors: set[int] = set()
+
+    def add(self, req_id: str, prompt: list[int], max_tokens: int) -> Request:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        params.update_from_generation_config({}, EOS)
+        request = Request(
+            request_id=req_id, prompt_token_ids=list(prompt), sampling_params=params,
+            pooling_params=None, mm_features=None,
+            block_hasher=get_request_block_hasher(BLOCK, self.hash_fn),
+        )
+        self.scheduler.add_request(request)
+        self.tokens[req_id] = list(prompt)
+        return request
+
+    def schedule(self):
+        return self.scheduler.schedule()
+
+    def run(self, out, before_load=None) -> dict[str, int]:
+        """The model runner's step for scheduler output `out`; returns the
+        tokens scheduled per request."""
+        if before_load is not None:
+            before_load()
+        errors: set[int] = set()
+        for w in self.workers:
+            w.connector.bind_connector_metadata(out.kv_connector_metadata)
+            w.connector.start_load_kv(None)
+            # Loads are synchronous: their failures are known now.
+            errors |= w.connector.get_block_ids_with_load_errors()
+        self.load_errors |= errors
+        starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        starts.update(zip(cached.req_ids, cached.num_computed_tokens))
+        # The loaded blocks hold what the model computes for them (a step
+        # with failed loads is recomputed: vLLM drops what it computes).
+        if not errors:
+            for req_id, start in starts.items():
+                self.check(req_id, start)
+        for req_id, n in out.num_scheduled_tokens.items():
+            self.forward(req_id, starts[req_id], n)
+        for w in self.workers:
+            w.connector.wait_for_save()
+            w.connector.clear_connector_metadata()
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for req_id in req_ids:
+            request = self.scheduler.requests[req_id]
+            done = starts[req_id] + out.num_scheduled_tokens[req_id] >= request.num_tokens
+            token = (sum(self.tokens[req_id]) % 900) + 10 if done and not errors else None
+            sampled.append([token] if token is not None else [])
+            if token is not None:
+                self.tokens[req_id].append(token)
+        result = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=None,
+            kv_connector_output=KVConnectorOutput(invalid_block_ids=errors) if errors else None,
+        )
+        self.scheduler.update_from_output(out, result)
+        return dict(out.num_scheduled_tokens)
+
+    def slots(self, req_id: str) -> list[int]:
+        return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[0])
+
+    def forward(self, req_id: str, start: int, n: int) -> None:
+        tokens, blocks = self.tokens[req_id], self.slots(req_id)
+        for w in self.workers:
+            for pos in range(start, start + n):
+                for layer, cache in enumerate(w.caches.values()):
+                    cache[:, blocks[pos // BLOCK], pos % BLOCK] = expected(tokens, pos, layer, w.rank)
+
+    def check(self, req_id: str, upto: int) -> None:
+        tokens, blocks = self.tokens[req_id], self.slots(req_id)
+        for w in self.workers:
+            for pos in range(upto):
+                for layer, cache in enumerate(w.caches.values()):
+                    got = cache[:, blocks[pos // BLOCK], pos % BLOCK]
+                    if not torch.equal(got, expected(tokens, pos, layer, w.rank)):
+                        raise AssertionError(f"{req_id}: token {pos} of layer {layer} on rank {w.rank} differs")
+
+    def finish(self, limit: int = 200) -> None:
+        for _ in range(limit):
+            if not self.scheduler.has_requests():
+                return
+            self.run(self.schedule())
+        raise AssertionError("requests did not finish")
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.connector.shutdown()
+        self.scheduler.shutdown()
+
+
+def keys_of(request: Request) -> list[bytes]:
+    return [bytes(h) for h in request.block_hashes]
+
+
+def main() -> None:
+    meta = sys.argv[1]
+    namespace = "vllm-test"
+    model_dir = tempfile.mkdtemp(prefix="vllm-model-")
+    Path(model_dir, "config.json").write_text(json.dumps(MODEL))
+    store = mooncake_store.Client(meta, namespace=f"{namespace}/auto/tp0of1")
+    store.remove_all()
+
+    # 1. One instance serves a request: its blocks, prompt and generated,
+    #    land in the store as they fill, under vLLM's own block hashes.
+    a = Engine(model_dir, meta, namespace)
+    prompt = [(i * 37 + 11) % 1000 for i in range(200)]
+    r1 = a.add("r1", prompt, max_tokens=20)
+    a.finish()
+    computed = 200 + 20 - 1  # the last token sampled is never a forward's input
+    assert len(r1.block_hashes) >= computed // BLOCK
+    keys = keys_of(r1)
+    assert all(len(k) == 32 for k in keys), "vLLM's sha256 block hashes are the store's keys"
+    stored = store.match_prefix(keys)
+    assert stored == computed // BLOCK, (stored, computed // BLOCK)
+    print(f"  1 instance, 200-token prompt, 20 generated: {stored} blocks stored (sha256 keys)")
+
+    # 2. Another instance, with nothing cached locally, gets a request that
+    #    shares 180 tokens: vLLM's scheduler loads the 11 full blocks they
+    #    fill from the store and computes only the rest; the loaded bytes
+    #    are what the model computes.
+    b = Engine(model_dir, meta, namespace)
+    r2 = b.add("r2", prompt[:180] + [(i * 13 + 5) % 1000 for i in range(40)], max_tokens=4)
+    out = b.schedule()
+    scheduled = b.run(out)
+    assert scheduled["r2"] == 220 - 176, scheduled
+    b.finish()
+    print(f"  2nd instance, 180 shared tokens: 176 loaded, {scheduled['r2']} computed, loaded bytes exact")
+
+    # 3. A hit whose blocks vanish between the prefix check and the load
+    #    (evicted, a daemon gone): the connector reports them, vLLM
+    #    recomputes them, and the request ends with the right KV.
+    c = Engine(model_dir, meta, namespace)
+    r3 = c.add("r3", prompt + [7] * 8, max_tokens=2)
+    out = c.schedule()
+    gone = keys_of(r3)[5:8]
+    blocks = c.slots("r3")[5:8]
+    c.run(out, before_load=lambda: store.remove(gone))
+    assert c.load_errors == set(blocks), (c.load_errors, blocks)
+    # Each later step checks every token before it (Engine.run).
+    c.finish()
+    print(f"  blocks removed before their load: {len(blocks)} reported to vLLM, recomputed, KV exact")
+
+    # 4. The store has them again (written when recomputed).
+    assert store.match_prefix(keys_of(r3)) >= 12, store.match_prefix(keys_of(r3))
+
+    # 5. Two tensor-parallel ranks: each writes its heads of a block under
+    #    its own namespace, and a block is a hit only where every rank has
+    #    it. Rank 1 loses block 3: another instance loads blocks 0-2 on both.
+    d = Engine(model_dir, meta, namespace, tp=2)
+    prompt = [(i * 29 + 3) % 1000 for i in range(120)]
+    r4 = d.add("r4", prompt, max_tokens=2)
+    d.finish()
+    rank1 = store.with_namespace(f"{namespace}/auto/tp1of2")
+    assert rank1.match_prefix(keys_of(r4)) == 7, rank1.match_prefix(keys_of(r4))
+    rank1.remove(keys_of(r4)[3:4])
+    e = Engine(model_dir, meta, namespace, tp=2)
+    e.add("r5", prompt + [9] * 16, max_tokens=2)
+    scheduled = e.run(e.schedule())
+    assert scheduled["r5"] == 136 - 48, scheduled
+    e.finish()
+    print("  2 tensor-parallel ranks: a block one rank lost is a miss; 3 blocks loaded on both, bytes exact")
+    for engine in (a, b, c, d, e):
+        engine.close()
+    print("vLLM native connector: ok")
+
+
+if __name__ == "__main__":
+    main()
