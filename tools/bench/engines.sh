@@ -5,7 +5,9 @@
 # then the Rust `bench` with the same block size, batch and concurrency,
 # against the same store; and a request's prefix check three ways. Where
 # tools/test-engines.sh made the engines' environment, SGLang HiCache's own
-# calls too, through its mooncake backend and the native one. The goal:
+# calls too, through its mooncake backend and the native one, and vLLM's
+# blocks (512 KiB: 8 layers of K and V) through the native vLLM connector's
+# worker side. The goal:
 # Python at 90% or more of the Rust client.
 # Usage: tools/bench/engines.sh [PIECE_BYTES]
 set -euo pipefail
@@ -17,11 +19,15 @@ VENV="${MOONCAKE_VENV:-$HOME/.cache/mooncake-venv}"
 
 release_and_python
 
-start_store 2GiB
-
 ENGINES="${MOONCAKE_ENGINES_VENV:-$HOME/.cache/mooncake-engines-venv}"
 for round in 1 2; do
     echo "== round $round"
+    # Each round on an empty store: a round writes more than the store
+    # holds, and blocks written once and never read (the first phases'
+    # objects) stay only in the daemon's small probation queue, so a full
+    # store would evict a phase's objects before it reads them back.
+    if [ -n "${STORE_PID:-}" ]; then kill "$STORE_PID"; wait "$STORE_PID" 2>/dev/null || true; fi
+    start_store 2GiB
     "$VENV/bin/python" client/python/bench/sglang_pages.py --meta "$META" --piece "$PIECE"
     echo "-- Rust bench, ${PIECE} B blocks, batches of 128, one worker"
     "$BIN" bench --meta "$META" --sizes "$PIECE" --batch 128 --concurrency 1 --ops 12800 \
@@ -31,6 +37,8 @@ for round in 1 2; do
         "$ENGINES/bin/pip" install -q --disable-pip-version-check ./client/python
         echo "-- SGLang HiCache's calls, its mooncake backend and the native one"
         "$ENGINES/bin/python" -W ignore client/python/engines/sglang_bench.py "$META"
+        echo "-- vLLM's blocks through the native connector"
+        "$ENGINES/bin/python" -W ignore client/python/engines/vllm_bench.py "$META" 2>/dev/null
         echo "-- Rust bench, 512 KiB and 1 MiB blocks, batches of 64, one worker"
         "$BIN" bench --meta "$META" --sizes 512KiB,1MiB --batch 64 --concurrency 1 --ops 3200 \
             --working-set 512MiB 2>/dev/null | grep -E "^(op|get|put)"

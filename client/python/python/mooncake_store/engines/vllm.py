@@ -419,17 +419,20 @@ class _WorkerSide:
 
     def _scatter(self, n: int, ok: list[int], ids: list[int]) -> None:
         """Copies the staged blocks `ok` (of n) into cache blocks `ids`."""
-        rows = self._rows(n)[ok]
+        rows = self._rows(n)
+        if len(ok) < n:
+            rows = rows[ok]
         device = self.layers[0].cache.device
-        # One transfer to the cache's device, then each layer's part.
+        # One transfer to the cache's device, then each layer's part, read
+        # in place (a view) and copied into the cache once.
         rows = rows.to(device)
         index = torch.tensor(ids, dtype=torch.long, device=device)
         for layer in self.layers:
             cache = layer.cache
             shape = list(cache.shape)
             shape.pop(layer.block_dim)
-            part = rows[:, layer.offset : layer.offset + layer.nbytes].contiguous()
-            blocks = part.view(cache.dtype).view(len(ids), *shape).movedim(0, layer.block_dim)
+            part = rows[:, layer.offset : layer.offset + layer.nbytes].view(cache.dtype)
+            blocks = part.unflatten(1, shape).movedim(0, layer.block_dim)
             cache.index_copy_(layer.block_dim, index, blocks)
 
     def save(self, saves: list[Transfer]) -> None:
@@ -451,8 +454,11 @@ class _WorkerSide:
         gathered = rows if device.type == "cpu" else torch.empty((n, self.block_bytes), dtype=torch.uint8, device=device)
         index = torch.tensor(block_ids, dtype=torch.long, device=device)
         for layer in self.layers:
-            blocks = layer.cache.index_select(layer.block_dim, index).movedim(layer.block_dim, 0).contiguous()
-            gathered[:, layer.offset : layer.offset + layer.nbytes].copy_(blocks.view(n, -1).view(torch.uint8))
+            cache = layer.cache
+            shape = list(cache.shape)
+            shape.pop(layer.block_dim)
+            part = gathered[:, layer.offset : layer.offset + layer.nbytes].view(cache.dtype).unflatten(1, shape)
+            torch.index_select(cache, layer.block_dim, index, out=part.movedim(0, layer.block_dim))
         if gathered is not rows:
             # A blocking copy: the store reads the staging buffer next.
             rows.copy_(gathered)
