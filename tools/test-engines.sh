@@ -8,8 +8,8 @@
 # repository's Python package; starts `mooncake-store up`; and runs the
 # drivers in client/python/engines/, which drive the engines' classes as
 # the engines do: SGLang HiCache's `MooncakeStore` and the native SGLang
-# backend, vLLM's v1 scheduler with the native vLLM connector, and vLLM's
-# KV-event classes. Separate from tools/test.sh: the first run downloads
+# backend, vLLM's v1 scheduler with the native vLLM connector, LMCache's
+# `mooncakestore` remote connector, and vLLM's KV-event classes. Separate from tools/test.sh: the first run downloads
 # about 3 GiB (2 to 3 minutes here), later runs take about a minute.
 #
 # Usage: tools/test-engines.sh
@@ -44,6 +44,11 @@ BIN="$CARGO_TARGET_DIR/debug/mooncake-store"
     openai-harmony==0.0.8 partial-json-parser==0.2.1.1.post7 prometheus-client==0.26.0 \
     py-cpuinfo==9.0.0 uvloop==0.23.0 xgrammar==0.2.9 \
     cachetools==8.0.2 einops==0.8.2 2>&1 | grep -v "requires\|incompatible\|resolver" || true
+# LMCache's own mooncakestore connector: LMCache without its dependencies
+# (its CPU path needs no CUDA extension), plus what that path imports.
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps lmcache==0.5.6 \
+    aiofile==3.12.3 caio==0.12.10 cffi==2.1.1 cryptography==50.0.2 llvmlite==0.50.0 \
+    numba==0.68.1 pycparser==3.12 sortedcontainers==2.4.0
 "$VENV/bin/pip" install -q --disable-pip-version-check ./client/python
 
 . tools/store-for-script.sh
@@ -51,9 +56,11 @@ EVENTS="127.0.0.1:$(free_port)"
 REPLAY="127.0.0.1:$(free_port)"
 start_store 1GiB --events "$EVENTS" --events-replay "$REPLAY"
 
-for driver in client/python/engines/sglang_hicache.py client/python/engines/vllm_connector.py; do
-    echo "== $driver"
-    "$VENV/bin/python" -W ignore "$driver" "$META"
-done
+echo "== client/python/engines/sglang_hicache.py"
+"$VENV/bin/python" -W ignore client/python/engines/sglang_hicache.py "$META"
+echo "== client/python/engines/vllm_connector.py"
+"$VENV/bin/python" -W ignore client/python/engines/vllm_connector.py "$META" "$EVENTS" "$REPLAY"
+echo "== client/python/engines/lmcache_remote.py"
+LMCACHE_LOG_LEVEL=ERROR "$VENV/bin/python" -W ignore client/python/engines/lmcache_remote.py "$META"
 echo "== client/python/engines/vllm_kv_events.py"
 "$VENV/bin/python" -W ignore client/python/engines/vllm_kv_events.py "$META" "$EVENTS" "$REPLAY"

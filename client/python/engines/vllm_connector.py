@@ -14,7 +14,11 @@ token, KV bytes that depend on the token and all tokens before it, so
 that a block loaded from the store is checked byte for byte against what
 the model would have computed. Run by `tools/test-engines.sh`.
 
-Usage: python vllm_connector.py META_ADDR
+With the store's events ports, it also reads the store's events as a
+consumer of vLLM's KV events does: the blocks the connector wrote show up
+under vLLM's own block hashes, the ones vLLM's own events carry.
+
+Usage: python vllm_connector.py META_ADDR [EVENTS_ADDR REPLAY_ADDR]
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from vllm.config import (
 )
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -50,6 +55,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 import mooncake_store
 from mooncake_store.engines import vllm as vllm_native
 from mooncake_store.engines.vllm import MooncakeStoreNative
+from vllm_kv_events import Subscriber
 
 BLOCK, LAYERS, HEADS, DIM, BLOCKS = 16, 2, 2, 16, 96
 EOS = 2
@@ -240,6 +246,7 @@ def main() -> None:
     Path(model_dir, "config.json").write_text(json.dumps(MODEL))
     store = mooncake_store.Client(meta, namespace=f"{namespace}/auto/tp0of1")
     store.remove_all()
+    events = Subscriber(*sys.argv[2:4]) if len(sys.argv) >= 4 else None
 
     # 1. One instance serves a request: its blocks, prompt and generated,
     #    land in the store as they fill, under vLLM's own block hashes.
@@ -254,6 +261,13 @@ def main() -> None:
     stored = store.match_prefix(keys)
     assert stored == computed // BLOCK, (stored, computed // BLOCK)
     print(f"  1 instance, 200-token prompt, 20 generated: {stored} blocks stored (sha256 keys)")
+    if events is not None:
+        # A router reading the store's events (vLLM's format) sees the
+        # hashes vLLM's own BlockStored events carry for these blocks.
+        vllm_hashes = {bytes(h) for h in r1.block_hashes[:stored]}
+        events.follow(lambda: vllm_hashes <= events.held)
+        print(f"  the store's events name those {stored} blocks by vLLM's own block hashes")
+        events.close()
 
     # 2. Another instance, with nothing cached locally, gets a request that
     #    shares 180 tokens: vLLM's scheduler loads the 11 full blocks they
@@ -266,6 +280,16 @@ def main() -> None:
     assert scheduled["r2"] == 220 - 176, scheduled
     b.finish()
     print(f"  2nd instance, 180 shared tokens: 176 loaded, {scheduled['r2']} computed, loaded bytes exact")
+    # What the worker reports, through vLLM's own stats logging.
+    stats = b.workers[0].connector.get_kv_connector_stats()
+    logged: list[str] = []
+    logging = KVConnectorLogging(b.config.kv_transfer_config)
+    logging.observe(stats.to_dict())
+    logging.log(lambda fmt, *args: logged.append(fmt % args))
+    assert stats.reduce()["blocks_loaded"] == 11, stats.reduce()
+    assert stats.reduce()["blocks_missed"] == 0, stats.reduce()
+    assert logged and "blocks_loaded=11" in logged[0], logged
+    print(f"  vLLM's connector stats log: {logged[0]}")
 
     # 3. A hit whose blocks vanish between the prefix check and the load
     #    (evicted, a daemon gone): the connector reports them, vLLM

@@ -30,74 +30,96 @@ from mooncake.store import MooncakeDistributedStore
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
-def main(meta: str, events: str, replay: str) -> None:
-    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.connect(f"tcp://{events}")
-    sub.setsockopt_string(zmq.SUBSCRIBE, "")
-    # A DEALER framed as REQ: a replay answers with many batches.
-    rep = ctx.socket(zmq.DEALER)
-    rep.connect(f"tcp://{replay}")
-    held: set = set()
-    state = {"last": None, "clears": 0, "types": set()}
+class Subscriber:
+    """The store's events as a consumer of vLLM's sees them: `held` is the
+    set of block hashes stored and not removed, from the first batch the
+    replay port keeps, following the live stream (a gap in the numbers is
+    filled from the replay port)."""
 
-    def apply(seq: int, payload: bytes) -> None:
-        if state["last"] is not None and seq <= state["last"]:
+    def __init__(self, events: str, replay: str):
+        self.decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.connect(f"tcp://{events}")
+        self.sub.setsockopt_string(zmq.SUBSCRIBE, "")
+        # A DEALER framed as REQ: a replay answers with many batches.
+        self.rep = self.ctx.socket(zmq.DEALER)
+        self.rep.connect(f"tcp://{replay}")
+        self.held: set = set()
+        self.last = None
+        self.clears = 0
+        self.types: set = set()
+        self.ask_replay(0)
+
+    def apply(self, seq: int, payload: bytes) -> None:
+        if self.last is not None and seq <= self.last:
             return
-        state["last"] = seq
-        batch = decoder.decode(payload)
+        self.last = seq
+        batch = self.decoder.decode(payload)
         for event in batch.events:
-            state["types"].add(type(event).__name__)
+            self.types.add(type(event).__name__)
             if isinstance(event, AllBlocksCleared):
-                state["clears"] += 1
-                held.clear()
+                self.clears += 1
+                self.held.clear()
             elif isinstance(event, BlockStored):
-                held.update(event.block_hashes)
+                self.held.update(event.block_hashes)
             elif isinstance(event, BlockRemoved):
-                held.difference_update(event.block_hashes)
+                self.held.difference_update(event.block_hashes)
 
-    def ask_replay(start: int) -> None:
-        rep.send_multipart([b"", start.to_bytes(8, "big")])
-        while rep.poll(timeout=5000):
-            _, _topic, seq, payload = rep.recv_multipart()
+    def ask_replay(self, start: int) -> None:
+        self.rep.send_multipart([b"", start.to_bytes(8, "big")])
+        while self.rep.poll(timeout=5000):
+            _, _topic, seq, payload = self.rep.recv_multipart()
             if seq == END_SEQ:
                 return
-            apply(int.from_bytes(seq, "big"), payload)
+            self.apply(int.from_bytes(seq, "big"), payload)
         raise SystemExit("replay did not end")
 
-    def follow(done, timeout: float = 20.0) -> None:
+    def follow(self, done, timeout: float = 20.0) -> None:
+        """Reads events until `done()` holds; fails after `timeout` s."""
         deadline = time.monotonic() + timeout
+        quiet = 0
         while not done():
             if time.monotonic() > deadline:
-                raise SystemExit(f"events never showed it: {len(held)} blocks held")
-            if not sub.poll(timeout=100):
+                raise SystemExit(f"events never showed it: {len(self.held)} blocks held")
+            if not self.sub.poll(timeout=100):
+                # A batch sent before the subscription took hold is never
+                # received: after a quiet second, ask the replay port.
+                quiet += 1
+                if quiet % 10 == 0:
+                    self.ask_replay(0 if self.last is None else self.last + 1)
                 continue
-            _topic, seq_bytes, payload = sub.recv_multipart()
+            quiet = 0
+            _topic, seq_bytes, payload = self.sub.recv_multipart()
             seq = int.from_bytes(seq_bytes, "big")
-            if state["last"] is not None and seq > state["last"] + 1:
-                ask_replay(state["last"] + 1)
-            apply(seq, payload)
+            if self.last is not None and seq > self.last + 1:
+                self.ask_replay(self.last + 1)
+            self.apply(seq, payload)
 
-    ask_replay(0)
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+def main(meta: str, events: str, replay: str) -> None:
+    sub = Subscriber(events, replay)
     store = MooncakeDistributedStore()
     assert store.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta) == 0
     keys = [f"vllm@model@0@0@{i:064x}" for i in range(16)]
     for k in keys:
         assert store.put(k, bytes(range(256)) * 16) == 0
     hashes = {mooncake_store.opaque_hash(k) for k in keys}
-    follow(lambda: hashes <= held)
+    sub.follow(lambda: hashes <= sub.held)
     print(f"BlockStored seen for all {len(keys)} objects an engine put")
     for k in keys[:4]:
         assert store.remove(k) == 0
     gone = {mooncake_store.opaque_hash(k) for k in keys[:4]}
-    follow(lambda: not (gone & held))
-    assert held >= hashes - gone
-    assert state["clears"] == 1, state
-    assert {"AllBlocksCleared", "BlockStored", "BlockRemoved"} <= state["types"], state
+    sub.follow(lambda: not (gone & sub.held))
+    assert sub.held >= hashes - gone
+    assert sub.clears == 1, sub.clears
+    assert {"AllBlocksCleared", "BlockStored", "BlockRemoved"} <= sub.types, sub.types
     print("BlockRemoved seen for the 4 removed; vLLM's KVEventBatch decoded every batch")
     store.close()
-    ctx.destroy(linger=0)
+    sub.close()
 
 
 if __name__ == "__main__":

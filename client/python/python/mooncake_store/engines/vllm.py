@@ -26,6 +26,8 @@ What it does:
   is reported to vLLM (`get_block_ids_with_load_errors`), which recomputes
   it; a block that cannot be written is a future miss. Neither fails the
   step.
+- Each worker's traffic (blocks loaded, missed, written, bytes, GB/s) goes
+  to vLLM's connector stats, which vLLM logs as "KV Transfer metrics".
 
 Keys live in the namespace `vllm/<model>/<kv dtype>/tp<rank>of<size>`
 (`namespace` in the extra config replaces `vllm/<model>`): ranks hold
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -50,6 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 import mooncake_store
 
@@ -82,6 +86,41 @@ class StoreMetadata(KVConnectorMetadata):
 
     loads: list[Transfer] = field(default_factory=list)
     saves: list[Transfer] = field(default_factory=list)
+
+
+COUNTS = ("blocks_loaded", "blocks_missed", "blocks_saved", "blocks_not_saved", "bytes_loaded", "bytes_saved")
+TIMES = ("load_seconds", "save_seconds")
+
+
+@dataclass
+class StoreStats(KVConnectorStats):
+    """What the workers moved since vLLM last asked: blocks loaded, blocks
+    that could not be (misses vLLM recomputes), blocks written and not, their
+    bytes and the time spent. vLLM sums them over workers and logs them as
+    "KV Transfer metrics" at its logging interval."""
+
+    def __post_init__(self):
+        for name in COUNTS + TIMES:
+            self.data.setdefault(name, 0)
+
+    def reset(self):
+        for name in COUNTS + TIMES:
+            self.data[name] = 0
+
+    def aggregate(self, other: KVConnectorStats) -> "StoreStats":
+        for name in COUNTS + TIMES:
+            self.data[name] += other.data.get(name, 0)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out = {name: self.data[name] for name in COUNTS}
+        for what, moved, seconds in (("load", "bytes_loaded", "load_seconds"), ("save", "bytes_saved", "save_seconds")):
+            if self.data[seconds] > 0:
+                out[f"{what}_gb_per_s"] = round(self.data[moved] / self.data[seconds] / 1e9, 3)
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data[name] for name in COUNTS)
 
 
 @dataclass
@@ -207,6 +246,15 @@ class MooncakeStoreNative(KVConnectorBase_V1):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors()
+
+    def get_kv_connector_stats(self) -> Optional[StoreStats]:
+        if self._worker is None:
+            return None
+        return self._worker.take_stats()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None) -> StoreStats:
+        return StoreStats(data=dict(data or {}))
 
     def shutdown(self):
         if self._worker is not None:
@@ -352,7 +400,9 @@ class _WorkerSide:
         # Requests whose load failed this step: what their forward pass
         # computes read missing blocks, and is not written.
         self.failed: set[str] = set()
-        self.stats = {"blocks_loaded": 0, "blocks_missed": 0, "blocks_saved": 0, "blocks_not_saved": 0}
+        # Since vLLM last asked, and since the start (logged at shutdown).
+        self.stats = StoreStats()
+        self.total = StoreStats()
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         tp_rank, pp_rank = _ranks()
@@ -392,12 +442,15 @@ class _WorkerSide:
 
     def load(self, loads: list[Transfer]) -> None:
         self.failed = set()
+        started = time.perf_counter()
         for transfer in loads:
             for start in range(0, len(transfer.keys), self.staging_blocks):
                 keys = transfer.keys[start : start + self.staging_blocks]
                 ids = transfer.block_ids[start : start + self.staging_blocks]
                 if not self._load_some(keys, ids):
                     self.failed.add(transfer.req_id)
+        if loads:
+            self._count("load_seconds", time.perf_counter() - started)
 
     def _load_some(self, keys: list[Any], block_ids: list[int]) -> bool:
         """Reads blocks into the cache; False if any could not be read."""
@@ -411,8 +464,9 @@ class _WorkerSide:
         ok = [i for i, g in enumerate(got) if g == self.block_bytes]
         missed = [block_ids[i] for i, g in enumerate(got) if g != self.block_bytes]
         self.load_errors.update(missed)
-        self.stats["blocks_missed"] += len(missed)
-        self.stats["blocks_loaded"] += len(ok)
+        self._count("blocks_missed", len(missed))
+        self._count("blocks_loaded", len(ok))
+        self._count("bytes_loaded", len(ok) * self.block_bytes)
         if ok:
             self._scatter(n, ok, [block_ids[i] for i in ok])
         return not missed
@@ -436,6 +490,7 @@ class _WorkerSide:
             cache.index_copy_(layer.block_dim, index, blocks)
 
     def save(self, saves: list[Transfer]) -> None:
+        started = time.perf_counter()
         for transfer in saves:
             if transfer.req_id in self.failed:
                 continue
@@ -445,6 +500,8 @@ class _WorkerSide:
                 ids = transfer.block_ids[start : start + self.staging_blocks]
                 self._save_some(keys, ids, parent)
                 parent = keys[-1]
+        if saves:
+            self._count("save_seconds", time.perf_counter() - started)
 
     def _save_some(self, keys: list[Any], block_ids: list[int], parent: Any) -> None:
         n = len(keys)
@@ -469,8 +526,20 @@ class _WorkerSide:
             log.warning("save of %d blocks: %s", n, err)
             codes = [-1] * n
         saved = sum(1 for c in codes if c == 0)
-        self.stats["blocks_saved"] += saved
-        self.stats["blocks_not_saved"] += n - saved
+        self._count("blocks_saved", saved)
+        self._count("blocks_not_saved", n - saved)
+        self._count("bytes_saved", saved * self.block_bytes)
+
+    def _count(self, name: str, value: float) -> None:
+        self.stats.data[name] += value
+        self.total.data[name] += value
+
+    def take_stats(self) -> Optional[StoreStats]:
+        """The stats since the last call, or None if nothing moved."""
+        if self.stats.is_empty():
+            return None
+        stats, self.stats = self.stats, StoreStats()
+        return stats
 
     def take_load_errors(self) -> set[int]:
         errors, self.load_errors = self.load_errors, set()
@@ -479,7 +548,7 @@ class _WorkerSide:
     def close(self) -> None:
         if self.client is not None and self.staging is not None:
             self.client.unregister_buffer(self.staging.data_ptr())
-        log.info("KV blocks: %s", ", ".join(f"{k} {v}" for k, v in self.stats.items()))
+        log.info("KV blocks: %s", ", ".join(f"{k} {v}" for k, v in self.total.reduce().items()))
 
 
 def _block_dim(name: str, cache: torch.Tensor, num_blocks: int) -> int:

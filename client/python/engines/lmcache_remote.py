@@ -1,0 +1,154 @@
+"""LMCache's own `mooncakestore` remote backend, unchanged, on this store.
+
+Builds LMCache's `LMCacheEngineConfig` the way LMCache's docs configure
+Mooncake (`remote_url: mooncakestore://...`, the Mooncake keys in
+`extra_config`), LMCache's `LocalCPUBackend` (its CPU memory allocator),
+and LMCache's `RemoteBackend`, which creates LMCache's
+`MooncakestoreConnector` through LMCache's own connector factory; that
+connector calls `mooncake.store` as Mooncake's package defines it, and this
+repository's package answers. Then does what LMCache's storage manager
+does with a remote backend: batched puts of KV chunks (LMCache's
+`KV_2LTD` memory objects, random bytes), `contains`, batched gets back
+into new memory objects, byte for byte, and misses for chunks never put.
+Both of the connector's modes run: with `save_chunk_meta` (LMCache's
+default: `put_parts` and `batch_get_buffer`) and without (`batch_put_from`
+and `batch_get_into`, zero copy into LMCache's registered buffer).
+Run by `tools/test-engines.sh`.
+
+Usage: python lmcache_remote.py META_ADDR
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+
+import torch
+
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.memory_management import MemoryFormat
+from lmcache.v1.metadata import LMCacheMetadata
+from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
+MODEL = "test-model"
+LAYERS, TOKENS, HEADS, DIM = 4, 256, 2, 64
+DTYPE = torch.bfloat16
+
+
+def config(meta: str, save_chunk_meta: bool) -> LMCacheEngineConfig:
+    return LMCacheEngineConfig.from_dict(
+        {
+            "chunk_size": TOKENS,
+            "local_cpu": False,
+            "max_local_cpu_size": 0.5,
+            "remote_url": f"mooncakestore://{meta}/",
+            "remote_serde": "naive",
+            "extra_config": {
+                "local_hostname": "localhost",
+                "metadata_server": "P2PHANDSHAKE",
+                "global_segment_size": 0,
+                "local_buffer_size": "64MB",
+                "protocol": "tcp",
+                "device_name": "",
+                "master_server_address": meta,
+                "save_chunk_meta": save_chunk_meta,
+            },
+        }
+    )
+
+
+def metadata() -> LMCacheMetadata:
+    return LMCacheMetadata(
+        model_name=MODEL, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+        kv_dtype=DTYPE, kv_shape=(LAYERS, 2, TOKENS, HEADS, DIM),
+    )
+
+
+def key(name: str) -> CacheEngineKey:
+    chunk = int.from_bytes(name.encode().ljust(32, b"."), "big")
+    return CacheEngineKey(model_name=MODEL, world_size=1, worker_id=0, chunk_hash=chunk, dtype=DTYPE)
+
+
+def run(meta: str, save_chunk_meta: bool, loop: asyncio.AbstractEventLoop) -> None:
+    cfg, md = config(meta, save_chunk_meta), metadata()
+    cpu = LocalCPUBackend(config=cfg, metadata=md, dst_device="cpu")
+    backend = RemoteBackend(config=cfg, metadata=md, loop=loop, local_cpu_backend=cpu, dst_device="cpu")
+    assert backend.connection is not None, "LMCache could not create its mooncakestore connector"
+    shape = torch.Size([2, LAYERS, TOKENS, HEADS * DIM])
+    mode = "save_chunk_meta" if save_chunk_meta else "zero copy"
+    # Chunk hashes of this run only: a chunk stored before keeps its bytes.
+    run_id = os.urandom(4).hex()
+    keys = [key(f"{mode}/{run_id}/{i}") for i in range(64)]
+    objs = []
+    for _ in keys:
+        obj = cpu.allocate(shape, DTYPE, MemoryFormat.KV_2LTD)
+        assert obj is not None, "LMCache's CPU allocator is full"
+        obj.tensor.copy_(torch.randn(shape).to(DTYPE))
+        objs.append(obj)
+    expected = [obj.tensor.clone() for obj in objs]
+
+    # Puts, batched as LMCache's storage manager submits them; LMCache
+    # calls back once per chunk written.
+    written = Done(len(keys))
+    for start in range(0, len(keys), 16):
+        backend.batched_submit_put_task(
+            keys[start : start + 16], objs[start : start + 16], on_complete_callback=written.one
+        )
+    written.wait(timeout=30)
+    assert backend.put_failed_count == 0, backend.put_failed_count
+    held = [backend.contains(k) for k in keys]
+    assert all(held), f"{held.count(False)} of {len(keys)} chunks put are not found"
+    assert not backend.contains(key(f"{mode}/never-put"))
+
+    # Gets, into new memory objects, byte for byte; a chunk never put is a miss.
+    wanted = keys[:32] + [key(f"{mode}/never-put")]
+    got = backend.batched_get_blocking(wanted)
+    assert got[-1] is None, "a chunk never put was found"
+    for i, obj in enumerate(got[:-1]):
+        assert obj is not None, f"chunk {i} missing"
+        assert torch.equal(obj.tensor.view(shape), expected[i]), f"chunk {i} differs"
+        obj.ref_count_down()
+    print(f"LMCache's mooncakestore connector ({mode}): {len(keys)} chunks of "
+          f"{expected[0].numel() * 2 >> 10} KiB put, found, read back byte for byte; a miss is None")
+    for obj in objs:
+        obj.ref_count_down()
+    backend.close()
+
+
+class Done:
+    """Counts LMCache's per-chunk completion callbacks."""
+
+    def __init__(self, expected: int):
+        self.expected = expected
+        self.count = 0
+        self.cond = threading.Condition()
+
+    def one(self, _key) -> None:
+        with self.cond:
+            self.count += 1
+            self.cond.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.count >= self.expected, timeout=timeout):
+                raise SystemExit(f"{self.count} of {self.expected} puts done after {timeout} s")
+
+
+def main(meta: str) -> None:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        for save_chunk_meta in (True, False):
+            run(meta, save_chunk_meta, loop)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
