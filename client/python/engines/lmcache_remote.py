@@ -39,14 +39,24 @@ LAYERS, TOKENS, HEADS, DIM = 4, 256, 2, 64
 DTYPE = torch.bfloat16
 
 
-def config(meta: str, save_chunk_meta: bool) -> LMCacheEngineConfig:
-    return LMCacheEngineConfig.from_dict(
-        {
-            "chunk_size": TOKENS,
-            "local_cpu": False,
-            "max_local_cpu_size": 0.5,
+def config(meta: str, mode: str) -> LMCacheEngineConfig:
+    """LMCache's config for one of the three ways to reach the store."""
+    if mode == "native":
+        # This package's connector, through LMCache's plug-in framework.
+        remote = {
+            "remote_url": "plugin://mooncake_store",
+            "remote_storage_plugins": ["mooncake_store"],
+            "extra_config": {
+                "remote_storage_plugin.mooncake_store.module_path": "mooncake_store.engines.lmcache",
+                "remote_storage_plugin.mooncake_store.class_name": "MooncakeStoreRemote",
+                "meta": meta,
+                "save_chunk_meta": False,
+            },
+        }
+    else:
+        # LMCache's own mooncakestore connector, as LMCache's docs set it up.
+        remote = {
             "remote_url": f"mooncakestore://{meta}/",
-            "remote_serde": "naive",
             "extra_config": {
                 "local_hostname": "localhost",
                 "metadata_server": "P2PHANDSHAKE",
@@ -55,9 +65,11 @@ def config(meta: str, save_chunk_meta: bool) -> LMCacheEngineConfig:
                 "protocol": "tcp",
                 "device_name": "",
                 "master_server_address": meta,
-                "save_chunk_meta": save_chunk_meta,
+                "save_chunk_meta": mode == "save_chunk_meta",
             },
         }
+    return LMCacheEngineConfig.from_dict(
+        {"chunk_size": TOKENS, "local_cpu": False, "max_local_cpu_size": 0.5, "remote_serde": "naive", **remote}
     )
 
 
@@ -73,13 +85,16 @@ def key(name: str) -> CacheEngineKey:
     return CacheEngineKey(model_name=MODEL, world_size=1, worker_id=0, chunk_hash=chunk, dtype=DTYPE)
 
 
-def run(meta: str, save_chunk_meta: bool, loop: asyncio.AbstractEventLoop) -> None:
-    cfg, md = config(meta, save_chunk_meta), metadata()
+def run(meta: str, mode: str, loop: asyncio.AbstractEventLoop) -> None:
+    cfg, md = config(meta, mode), metadata()
     cpu = LocalCPUBackend(config=cfg, metadata=md, dst_device="cpu")
     backend = RemoteBackend(config=cfg, metadata=md, loop=loop, local_cpu_backend=cpu, dst_device="cpu")
-    assert backend.connection is not None, "LMCache could not create its mooncakestore connector"
+    assert backend.connection is not None, f"LMCache could not create its connector ({mode})"
+    connector = backend.connection
+    connector = getattr(connector, "getWrappedConnector", lambda: connector)()
+    wanted_class = "MooncakeStoreRemote" if mode == "native" else "MooncakestoreConnector"
+    assert type(connector).__name__ == wanted_class, type(connector)
     shape = torch.Size([2, LAYERS, TOKENS, HEADS * DIM])
-    mode = "save_chunk_meta" if save_chunk_meta else "zero copy"
     # Chunk hashes of this run only: a chunk stored before keeps its bytes.
     run_id = os.urandom(4).hex()
     keys = [key(f"{mode}/{run_id}/{i}") for i in range(64)]
@@ -102,18 +117,37 @@ def run(meta: str, save_chunk_meta: bool, loop: asyncio.AbstractEventLoop) -> No
     assert backend.put_failed_count == 0, backend.put_failed_count
     held = [backend.contains(k) for k in keys]
     assert all(held), f"{held.count(False)} of {len(keys)} chunks put are not found"
-    assert not backend.contains(key(f"{mode}/never-put"))
+    never = key(f"{mode}/{run_id}/never-put")
+    assert not backend.contains(never)
+    # LMCache's prefix lookup: how many leading chunks are stored.
+    prefix = backend.batched_contains(keys[:8] + [never] + keys[8:16])
+    assert prefix == 8, prefix
+
+    # A request's last chunk is shorter (100 tokens): it reads back as such.
+    short = torch.Size([2, LAYERS, 100, HEADS * DIM])
+    tail = cpu.allocate(short, DTYPE, MemoryFormat.KV_2LTD)
+    tail.tensor.copy_(torch.randn(short).to(DTYPE))
+    tail_bytes = tail.tensor.clone()
+    written = Done(1)
+    backend.batched_submit_put_task([key(f"{mode}/{run_id}/tail")], [tail], on_complete_callback=written.one)
+    written.wait(timeout=30)
+    [back] = backend.batched_get_blocking([key(f"{mode}/{run_id}/tail")])
+    assert back is not None and back.tensor.shape == short, None if back is None else back.tensor.shape
+    assert torch.equal(back.tensor, tail_bytes), "the short chunk differs"
+    back.ref_count_down()
+    tail.ref_count_down()
 
     # Gets, into new memory objects, byte for byte; a chunk never put is a miss.
-    wanted = keys[:32] + [key(f"{mode}/never-put")]
+    wanted = keys[:32] + [never]
     got = backend.batched_get_blocking(wanted)
     assert got[-1] is None, "a chunk never put was found"
     for i, obj in enumerate(got[:-1]):
         assert obj is not None, f"chunk {i} missing"
         assert torch.equal(obj.tensor.view(shape), expected[i]), f"chunk {i} differs"
         obj.ref_count_down()
-    print(f"LMCache's mooncakestore connector ({mode}): {len(keys)} chunks of "
-          f"{expected[0].numel() * 2 >> 10} KiB put, found, read back byte for byte; a miss is None")
+    who = "the native connector" if mode == "native" else f"LMCache's mooncakestore connector ({mode})"
+    print(f"{who}: {len(keys)} chunks of {expected[0].numel() * 2 >> 10} KiB put, found, prefix "
+          "looked up, read back byte for byte, a short last chunk too; a miss is None")
     for obj in objs:
         obj.ref_count_down()
     backend.close()
@@ -143,8 +177,8 @@ def main(meta: str) -> None:
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        for save_chunk_meta in (True, False):
-            run(meta, save_chunk_meta, loop)
+        for mode in ("save_chunk_meta", "zero copy", "native"):
+            run(meta, mode, loop)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
