@@ -18,14 +18,22 @@ With the store's events ports, it also reads the store's events as a
 consumer of vLLM's KV events does: the blocks the connector wrote show up
 under vLLM's own block hashes, the ones vLLM's own events carry.
 
+With MOONCAKE_BIN (the `mooncake-store` binary), it also starts a store of
+its own, kills it under a running instance and starts it again.
+
 Usage: python vllm_connector.py META_ADDR [EVENTS_ADDR REPLAY_ADDR]
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
+import time
 import zlib
 from pathlib import Path
 
@@ -326,7 +334,87 @@ def main() -> None:
     print("  2 tensor-parallel ranks: a block one rank lost is a miss; 3 blocks loaded on both, bytes exact")
     for engine in (a, b, c, d, e):
         engine.close()
+    if os.environ.get("MOONCAKE_BIN"):
+        store_restarted(model_dir, os.environ["MOONCAKE_BIN"])
     print("vLLM native connector: ok")
+
+
+class OwnStore:
+    """A `mooncake-store up` of this driver's, on fixed ports, to kill and
+    start again."""
+
+    def __init__(self, binary: str):
+        self.binary = binary
+        self.meta, self.daemon = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        self.proc = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "up", "--meta-listen", self.meta, "--listen", self.daemon,
+             "--admin", "", "--dram", "256MiB"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        # Ready when a put lands: the meta service answers, and its daemon
+        # has registered.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                probe = mooncake_store.Client(self.meta, namespace="probe", timeout=1.0)
+                probe.put(b"\0" * 32, b"ready")
+                probe.remove([b"\0" * 32])
+                return
+            except mooncake_store.StoreError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise SystemExit("the driver's own store did not start")
+                time.sleep(0.1)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def store_restarted(model_dir: str, binary: str) -> None:
+    """6. The store killed mid-run: vLLM goes on, every block a miss and
+    every write dropped and counted; the store started again (empty) on the
+    same address: the same instance writes again, and another loads."""
+    store = OwnStore(binary)
+    store.start()
+    try:
+        f = Engine(model_dir, store.meta, "vllm-restart")
+        prompt = lambda seed: [(i * 17 + seed) % 1000 for i in range(96)]
+        f.add("r6", prompt(1), max_tokens=2)
+        f.finish()
+        f.workers[0].connector.get_kv_connector_stats()  # this interval starts now
+        store.kill()
+        # A prompt this instance never saw: nothing local, nothing remote.
+        f.add("r7", prompt(2), max_tokens=2)
+        scheduled = f.run(f.schedule())
+        assert scheduled["r7"] == 96, scheduled
+        f.finish()
+        lost = f.workers[0].connector.get_kv_connector_stats().reduce()
+        assert lost["blocks_loaded"] == 0 and lost["blocks_saved"] == 0, lost
+        assert lost["blocks_not_saved"] == 6, lost
+        store.start()
+        f.add("r8", prompt(3), max_tokens=2)
+        f.finish()
+        g = Engine(model_dir, store.meta, "vllm-restart")
+        g.add("r9", prompt(3) + [7] * 24, max_tokens=2)
+        scheduled = g.run(g.schedule())
+        assert scheduled["r9"] == 120 - 96, scheduled
+        g.finish()
+        for engine in (f, g):
+            engine.close()
+        print(f"  store killed: {lost['blocks_not_saved']} writes dropped and counted, requests "
+              "computed in full; started again: written by the same instance, loaded by another")
+    finally:
+        if store.proc is not None and store.proc.poll() is None:
+            store.kill()
 
 
 if __name__ == "__main__":

@@ -526,6 +526,9 @@ class _WorkerSide:
             log.warning("save of %d blocks: %s", n, err)
             codes = [-1] * n
         saved = sum(1 for c in codes if c == 0)
+        if saved < n:
+            # A cache: an unwritten block is a future miss, counted in the stats.
+            log.warning("save: %d of %d blocks not stored (codes %s)", n - saved, n, sorted(set(codes) - {0}))
         self._count("blocks_saved", saved)
         self._count("blocks_not_saved", n - saved)
         self._count("bytes_saved", saved * self.block_bytes)
