@@ -25,18 +25,17 @@ from lmcache.v1.memory_management import MemoryFormat
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
-import lmcache_remote
-from lmcache_remote import DTYPE, Done, config, key
+from lmcache_remote import DTYPE, TOKENS, Done, config, key, metadata
 
-lmcache_remote.LAYERS, lmcache_remote.HEADS, lmcache_remote.DIM = 4, 8, 128
+LAYERS, HEADS, DIM = 4, 8, 128
 
 
 def bench(meta: str, mode: str, loop, requests: int, chunks: int) -> list[str]:
-    cfg, md = config(meta, mode), lmcache_remote.metadata()
+    cfg, md = config(meta, mode), metadata(LAYERS, HEADS, DIM)
     cfg.max_local_cpu_size = 2.0
     cpu = LocalCPUBackend(config=cfg, metadata=md, dst_device="cpu")
     backend = RemoteBackend(config=cfg, metadata=md, loop=loop, local_cpu_backend=cpu, dst_device="cpu")
-    shape = torch.Size([2, lmcache_remote.LAYERS, lmcache_remote.TOKENS, lmcache_remote.HEADS * lmcache_remote.DIM])
+    shape = torch.Size([2, LAYERS, TOKENS, HEADS * DIM])
     objs = [cpu.allocate(shape, DTYPE, MemoryFormat.KV_2LTD) for _ in range(chunks)]
     for obj in objs:
         obj.tensor.copy_(torch.randn(shape).to(DTYPE))

@@ -73,10 +73,10 @@ def config(meta: str, mode: str) -> LMCacheEngineConfig:
     )
 
 
-def metadata() -> LMCacheMetadata:
+def metadata(layers: int = LAYERS, heads: int = HEADS, dim: int = DIM) -> LMCacheMetadata:
     return LMCacheMetadata(
         model_name=MODEL, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
-        kv_dtype=DTYPE, kv_shape=(LAYERS, 2, TOKENS, HEADS, DIM),
+        kv_dtype=DTYPE, kv_shape=(layers, 2, TOKENS, heads, dim),
     )
 
 
