@@ -216,7 +216,7 @@ async fn with_etcd_paused_data_is_served_and_the_cluster_recovers() {
     let cluster = Cluster::start(2, 2).await;
     let client = cluster.client(Duration::from_secs(3)).await;
     let hashes = put_blocks(&client, 0..40, 8192).await;
-    cluster.etcd.signal("-STOP");
+    cluster.etcd.pause();
     let paused_at = Instant::now();
     let mut served = 0;
     while paused_at.elapsed() < TTL + Duration::from_secs(1) {
@@ -228,7 +228,7 @@ async fn with_etcd_paused_data_is_served_and_the_cluster_recovers() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    cluster.etcd.signal("-CONT");
+    cluster.etcd.resume();
     assert!(
         served > 0,
         "stored data kept being served while etcd was paused"
@@ -454,12 +454,13 @@ async fn a_removal_its_daemon_cannot_confirm_is_reported_and_still_happens() {
         put_value(&client, h("R4"), b"doomed").await,
         PutOutcome::Stored
     );
-    cluster.daemons[0].1.signal("-STOP");
+    cluster.daemons[0].1.pause();
     let codes = client.remove(&ns(), &[h("R4")]).await.unwrap();
-    cluster.daemons[0].1.signal("-CONT");
+    cluster.daemons[0].1.resume();
     assert!(
         matches!(codes[..], [ErrorCode::Timeout | ErrorCode::Unavailable]),
-        "a paused daemon cannot confirm: {codes:?}"
+        "a paused daemon cannot confirm: {codes:?}{}",
+        cluster.log_tails(30)
     );
     let key = BlockKey::new(ns(), h("R4"));
     assert_eq!(

@@ -362,10 +362,10 @@ async fn faults(mut cluster: Cluster) {
     // 5: a daemon accepts connections but never answers, for three seconds.
     load.phase.store(5, Ordering::Relaxed);
     let stalled = cluster.daemons.len() - 1;
-    cluster.daemons[stalled].1.signal("-STOP");
+    cluster.daemons[stalled].1.pause();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let t = Instant::now();
-    cluster.daemons[stalled].1.signal("-CONT");
+    cluster.daemons[stalled].1.resume();
     recovered[5] = recovery(&client, t, 5)
         .await
         .expect("recovered from a stall");
@@ -405,14 +405,14 @@ async fn faults(mut cluster: Cluster) {
     let (killed, stalled) = (live[0], live[1]);
     let killed_addr = daemon_addr(&cluster, killed);
     cluster.daemons[killed].1.kill9();
-    cluster.daemons[stalled].1.signal("-STOP");
+    cluster.daemons[stalled].1.pause();
     let leader = cluster.leader_index().await;
     cluster.metas[leader].1.kill9();
     cluster.etcd.kill9();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let t = Instant::now();
     cluster.restart_etcd();
-    cluster.daemons[stalled].1.signal("-CONT");
+    cluster.daemons[stalled].1.resume();
     cluster.spawn_daemon(&killed_addr);
     cluster.spawn_meta();
     recovered[7] = recovery(&client, t, 7)

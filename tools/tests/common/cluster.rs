@@ -65,6 +65,35 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// Pauses the process (SIGSTOP) and returns once every one of its
+    /// threads is stopped: a signal is only queued when `kill` returns, and
+    /// a test that calls the process next must not race its delivery.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let stopped = || {
+            std::fs::read_dir(&tasks).is_ok_and(|dir| {
+                dir.flatten().all(|t| {
+                    // `pid (comm) STATE ...`: the state follows the last ')'.
+                    std::fs::read_to_string(t.path().join("stat")).is_ok_and(|st| {
+                        st.rsplit_once(')')
+                            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+                    })
+                })
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !stopped() {
+            assert!(Instant::now() < deadline, "{} did not stop", self.name);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Resumes a paused process (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.child.id().to_string()])
@@ -222,6 +251,27 @@ impl Cluster {
         }
         cluster.wait_healthy(daemons, Duration::from_secs(15)).await;
         cluster
+    }
+
+    /// The last lines of each server's log, for a failure's message (a CI
+    /// machine keeps nothing else).
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut names: Vec<_> = std::fs::read_dir(&self.logs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        names.sort();
+        let mut out = String::new();
+        for path in names {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let tail = &all[all.len().saturating_sub(lines)..];
+            out += &format!("\n--- {} ---\n{}", path.display(), tail.join("\n"));
+        }
+        out
     }
 
     /// Stops etcd (SIGKILL) and starts it again on its data and ports.
