@@ -192,6 +192,7 @@ mod tests {
             stored_on: Copies::one(1),
             size: 10,
             checksum: 7,
+            parent: None,
         };
         index.commit(&key.namespace, &item);
         key

@@ -25,7 +25,7 @@ const SHARDS: usize = 64;
 /// lookups hash no strings.
 type NsId = u32;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct IdxKey {
     ns: NsId,
     hash: BlockHash,
@@ -158,6 +158,11 @@ struct Shard {
     copies: AtomicU64,
     bytes: AtomicU64,
     pending: AtomicU64,
+    /// The parent each visible block's writer named, kept only while store
+    /// events are published (they carry it as `parent_block_hash`), so
+    /// that an index without subscribers stays 48 bytes an entry. Locked
+    /// after the table, never before; an entry's parent goes with it.
+    parents: Mutex<HashMap<IdxKey, BlockHash>>,
 }
 
 impl Shard {
@@ -171,6 +176,7 @@ impl Shard {
             shard: self,
             names: &index.namespaces,
             clients: &index.pending_by_client,
+            parents: index.events.is_on(),
         }
     }
 
@@ -194,6 +200,8 @@ struct ShardWrite<'a> {
     names: &'a Names,
     /// Reservations are counted against their clients.
     clients: &'a PendingByClient,
+    /// Whether parents are kept (store events are on).
+    parents: bool,
 }
 
 impl std::ops::Deref for ShardWrite<'_> {
@@ -221,8 +229,32 @@ impl ShardWrite<'_> {
         if let Some(old) = &old {
             self.count(old, false);
             self.names.release(key.ns);
+            if self.parents {
+                self.shard.parents.lock().remove(key);
+            }
         }
         old
+    }
+
+    /// The parent a visible block's writer named (kept while events are
+    /// on).
+    fn parent(&self, key: &IdxKey) -> Option<BlockHash> {
+        if !self.parents {
+            return None;
+        }
+        self.shard.parents.lock().get(key).copied()
+    }
+
+    /// Records the parent of the visible block at `key` (events on).
+    fn set_parent(&mut self, key: IdxKey, parent: Option<BlockHash>) {
+        if !self.parents {
+            return;
+        }
+        let mut parents = self.shard.parents.lock();
+        match parent {
+            Some(p) => parents.insert(key, p),
+            None => parents.remove(&key),
+        };
     }
 
     /// Keeps the entries `keep` says to, which it may change in place
@@ -230,11 +262,15 @@ impl ShardWrite<'_> {
     /// taken out must be counted out by `keep`: the counts do not see it).
     fn retain(&mut self, mut keep: impl FnMut(&IdxKey, &mut Entry) -> bool) {
         let (shard, names, clients) = (self.shard, self.names, self.clients);
+        let mut parents = self.parents.then(|| shard.parents.lock());
         self.table.retain(|k, e| {
             let kept = keep(k, e);
             if !kept {
                 count((shard, clients), e, false);
                 names.release(k.ns);
+                if let Some(parents) = &mut parents {
+                    parents.remove(k);
+                }
             }
             kept
         });
@@ -510,8 +546,8 @@ impl Index {
         &self,
         block: &BlockKey,
         (daemon, tier): (u32, Tier),
-        size: u32,
-        checksum: u64,
+        (size, checksum): (u32, u64),
+        parent: Option<BlockHash>,
     ) {
         let key = IdxKey {
             ns: self.namespaces.acquire(&block.namespace),
@@ -525,15 +561,21 @@ impl Index {
             .filter(|_| same.is_some())
             .map_or(1, Entry::want);
         let (ns, hash) = (&block.namespace, block.hash);
+        // The same bytes keep the parent known for them, if this copy's
+        // daemon names none.
+        let parent = match same {
+            Some(_) => parent.or(shard.parent(&key)),
+            None => parent,
+        };
         let copies = match same {
             Some(o) if o.daemons.is_full() && !o.daemons.contains(daemon) => o.daemons,
             Some(o) => {
                 let mut copies = o.daemons;
                 if copies.push(daemon) {
-                    self.events.stored((daemon, Tier::Dram), ns, hash);
+                    self.events.stored((daemon, Tier::Dram), ns, hash, parent);
                 }
                 if let Some(was) = copies.set_tier(daemon, tier) {
-                    self.events.moved(daemon, (was, tier), ns, hash);
+                    self.events.moved(daemon, (was, tier), ns, hash, parent);
                 }
                 copies
             }
@@ -541,7 +583,7 @@ impl Index {
                 for d in old.iter().flat_map(|o| o.daemons.with_tiers()) {
                     self.events.removed(d, ns, hash);
                 }
-                self.events.stored((daemon, tier), ns, hash);
+                self.events.stored((daemon, tier), ns, hash, parent);
                 let mut copies = Copies::one(daemon);
                 copies.set_tier(daemon, tier);
                 copies
@@ -559,6 +601,7 @@ impl Index {
                 },
             },
         );
+        shard.set_parent(key, parent);
         drop(shard);
         if replaced.is_some() {
             // The entry it replaced already held the namespace's reference.
@@ -618,8 +661,9 @@ impl Index {
                 },
             };
             shard.insert(key, visible);
+            shard.set_parent(key, item.parent);
             for d in copies.with_tiers() {
-                self.events.stored(d, namespace, item.hash);
+                self.events.stored(d, namespace, item.hash, item.parent);
             }
         }
         ErrorCode::Ok
@@ -762,18 +806,26 @@ impl Index {
         let shard = self.shards.get(i)?;
         let names = self.names();
         let table = shard.read();
+        let parents = shard.parents.lock();
         Some(
             table
                 .iter()
                 .filter(|(_, e)| !e.is_pending())
                 .flat_map(|(k, e)| {
                     let name = names.name(k.ns);
+                    let parent = parents.get(k).copied();
                     e.copies
                         .with_tiers()
-                        .map(move |d| (d, name.clone(), k.hash))
+                        .map(move |d| (d, name.clone(), k.hash, parent))
                 })
                 .collect(),
         )
+    }
+
+    /// How many parents are kept (for tests of their bound).
+    #[cfg(test)]
+    pub(crate) fn parents_kept(&self) -> usize {
+        self.shards.iter().map(|s| s.parents.lock().len()).sum()
     }
 
     /// Drops reservations older than `deadline`; returns them, so that their

@@ -164,7 +164,7 @@ mod tests {
         let hashes: Vec<BlockHash> = (0..5u8).map(|i| BlockHash([i; 32])).collect();
         let index = Index::new();
         let put = |i: usize, copy: (u32, Tier)| {
-            index.insert_visible(&BlockKey::new(ns.clone(), hashes[i]), copy, 10, 1);
+            index.insert_visible(&BlockKey::new(ns.clone(), hashes[i]), copy, (10, 1), None);
         };
         // Host a (daemons 1, 2): blocks 0-2, block 1 on NVMe only, block 2
         // on NVMe on one daemon and in DRAM on the other.

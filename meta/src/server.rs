@@ -623,8 +623,8 @@ async fn dispatch(
                 state.index.insert_visible(
                     &item.key,
                     (req.daemon, item.tier),
-                    item.size,
-                    item.checksum,
+                    (item.size, item.checksum),
+                    item.parent,
                 );
             }
             if owed {

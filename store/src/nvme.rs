@@ -380,12 +380,14 @@ impl NvmeTier {
     }
 
     /// Every block on the tier: (key, size, checksum), for inventories.
-    pub fn inventory(&self) -> Vec<(BlockKey, u32, u64)> {
+    /// Every block on the drive: key, size, checksum and the parent it
+    /// names.
+    pub fn inventory(&self) -> Vec<(BlockKey, u32, u64, Option<BlockHash>)> {
         let state = self.state.lock();
         state
             .blocks
             .iter()
-            .map(|(k, (r, _))| (k.clone(), r.len, r.checksum))
+            .map(|(k, (r, _))| (k.clone(), r.len, r.checksum, r.parent))
             .collect()
     }
 

@@ -283,13 +283,15 @@ impl Tiers {
         in_dram || on_nvme
     }
 
-    /// Every block the daemon holds, with the fastest tier that holds it.
+    /// Every block the daemon holds, with the fastest tier that holds it,
+    /// a chain's blocks parent first (`parents_first`).
     pub fn inventory(&self) -> Vec<InventoryBlock> {
-        let block = |(key, size, checksum), tier| InventoryBlock {
+        let block = |(key, size, checksum, parent), tier| InventoryBlock {
             key,
             size,
             checksum,
             tier,
+            parent,
         };
         let mut all: Vec<InventoryBlock> = self
             .dram
@@ -308,7 +310,7 @@ impl Tiers {
                 }
             }
         }
-        all
+        parents_first(all)
     }
 
     /// The drives summed; `None` without an NVMe tier.
@@ -444,6 +446,84 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
             }
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Orders blocks so that each comes after its parent where the daemon holds
+/// the parent too: the meta service publishes a rebuilt index's blocks to
+/// event subscribers in this order, and a router that links a block to its
+/// parent must have seen the parent first.
+fn parents_first(blocks: Vec<InventoryBlock>) -> Vec<InventoryBlock> {
+    let at: std::collections::HashMap<&BlockKey, usize> = blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (&b.key, i))
+        .collect();
+    let parent_at = |i: usize| {
+        let b: &InventoryBlock = &blocks[i];
+        let parent = BlockKey::new(b.key.namespace.clone(), b.parent?);
+        at.get(&parent).copied()
+    };
+    let mut placed = vec![false; blocks.len()];
+    let mut order = Vec::with_capacity(blocks.len());
+    let mut line = Vec::new();
+    for start in 0..blocks.len() {
+        // Up the chain to the first ancestor placed already (or not held).
+        let mut i = start;
+        while !placed[i] {
+            placed[i] = true;
+            line.push(i);
+            match parent_at(i) {
+                Some(p) => i = p,
+                None => break,
+            }
+        }
+        order.extend(line.drain(..).rev());
+    }
+    let mut slots: Vec<Option<InventoryBlock>> = blocks.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .map(|i| slots[i].take().expect("each block placed once"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mooncake_proto::{BlockHash, Namespace};
+
+    #[test]
+    fn an_inventory_lists_each_block_after_the_parent_it_holds() {
+        let ns = Namespace::new("t").unwrap();
+        let h = |i: u8| BlockHash([i; 32]);
+        let block = |i: u8, parent: Option<u8>| InventoryBlock {
+            key: BlockKey::new(ns.clone(), h(i)),
+            size: 1,
+            checksum: 0,
+            tier: Tier::Dram,
+            parent: parent.map(h),
+        };
+        // Chains 1 <- 2 <- 3 <- 4 and 1 <- 5; 7 names 6, which is not held.
+        let shuffled = vec![
+            block(4, Some(3)),
+            block(7, Some(6)),
+            block(2, Some(1)),
+            block(5, Some(1)),
+            block(3, Some(2)),
+            block(1, None),
+        ];
+        let order: Vec<u8> = parents_first(shuffled)
+            .iter()
+            .map(|b| b.key.hash.0[0])
+            .collect();
+        assert_eq!(order.len(), 6, "{order:?}");
+        let pos = |i: u8| order.iter().position(|&x| x == i).unwrap();
+        for (child, parent) in [(2, 1), (3, 2), (4, 3), (5, 1)] {
+            assert!(
+                pos(parent) < pos(child),
+                "{parent} before {child}: {order:?}"
+            );
         }
     }
 }

@@ -65,7 +65,12 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
     let index = Index::new();
     for chain in chains.iter() {
         for h in chain {
-            index.insert_visible(&BlockKey::new(ns.clone(), *h), (1, Tier::Dram), 64, 0);
+            index.insert_visible(
+                &BlockKey::new(ns.clone(), *h),
+                (1, Tier::Dram),
+                (64, 0),
+                None,
+            );
         }
     }
     let start = Instant::now();
@@ -96,13 +101,15 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
         let placed: PutStartResponse = conn.call(Opcode::PutStart, &req, "put_start").await?;
         let items = chain
             .iter()
+            .enumerate()
             .zip(&placed.slots)
-            .filter_map(|(h, s)| match s {
+            .filter_map(|((i, h), s)| match s {
                 Slot::Place(copies) => Some(CommitItem {
                     hash: *h,
                     stored_on: *copies,
                     size: 64,
                     checksum: 0,
+                    parent: i.checked_sub(1).map(|p| chain[p]),
                 }),
                 Slot::Skip(_) => None,
             })

@@ -173,8 +173,9 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
             .events
             .iter()
             .map(|e| match e {
-                Event::Stored(h, t) => json!({"type": "BlockStored", "blocks": h.len(), "medium": medium(*t),
-                    "block_hashes": args.keys.then(|| h.iter().map(|h| h.to_hex()).collect::<Vec<_>>())}),
+                Event::Stored(h, t, p) => json!({"type": "BlockStored", "blocks": h.len(), "medium": medium(*t),
+                    "block_hashes": args.keys.then(|| h.iter().map(|h| h.to_hex()).collect::<Vec<_>>()),
+                    "parent_block_hash": args.keys.then(|| p.map(|p| p.to_hex()))}),
                 Event::Removed(h, t) => json!({"type": "BlockRemoved", "blocks": h.len(), "medium": medium(*t),
                     "block_hashes": args.keys.then(|| h.iter().map(|h| h.to_hex()).collect::<Vec<_>>())}),
                 Event::AllCleared => json!({"type": "AllBlocksCleared"}),
@@ -189,7 +190,7 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
     let (mut stored, mut removed, mut cleared) = (0, 0, false);
     for e in &batch.events {
         match e {
-            Event::Stored(h, _) => stored += h.len(),
+            Event::Stored(h, _, _) => stored += h.len(),
             Event::Removed(h, _) => removed += h.len(),
             Event::AllCleared => cleared = true,
         }
@@ -203,7 +204,15 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
     if args.keys {
         for e in &batch.events {
             match e {
-                Event::Stored(h, t) => h.iter().for_each(|h| println!("    + {h}  {}", medium(*t))),
+                Event::Stored(h, t, p) => {
+                    let parents = std::iter::once(*p).chain(h.iter().copied().map(Some));
+                    for (h, p) in h.iter().zip(parents) {
+                        match p {
+                            Some(p) => println!("    + {h}  {}  after {p}", medium(*t)),
+                            None => println!("    + {h}  {}", medium(*t)),
+                        }
+                    }
+                }
                 Event::Removed(h, t) => {
                     h.iter().for_each(|h| println!("    - {h}  {}", medium(*t)))
                 }

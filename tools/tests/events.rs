@@ -136,6 +136,23 @@ async fn converge(sub: &mut Subscriber, client: &Client, within: Duration) -> BT
     }
 }
 
+/// Puts `range` as chains of `chain` blocks (each chain's first block
+/// names no parent), a chain a call.
+async fn put_chains(client: &Client, range: std::ops::Range<u64>, len: usize, chain: usize) {
+    let value = vec![7u8; len];
+    let hashes: Vec<BlockHash> = range.map(hash).collect();
+    for chunk in hashes.chunks(chain) {
+        let blocks: Vec<(BlockHash, &[u8])> = chunk.iter().map(|h| (*h, &value[..])).collect();
+        let out = client.put_chain(&ns(), None, &blocks).await.unwrap();
+        assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    }
+}
+
+/// The parent block `i` of `put_chains(.., chain)` names.
+fn chain_parent(i: u64, chain: u64) -> Option<Vec<u8>> {
+    (i % chain != 0).then(|| hash(i - 1).0.to_vec())
+}
+
 async fn put_range(client: &Client, range: std::ops::Range<u64>, len: usize) {
     let value = vec![7u8; len];
     let hashes: Vec<BlockHash> = range.map(hash).collect();
@@ -225,6 +242,30 @@ async fn a_subscriber_sees_every_put_eviction_and_removal_in_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_is_published_with_its_parents_and_unrelated_blocks_without() {
+    let store = up("64MiB", None).await;
+    let client = client(&store.meta);
+    let mut sub = Subscriber::connect(&store.events, &store.replay, 0).await;
+    // A chain of 6 (0..6), extended later by 3 (6..9); 4 blocks put apart
+    // in one batch (100..104).
+    put_chains(&client, 0..6, 4096, 6).await;
+    let value = vec![3u8; 4096];
+    let tail: Vec<(BlockHash, &[u8])> = (6..9).map(|i| (hash(i), &value[..])).collect();
+    let out = client.put_chain(&ns(), Some(hash(5)), &tail).await.unwrap();
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    put_range(&client, 100..104, 4096).await;
+    let held = converge(&mut sub, &client, Duration::from_secs(20)).await;
+    assert_eq!(held.len(), 13);
+    let parent = |i: u64| sub.picture.parents.get(hash(i).0.as_slice()).cloned();
+    for i in 0..9 {
+        assert_eq!(parent(i), Some(chain_parent(i, 9)), "chain block {i}");
+    }
+    for i in 100..104 {
+        assert_eq!(parent(i), Some(None), "block {i} extends no other");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_that_fell_behind_recovers_through_the_replay_port() {
     let store = up("64MiB", None).await;
     let client = client(&store.meta);
@@ -264,26 +305,63 @@ async fn an_overflowing_queue_resynchronizes_subscribers_with_the_index() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_leader_is_killed_a_subscriber_ends_with_exactly_the_stored_blocks() {
-    let mut cluster = Cluster::start_events(2, 2, "64MiB").await;
+    // One daemon: a chain's blocks all on it (with two, placement spreads
+    // a chain's blocks over both), so that its inventory's order shows.
+    let mut cluster = Cluster::start_events(2, 1, "64MiB").await;
     let client = cluster.client(Duration::from_secs(5)).await;
     let leader = cluster.leader_index().await;
     let (events, replay) = cluster.events.as_ref().unwrap()[leader].clone();
     let mut sub = Subscriber::connect(&events, &replay, 0).await;
-    put_range(&client, 0..100, 16 << 10).await;
+    put_chains(&client, 0..100, 16 << 10, 10).await;
     converge(&mut sub, &client, Duration::from_secs(20)).await;
     let first_term_last = *sub.picture.seqs.last().unwrap();
 
     cluster.metas[leader].1.kill9();
     // The standby leads once the old leader's lease ends; the daemons
     // report their blocks to it.
-    cluster.wait_healthy(2, Duration::from_secs(30)).await;
+    cluster.wait_healthy(1, Duration::from_secs(30)).await;
     let new_leader = cluster.leader_index().await;
     assert_ne!(new_leader, leader);
     let (events, replay) = cluster.events.as_ref().unwrap()[new_leader].clone();
     sub.switch(&events, &replay).await;
-    put_range(&client, 100..120, 16 << 10).await;
+    put_chains(&client, 100..120, 16 << 10, 10).await;
     let held = converge(&mut sub, &client, Duration::from_secs(30)).await;
-    assert_eq!(held.len(), 120, "every block of the live daemons kept");
+    assert_eq!(held.len(), 120, "every block of the live daemon kept");
+    // The new leader learnt each block's parent from the daemons'
+    // inventories, and published a daemon's blocks parent first.
+    for i in 0..120 {
+        assert_eq!(
+            sub.picture.parents.get(hash(i).0.as_slice()),
+            Some(&chain_parent(i, 10)),
+            "block {i}'s parent"
+        );
+    }
+    // The daemon sends its inventory parent first.
+    let hashes: Vec<BlockHash> = (0..120).map(hash).collect();
+    let found = client.lookup(&ns(), &hashes).await.unwrap();
+    let daemon_of: std::collections::HashMap<Vec<u8>, u32> = hashes
+        .iter()
+        .zip(&found.items)
+        .map(|(h, l)| (h.0.to_vec(), l.unwrap().daemons.iter().next().unwrap()))
+        .collect();
+    let second_term = &sub.picture.log[sub.picture.cleared_at[1]..];
+    let at = |h: &[u8]| {
+        second_term
+            .iter()
+            .position(|(_, x, stored)| *stored && x[..] == h[..])
+    };
+    let mut checked = 0;
+    for i in (0..100).filter(|i| i % 10 != 0) {
+        let (child, parent) = (hash(i).0.to_vec(), hash(i - 1).0.to_vec());
+        if daemon_of[&child] == daemon_of[&parent] {
+            assert!(
+                at(&parent).unwrap() < at(&child).unwrap(),
+                "block {i}'s parent first"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 90, "every chain on the one daemon");
     assert_eq!(
         sub.picture.clears, 2,
         "the new term opened with AllBlocksCleared"

@@ -274,7 +274,16 @@ def main() -> None:
         # hashes vLLM's own BlockStored events carry for these blocks.
         vllm_hashes = {bytes(h) for h in r1.block_hashes[:stored]}
         events.follow(lambda: vllm_hashes <= events.held)
-        print(f"  the store's events name those {stored} blocks by vLLM's own block hashes")
+        # And links them as vLLM's own events do: each block's parent is
+        # the block before it in the request (the first has none).
+        chain = [bytes(h) for h in r1.block_hashes[:stored]]
+        for i, h in enumerate(chain):
+            want = chain[i - 1] if i else None
+            assert events.parents.get(h) == want, (i, events.parents.get(h), want)
+        print(
+            f"  the store's events name those {stored} blocks by vLLM's own block hashes,"
+            " each after its parent"
+        )
         events.close()
 
     # 2. Another instance, with nothing cached locally, gets a request that

@@ -46,6 +46,7 @@ class Subscriber:
         self.rep = self.ctx.socket(zmq.DEALER)
         self.rep.connect(f"tcp://{replay}")
         self.held: set = set()
+        self.parents: dict = {}
         self.last = None
         self.clears = 0
         self.types: set = set()
@@ -63,6 +64,10 @@ class Subscriber:
                 self.held.clear()
             elif isinstance(event, BlockStored):
                 self.held.update(event.block_hashes)
+                # The first block names its parent; each next one extends
+                # the one before, as vLLM reads a BlockStored.
+                parents = [event.parent_block_hash, *event.block_hashes[:-1]]
+                self.parents.update(zip(event.block_hashes, parents))
             elif isinstance(event, BlockRemoved):
                 self.held.difference_update(event.block_hashes)
 

@@ -175,6 +175,10 @@ impl Client {
                 }
             }
         }
+        // Committed in the batch's order, so that a chain's blocks appear
+        // (and are published to event subscribers) parent first.
+        let mut stored_on: Vec<_> = stored_on.into_iter().collect();
+        stored_on.sort_unstable_by_key(|(index, _)| *index);
         let mut commits = Vec::with_capacity(stored_on.len());
         for (index, (copies, refused)) in &stored_on {
             let (hash, value) = blocks[*index];
@@ -188,6 +192,7 @@ impl Client {
                 stored_on: *copies,
                 size: value.len() as u32,
                 checksum: sums[*index],
+                parent: parents[*index],
             });
         }
         // Fewer placed than asked (too few hosts with room): short too.

@@ -33,8 +33,8 @@ pub use publisher::{run, Snapshot, Sockets};
 pub use wire::{decode_batch, medium, Event};
 
 /// A copy the index holds, as a resync republishes it: (daemon, tier),
-/// namespace, block hash.
-pub type Held = ((u32, Tier), Namespace, BlockHash);
+/// namespace, block hash, and the parent its writer named.
+pub type Held = ((u32, Tier), Namespace, BlockHash, Option<BlockHash>);
 
 /// What happened to a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,9 @@ pub struct Change {
     pub daemon: u32,
     pub ns: Namespace,
     pub hash: BlockHash,
+    /// The block whose prefix a stored block extends, as its writer named
+    /// it (none for removals).
+    pub parent: Option<BlockHash>,
     /// When the index changed, in microseconds since the Unix epoch: a
     /// batch is stamped with its oldest change's time, so that a
     /// subscriber reads the delay from the change to itself.
@@ -115,17 +118,25 @@ impl Events {
         }
     }
 
+    /// A copy of `hash` became visible on `daemon`, in `tier`; `parent`:
+    /// the block it extends, as its writer named it.
     #[inline]
-    pub fn stored(&self, (daemon, tier): (u32, Tier), ns: &Namespace, hash: BlockHash) {
+    pub fn stored(
+        &self,
+        (daemon, tier): (u32, Tier),
+        ns: &Namespace,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+    ) {
         if let Some(s) = &self.0 {
-            s.emit((Kind::Stored, tier), daemon, ns, hash);
+            s.emit((Kind::Stored, tier), daemon, ns, (hash, parent));
         }
     }
 
     #[inline]
     pub fn removed(&self, (daemon, tier): (u32, Tier), ns: &Namespace, hash: BlockHash) {
         if let Some(s) = &self.0 {
-            s.emit((Kind::Removed, tier), daemon, ns, hash);
+            s.emit((Kind::Removed, tier), daemon, ns, (hash, None));
         }
     }
 
@@ -133,9 +144,16 @@ impl Events {
     /// stored in the other (in that order, so that a subscriber never
     /// counts the copy twice).
     #[inline]
-    pub fn moved(&self, daemon: u32, (from, to): (Tier, Tier), ns: &Namespace, hash: BlockHash) {
+    pub fn moved(
+        &self,
+        daemon: u32,
+        (from, to): (Tier, Tier),
+        ns: &Namespace,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+    ) {
         self.removed((daemon, from), ns, hash);
-        self.stored((daemon, to), ns, hash);
+        self.stored((daemon, to), ns, hash, parent);
     }
 }
 
@@ -169,7 +187,13 @@ pub(crate) fn now_us() -> u64 {
 }
 
 impl Shared {
-    fn emit(&self, (kind, tier): (Kind, Tier), daemon: u32, ns: &Namespace, hash: BlockHash) {
+    fn emit(
+        &self,
+        (kind, tier): (Kind, Tier),
+        daemon: u32,
+        ns: &Namespace,
+        (hash, parent): (BlockHash, Option<BlockHash>),
+    ) {
         let state = self.state.load(Ordering::SeqCst);
         if state & 1 == 1 {
             // A resync is due: its snapshot will hold this change.
@@ -182,6 +206,7 @@ impl Shared {
             daemon,
             ns: ns.clone(),
             hash,
+            parent,
             at_us: now_us(),
             generation: state >> 1,
         };
@@ -221,12 +246,12 @@ mod tests {
         let ns = Namespace::new("t").unwrap();
         let h = |i: u8| BlockHash([i; 32]);
         let d = (1, Tier::Dram);
-        events.stored(d, &ns, h(1));
+        events.stored(d, &ns, h(1), None);
         events.removed(d, &ns, h(1));
         assert!(!feed.shared.resync_due());
-        events.stored(d, &ns, h(2));
+        events.stored(d, &ns, h(2), None);
         assert!(feed.shared.resync_due(), "the third change did not fit");
-        events.stored(d, &ns, h(3));
+        events.stored(d, &ns, h(3), None);
         assert_eq!(feed.shared.counters.dropped.get(), 2, "dropped while due");
         let queued: Vec<Change> = std::iter::from_fn(|| feed.rx.try_recv().ok()).collect();
         assert_eq!(queued.len(), 2);
@@ -247,7 +272,7 @@ mod tests {
     fn events_off_do_nothing() {
         let events = Events::default();
         let ns = Namespace::new("t").unwrap();
-        events.stored((1, Tier::Dram), &ns, BlockHash([0; 32]));
+        events.stored((1, Tier::Dram), &ns, BlockHash([0; 32]), None);
         events.set_node(1, "host");
         assert!(events.0.is_none());
     }

@@ -19,8 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use mooncake_proto::message::Tier;
-use mooncake_proto::{BlockHash, Namespace};
+use mooncake_proto::Namespace;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -143,16 +142,18 @@ impl Out {
         self.cleared().await;
         let mut shard = 0;
         while let Some(blocks) = snapshot(shard) {
-            let mut by_topic: HashMap<(u32, Namespace, Tier), Vec<BlockHash>> = HashMap::new();
-            for ((daemon, tier), ns, hash) in blocks {
-                by_topic.entry((daemon, ns, tier)).or_default().push(hash);
+            let mut by_topic: HashMap<(u32, Namespace), Vec<Event>> = HashMap::new();
+            for ((daemon, tier), ns, hash, parent) in blocks {
+                // A block an event of its own: the index's order is not a
+                // chain's.
+                let stored = Event::Stored(vec![hash], tier, parent);
+                by_topic.entry((daemon, ns)).or_default().push(stored);
             }
-            for ((daemon, ns, tier), hashes) in by_topic {
+            for ((daemon, ns), events) in by_topic {
                 let topic = self.topic(&shared.node(daemon), &ns);
                 let at = now_us();
-                for chunk in hashes.chunks(MAX_BATCH_BLOCKS) {
-                    let stored = Event::Stored(chunk.to_vec(), tier);
-                    self.publish(topic.clone(), &[stored], at).await;
+                for chunk in events.chunks(MAX_BATCH_BLOCKS) {
+                    self.publish(topic.clone(), chunk, at).await;
                 }
             }
             shard += 1;
@@ -161,7 +162,9 @@ impl Out {
     }
 
     /// Batches changes in their order: a batch ends where the topic
-    /// changes, and holds one event per run of one kind.
+    /// changes, and holds one event per run of one kind (in one tier); a
+    /// run of stored blocks is also one chain, each block extending the
+    /// one before, as a `BlockStored`'s blocks are read.
     async fn changes(&mut self, shared: &Shared, changes: Vec<Change>) {
         let mut current: Option<(u32, Namespace)> = None;
         let mut events: Vec<Event> = Vec::new();
@@ -181,13 +184,13 @@ impl Out {
             }
             oldest = oldest.min(c.at_us);
             match (events.last_mut(), c.kind) {
-                (Some(Event::Stored(h, t)), Kind::Stored)
-                | (Some(Event::Removed(h, t)), Kind::Removed)
-                    if *t == c.tier =>
+                (Some(Event::Stored(h, t, _)), Kind::Stored)
+                    if *t == c.tier && c.parent.is_some() && h.last() == c.parent.as_ref() =>
                 {
                     h.push(c.hash)
                 }
-                (_, Kind::Stored) => events.push(Event::Stored(vec![c.hash], c.tier)),
+                (Some(Event::Removed(h, t)), Kind::Removed) if *t == c.tier => h.push(c.hash),
+                (_, Kind::Stored) => events.push(Event::Stored(vec![c.hash], c.tier, c.parent)),
                 (_, Kind::Removed) => events.push(Event::Removed(vec![c.hash], c.tier)),
             }
             blocks += 1;

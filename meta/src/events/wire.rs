@@ -38,7 +38,11 @@ fn tier_of_medium(medium: &str) -> Option<Tier> {
 /// One event of a batch: blocks stored in, or removed from, a tier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    Stored(Vec<BlockHash>, Tier),
+    /// Blocks of one chain in order, each extending the one before, and
+    /// the block the first extends (`parent_block_hash`; `None`: it starts
+    /// a chain, or its writer named no parent), as vLLM lays out a
+    /// `BlockStored`.
+    Stored(Vec<BlockHash>, Tier, Option<BlockHash>),
     Removed(Vec<BlockHash>, Tier),
     AllCleared,
 }
@@ -46,7 +50,7 @@ pub enum Event {
 impl Event {
     pub fn blocks(&self) -> usize {
         match self {
-            Event::Stored(h, _) | Event::Removed(h, _) => h.len(),
+            Event::Stored(h, _, _) | Event::Removed(h, _) => h.len(),
             Event::AllCleared => 0,
         }
     }
@@ -93,6 +97,17 @@ fn decode_event(event: &rmpv::Value) -> Result<Event, String> {
             })
             .collect()
     };
+    let parent = || -> Result<Option<BlockHash>, String> {
+        match field("parent_block_hash") {
+            None => Ok(None),
+            Some(v) if v.is_nil() => Ok(None),
+            Some(v) => v
+                .as_slice()
+                .and_then(|b| <[u8; 32]>::try_from(b).ok())
+                .map(|b| Some(BlockHash(b)))
+                .ok_or_else(|| format!("parent block hash {v} is not 32 bytes")),
+        }
+    };
     let tier = || -> Result<Tier, String> {
         let medium = field("medium").and_then(rmpv::Value::as_str);
         medium
@@ -100,7 +115,7 @@ fn decode_event(event: &rmpv::Value) -> Result<Event, String> {
             .ok_or_else(|| format!("unknown medium {medium:?}"))
     };
     match field("type").and_then(rmpv::Value::as_str) {
-        Some("BlockStored") => Ok(Event::Stored(hashes()?, tier()?)),
+        Some("BlockStored") => Ok(Event::Stored(hashes()?, tier()?, parent()?)),
         Some("BlockRemoved") => Ok(Event::Removed(hashes()?, tier()?)),
         Some("AllBlocksCleared") => Ok(Event::AllCleared),
         other => Err(format!("unknown event type {other:?}")),
@@ -123,13 +138,17 @@ pub fn encode_batch(ts: f64, events: &[Event]) -> Vec<u8> {
 
 fn encode_event(out: &mut Vec<u8>, event: &Event) {
     match event {
-        Event::Stored(hashes, tier) => {
+        Event::Stored(hashes, tier, parent) => {
             let _ = write_map_len(out, 8);
             let _ = write_str(out, "type");
             let _ = write_str(out, "BlockStored");
             hashes_field(out, hashes);
             let _ = write_str(out, "parent_block_hash");
-            let _ = write_nil(out);
+            if let Some(p) = parent {
+                let _ = write_bin(out, &p.0);
+            } else {
+                let _ = write_nil(out);
+            }
             let _ = write_str(out, "token_ids");
             let _ = write_array_len(out, 0);
             let _ = write_str(out, "block_size");
@@ -186,12 +205,14 @@ mod tests {
     fn a_batch_decodes_as_vllms_schema_lays_it_out() {
         let a = BlockHash::from_opaque(b"a");
         let b = BlockHash::from_opaque(b"b");
+        let c = BlockHash::from_opaque(b"c");
         let bytes = encode_batch(
             1.5,
             &[
                 Event::AllCleared,
-                Event::Stored(vec![a, b], Tier::Dram),
+                Event::Stored(vec![a, b], Tier::Dram, None),
                 Event::Removed(vec![b], Tier::Nvme),
+                Event::Stored(vec![c], Tier::Dram, Some(b)),
             ],
         );
         let batch = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
@@ -221,14 +242,20 @@ mod tests {
             1
         );
         assert_eq!(field(&events[2], "medium").as_str(), Some("STORAGE"));
+        assert_eq!(
+            field(&events[3], "parent_block_hash").as_slice(),
+            Some(&b.0[..]),
+            "a block extending another names it"
+        );
         let (ts, decoded) = decode_batch(&bytes).unwrap();
         assert_eq!(ts, 1.5);
         assert_eq!(
             decoded,
             [
                 Event::AllCleared,
-                Event::Stored(vec![a, b], Tier::Dram),
-                Event::Removed(vec![b], Tier::Nvme)
+                Event::Stored(vec![a, b], Tier::Dram, None),
+                Event::Removed(vec![b], Tier::Nvme),
+                Event::Stored(vec![c], Tier::Dram, Some(b)),
             ]
         );
         assert!(decode_batch(b"\x01").is_err());

@@ -132,8 +132,9 @@ impl Index {
             return false;
         }
         shard.insert(key, e);
+        let parent = shard.parent(&key);
         self.events
-            .stored((daemon, Tier::Dram), &block.namespace, block.hash);
+            .stored((daemon, Tier::Dram), &block.namespace, block.hash, parent);
         true
     }
 
@@ -188,12 +189,22 @@ impl Index {
     /// (demoted to NVMe, or promoted back); `false` if it holds none, or
     /// the tier did not change.
     pub fn set_tier(&self, block: &BlockKey, daemon: u32, tier: Tier) -> bool {
-        let moved = self.change_visible(block, |e| e.copies.set_tier(daemon, tier));
-        let Some(from) = moved else {
+        let names = self.names();
+        let Some(key) = names.key_of(block) else {
             return false;
         };
+        let mut shard = self.shard(&key).write(self);
+        let Some(mut e) = shard.get(&key).copied().filter(|e| !e.is_pending()) else {
+            return false;
+        };
+        let Some(from) = e.copies.set_tier(daemon, tier) else {
+            return false;
+        };
+        shard.insert(key, e);
+        // Emitted under the entry's lock, as every change of it is.
+        let parent = shard.parent(&key);
         self.events
-            .moved(daemon, (from, tier), &block.namespace, block.hash);
+            .moved(daemon, (from, tier), &block.namespace, block.hash, parent);
         true
     }
 }

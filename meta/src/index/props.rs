@@ -267,7 +267,7 @@ proptest! {
                     }
                 }
                 Op::Commit { ns, h, stored_on, size } => {
-                    let item = CommitItem { hash: hash(h), stored_on: set(&stored_on), size, checksum: 7 };
+                    let item = CommitItem { hash: hash(h), stored_on: set(&stored_on), size, checksum: 7, parent: None };
                     let code = index.commit(&name(ns), &item);
                     match model.get(&(ns, h)).cloned() {
                         Some(m) if !m.visible => {
@@ -290,7 +290,7 @@ proptest! {
                 }
                 Op::Report { ns, h, daemon, size, checksum, nvme } => {
                     let tier = if nvme { Tier::Nvme } else { Tier::Dram };
-                    index.insert_visible(&BlockKey::new(name(ns), hash(h)), (daemon, tier), size, checksum);
+                    index.insert_visible(&BlockKey::new(name(ns), hash(h)), (daemon, tier), (size, checksum), None);
                     match model.get_mut(&(ns, h)) {
                         Some(m) if m.visible && m.size == size && m.checksum == checksum => {
                             if !m.copies.contains(&daemon) && m.copies.len() < MAX_COPIES {

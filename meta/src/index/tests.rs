@@ -21,6 +21,7 @@ fn commit(idx: &Index, i: u8, daemon: u32) -> ErrorCode {
             stored_on: Copies::one(daemon),
             size: 10,
             checksum: 99,
+            parent: None,
         },
     )
 }
@@ -65,6 +66,7 @@ fn commit_without_reservation_or_from_another_daemon_is_refused() {
                 stored_on: Copies::default(),
                 size: 10,
                 checksum: 0,
+                parent: None,
             },
         )
     };
@@ -89,6 +91,7 @@ fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
             stored_on: Copies::one(1),
             size: 10,
             checksum: 9,
+            parent: None,
         },
     );
     assert_eq!(idx.namespaces(), 1001);
@@ -110,6 +113,7 @@ fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
             stored_on: Copies::one(2),
             size: 10,
             checksum: 9,
+            parent: None,
         },
     );
     assert_eq!(idx.lookup(&gone, &[h(1)]), vec![None]);
@@ -207,6 +211,7 @@ fn commit_on(idx: &Index, i: u8, stored_on: Copies) -> ErrorCode {
         stored_on,
         size: 10,
         checksum: 99,
+        parent: None,
     };
     idx.commit(&ns(), &item)
 }
@@ -283,15 +288,15 @@ fn a_commit_names_only_daemons_the_block_was_placed_on() {
 fn inventory_rebuilds_visible_entries_and_the_latest_report_wins() {
     let idx = Index::new();
     let key = BlockKey::new(ns(), h(5));
-    idx.insert_visible(&key, (2, Tier::Dram), 100, 7);
-    idx.insert_visible(&key, (3, Tier::Nvme), 100, 7);
+    idx.insert_visible(&key, (2, Tier::Dram), (100, 7), None);
+    idx.insert_visible(&key, (3, Tier::Nvme), (100, 7), None);
     let loc = idx.lookup(&ns(), &[h(5)])[0].unwrap();
     assert_eq!(
         loc.daemons.with_tiers().collect::<Vec<_>>(),
         [(2, Tier::Dram), (3, Tier::Nvme)],
         "the same bytes: two copies, each in the tier its daemon reported"
     );
-    idx.insert_visible(&key, (4, Tier::Dram), 100, 8);
+    idx.insert_visible(&key, (4, Tier::Dram), (100, 8), None);
     let loc = idx.lookup(&ns(), &[h(5)])[0].unwrap();
     assert_eq!(
         loc.daemons,
@@ -366,16 +371,76 @@ fn a_copy_moved_between_tiers_is_one_removal_and_one_store_in_its_new_medium() {
 }
 
 #[test]
+fn a_blocks_parent_is_kept_with_it_while_events_are_on_and_goes_with_it() {
+    use crate::events::Feed;
+    let item = |i: u8, parent: Option<u8>, daemon: u32| CommitItem {
+        hash: h(i),
+        stored_on: Copies::one(daemon),
+        size: 10,
+        checksum: 99,
+        parent: parent.map(h),
+    };
+    let put = |idx: &Index, (i, parent, d): (u8, Option<u8>, u32)| {
+        idx.reserve(&ns(), h(i), (10, Copies::one(d), 1), me(), Instant::now());
+        assert_eq!(idx.commit(&ns(), &item(i, parent, d)), ErrorCode::Ok);
+    };
+    let (events, _feed) = Feed::for_tests(1024);
+    let idx = Index::with_events(events);
+    for block in [
+        (1, None, 1),
+        (2, Some(1), 1),
+        (3, Some(2), 2),
+        (4, Some(3), 2),
+    ] {
+        put(&idx, block);
+    }
+    let held = |idx: &Index| -> HashMap<BlockHash, Option<BlockHash>> {
+        (0..SHARDS)
+            .flat_map(|s| idx.visible_in_shard(s).unwrap())
+            .map(|(_, _, hash, parent)| (hash, parent))
+            .collect()
+    };
+    assert_eq!(held(&idx)[&h(1)], None);
+    assert_eq!(held(&idx)[&h(3)], Some(h(2)), "a resync republishes it");
+    assert_eq!(idx.parents_kept(), 3);
+    assert!(idx.set_tier(&BlockKey::new(ns(), h(4)), 2, Tier::Nvme));
+    assert_eq!(held(&idx)[&h(4)], Some(h(3)), "a move keeps it");
+    // A removal and a daemon's leaving take it with the block.
+    idx.remove(&ns(), &[h(2)]);
+    assert_eq!(idx.parents_kept(), 2);
+    assert_eq!(idx.remove_daemon(2).blocks, 2);
+    assert_eq!(idx.parents_kept(), 0);
+    // An inventory brings it back; another daemon's report of the same
+    // bytes without one keeps it.
+    let key = BlockKey::new(ns(), h(5));
+    idx.insert_visible(&key, (3, Tier::Dram), (10, 99), Some(h(4)));
+    idx.insert_visible(&key, (4, Tier::Dram), (10, 99), None);
+    assert_eq!(held(&idx)[&h(5)], Some(h(4)));
+    assert!(idx.remove_at(&key, 3));
+    assert!(idx.remove_at(&key, 4));
+    assert_eq!(idx.parents_kept(), 0, "gone with its last copy");
+    // Without events nothing is kept.
+    let plain = Index::new();
+    put(&plain, (2, Some(1), 1));
+    assert_eq!(plain.parents_kept(), 0);
+}
+
+#[test]
 fn a_rebuilt_index_gets_its_namespaces_wanted_copies_back() {
     let idx = Index::new();
     // As inventories rebuild it: one block on two daemons, one on one.
     for (i, daemons) in [(1u8, &[1u32, 2][..]), (2, &[3][..])] {
         for d in daemons {
-            idx.insert_visible(&BlockKey::new(ns(), h(i)), (*d, Tier::Dram), 10, 5);
+            idx.insert_visible(&BlockKey::new(ns(), h(i)), (*d, Tier::Dram), (10, 5), None);
         }
     }
     let other = Namespace::new("other").unwrap();
-    idx.insert_visible(&BlockKey::new(other.clone(), h(3)), (4, Tier::Dram), 10, 5);
+    idx.insert_visible(
+        &BlockKey::new(other.clone(), h(3)),
+        (4, Tier::Dram),
+        (10, 5),
+        None,
+    );
     // A put still being written is left alone.
     idx.reserve(&ns(), h(4), (10, copies(&[5]), 1), me(), Instant::now());
     let mut short = idx.restore_wants(&|n| if *n == ns() { 2 } else { 1 });

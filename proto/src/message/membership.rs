@@ -101,6 +101,8 @@ pub struct InventoryItem {
     pub checksum: u64,
     /// The fastest tier that holds it.
     pub tier: Tier,
+    /// The block whose prefix it extends, as its writer named it.
+    pub parent: Option<BlockHash>,
 }
 
 /// A batch of the blocks a daemon holds, sent after it registers, so that
@@ -120,11 +122,12 @@ impl Body for InventoryRequest {
             w.u32(it.size);
             w.u64(it.checksum);
             it.tier.encode(w);
+            encode_parent(w, &it.parent);
         }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let daemon = r.u32()?;
-        let n = r.count(2 + 1 + 32 + 12 + 1)?;
+        let n = r.count(2 + 1 + 32 + 12 + 1 + 32)?;
         let items = (0..n)
             .map(|_| {
                 Ok(InventoryItem {
@@ -132,6 +135,7 @@ impl Body for InventoryRequest {
                     size: r.u32()?,
                     checksum: r.u64()?,
                     tier: Tier::decode(r)?,
+                    parent: decode_parent(r)?,
                 })
             })
             .collect::<Result<_, ProtoError>>()?;

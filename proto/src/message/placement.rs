@@ -259,6 +259,9 @@ pub struct CommitItem {
     pub stored_on: Copies,
     pub size: u32,
     pub checksum: u64,
+    /// The block whose prefix this one extends, as the writer named it
+    /// (`put_chain`): the meta service publishes it in store events.
+    pub parent: Option<BlockHash>,
 }
 
 impl CommitItem {
@@ -283,11 +286,12 @@ impl Body for PutCommitRequest {
             it.stored_on.encode(w);
             w.u32(it.size);
             w.u64(it.checksum);
+            encode_parent(w, &it.parent);
         }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let namespace = r.namespace()?;
-        let n = r.count(BlockHash::LEN + 13)?;
+        let n = r.count(2 * BlockHash::LEN + 13)?;
         let items = (0..n)
             .map(|_| {
                 Ok(CommitItem {
@@ -295,6 +299,7 @@ impl Body for PutCommitRequest {
                     stored_on: Copies::decode(r)?,
                     size: r.u32()?,
                     checksum: r.u64()?,
+                    parent: decode_parent(r)?,
                 })
             })
             .collect::<Result<_, ProtoError>>()?;

@@ -109,12 +109,22 @@ fn every_body_round_trips_and_refuses_truncation() {
     });
     round_trip(PutCommitRequest {
         namespace: ns(),
-        items: vec![CommitItem {
-            hash: h,
-            stored_on: [1, 3].into_iter().collect(),
-            size: 5,
-            checksum: 6,
-        }],
+        items: vec![
+            CommitItem {
+                hash: h,
+                stored_on: [1, 3].into_iter().collect(),
+                size: 5,
+                checksum: 6,
+                parent: None,
+            },
+            CommitItem {
+                hash: BlockHash([5; 32]),
+                stored_on: [2].into_iter().collect(),
+                size: 7,
+                checksum: 8,
+                parent: Some(h),
+            },
+        ],
     });
     round_trip(FetchRequest {
         key: BlockKey::new(ns(), h),
@@ -199,6 +209,7 @@ fn every_body_round_trips_and_refuses_truncation() {
             size: 5,
             checksum: 6,
             tier: Tier::Nvme,
+            parent: Some(BlockHash([9; 32])),
         }],
     });
     round_trip(HeartbeatRequest {

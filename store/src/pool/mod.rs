@@ -645,13 +645,14 @@ impl DramPool {
 
     /// Every stored block, as the meta service needs it to rebuild its
     /// index: (key, size, checksum).
-    pub fn inventory(&self) -> Vec<(BlockKey, u32, u64)> {
+    /// Every stored block: key, size, checksum and the parent it names.
+    pub fn inventory(&self) -> Vec<(BlockKey, u32, u64, Option<mooncake_proto::BlockHash>)> {
         let inner = self.inner.lock();
         inner
             .blocks
             .iter()
             .filter(|(_, b)| b.ready)
-            .map(|(k, b)| (k.clone(), b.len, b.checksum))
+            .map(|(k, b)| (k.clone(), b.len, b.checksum, b.parent))
             .collect()
     }
 

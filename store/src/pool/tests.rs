@@ -274,7 +274,7 @@ fn inventory_lists_only_committed_blocks() {
     let _writing = p.reserve(key(2), 100, 0).unwrap();
     let inv = p.inventory();
     assert_eq!(inv.len(), 1);
-    assert_eq!((inv[0].0.clone(), inv[0].1), (key(1), 100));
+    assert_eq!((inv[0].0.clone(), inv[0].1, inv[0].3), (key(1), 100, None));
 }
 
 #[test]

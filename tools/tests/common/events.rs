@@ -75,6 +75,10 @@ pub struct Picture {
     pub log: Vec<(String, Vec<u8>, bool)>,
     /// The medium each (topic, hash) held is in.
     pub media: HashMap<(String, Vec<u8>), Tier>,
+    /// The parent each block was last published with.
+    pub parents: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Where in `log` each `AllBlocksCleared` came.
+    pub cleared_at: Vec<usize>,
 }
 
 impl Picture {
@@ -84,12 +88,18 @@ impl Picture {
             match event {
                 Event::AllCleared => {
                     self.clears += 1;
+                    self.cleared_at.push(self.log.len());
                     self.blocks.clear();
                     self.media.clear();
                 }
-                Event::Stored(hashes, tier) => {
+                Event::Stored(hashes, tier, parent) => {
                     let set = self.blocks.entry(batch.topic.clone()).or_default();
-                    for h in hashes {
+                    // The first names its parent; each next one extends
+                    // the one before.
+                    let parents = std::iter::once(*parent).chain(hashes.iter().copied().map(Some));
+                    for (h, parent) in hashes.iter().zip(parents) {
+                        self.parents
+                            .insert(h.0.to_vec(), parent.map(|p| p.0.to_vec()));
                         set.insert(h.0.to_vec());
                         self.log.push((batch.topic.clone(), h.0.to_vec(), true));
                         self.media
