@@ -56,7 +56,11 @@ BIN="$CARGO_TARGET_DIR/debug/mooncake-store"
 . tools/store-for-script.sh
 EVENTS="127.0.0.1:$(free_port)"
 REPLAY="127.0.0.1:$(free_port)"
-start_store 1GiB --events "$EVENTS" --events-replay "$REPLAY"
+# Block hashes in the store's events as vLLM publishes its own by default
+# (64-bit integers), so that the drivers match them with vLLM's.
+STORE_CONFIG="$(mktemp)"
+printf '[meta]\nevents_int_hashes = true\n' >"$STORE_CONFIG"
+start_store 1GiB --events "$EVENTS" --events-replay "$REPLAY" --config "$STORE_CONFIG"
 
 echo "== client/python/engines/sglang_hicache.py"
 "$VENV/bin/python" -W ignore client/python/engines/sglang_hicache.py "$META"

@@ -102,6 +102,11 @@ pub struct MetaConfig {
     pub events_topic: String,
     /// Batches kept for replay. Default 10000.
     pub events_replay_batches: usize,
+    /// Block hashes in events as 64-bit integers (the hash's last 8 bytes,
+    /// big endian), as vLLM publishes its own by default
+    /// (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`), so that a router reading
+    /// both matches them. Default false: the 32 bytes.
+    pub events_int_hashes: bool,
     /// How long the publisher gathers changes into one batch after the
     /// first arrives: longer windows make fewer, larger batches (less work
     /// per block for the service and its subscribers), and delay events
@@ -172,6 +177,7 @@ impl Default for MetaConfig {
             events_replay_listen: String::new(),
             events_topic: "kv".into(),
             events_replay_batches: 10_000,
+            events_int_hashes: false,
             events_window: HumanDuration(Duration::from_millis(1)),
             events_queue: 65_536,
             instances: Default::default(),

@@ -116,6 +116,7 @@ fn bind_events(config: &MetaConfig) -> Result<Option<events::Sockets>, MetaError
         publish: bind("events_listen", &config.events_listen)?,
         replay,
         topic: config.events_topic.clone(),
+        int_hashes: config.events_int_hashes,
         keep: config.events_replay_batches,
         window: config.events_window.0,
     }))

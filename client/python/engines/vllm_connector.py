@@ -43,6 +43,7 @@ from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
+    KVEventsConfig,
     KVTransferConfig,
     ModelConfig,
     ParallelConfig,
@@ -53,7 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
 from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, maybe_convert_block_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
@@ -76,9 +77,19 @@ MODEL = {
 }
 
 
-def vllm_config(model_dir: str, meta: str, namespace: str, tp: int) -> VllmConfig:
+def vllm_config(model_dir: str, meta: str, namespace: str, tp: int, events: tuple[int, int] | None = None) -> VllmConfig:
     model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", seed=0)
+    # vLLM's own KV-event publisher (ZeroMQ, on these ports), when asked.
+    kv_events = (
+        KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq",
+            endpoint=f"tcp://127.0.0.1:{events[0]}", replay_endpoint=f"tcp://127.0.0.1:{events[1]}",
+        )
+        if events
+        else None
+    )
     return VllmConfig(
+        kv_events_config=kv_events,
         parallel_config=ParallelConfig(tensor_parallel_size=tp, distributed_executor_backend="mp"),
         model_config=model,
         scheduler_config=SchedulerConfig(
@@ -128,8 +139,8 @@ class Engine:
     """One vLLM instance: its scheduler (with the connector's scheduler
     side) and a worker per tensor-parallel rank."""
 
-    def __init__(self, model_dir: str, meta: str, namespace: str, tp: int = 1):
-        self.config = vllm_config(model_dir, meta, namespace, tp)
+    def __init__(self, model_dir: str, meta: str, namespace: str, tp: int = 1, events: tuple[int, int] | None = None):
+        self.config = vllm_config(model_dir, meta, namespace, tp, events)
         self.config.cache_config.num_gpu_blocks = BLOCKS
         layers = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
         kv_config = KVCacheConfig(
@@ -187,9 +198,20 @@ class Engine:
                 self.check(req_id, start)
         for req_id, n in out.num_scheduled_tokens.items():
             self.forward(req_id, starts[req_id], n)
+        # Every worker's KV events gathered into the first's, as vLLM's
+        # KVOutputAggregator does.
+        kv_events = None
         for w in self.workers:
             w.connector.wait_for_save()
             w.connector.clear_connector_metadata()
+            mine = w.connector.get_kv_connector_kv_cache_events()
+            if mine is None:
+                continue
+            if kv_events is None:
+                kv_events = mine
+            else:
+                kv_events.add_events(mine.get_all_events())
+                kv_events.increment_workers(1)
         req_ids = list(out.num_scheduled_tokens)
         sampled = []
         for req_id in req_ids:
@@ -206,7 +228,11 @@ class Engine:
             logprobs=None,
             prompt_logprobs_dict={},
             pooler_output=None,
-            kv_connector_output=KVConnectorOutput(invalid_block_ids=errors) if errors else None,
+            kv_connector_output=(
+                KVConnectorOutput(invalid_block_ids=errors, kv_cache_events=kv_events)
+                if errors or kv_events is not None
+                else None
+            ),
         )
         self.scheduler.update_from_output(out, result)
         return dict(out.num_scheduled_tokens)
@@ -272,11 +298,12 @@ def main() -> None:
     if events is not None:
         # A router reading the store's events (vLLM's format) sees the
         # hashes vLLM's own BlockStored events carry for these blocks.
-        vllm_hashes = {bytes(h) for h in r1.block_hashes[:stored]}
-        events.follow(lambda: vllm_hashes <= events.held)
+        # (The store publishes hashes as vLLM's default integers:
+        # events_int_hashes in tools/test-engines.sh.)
+        chain = [maybe_convert_block_hash(h) for h in r1.block_hashes[:stored]]
+        events.follow(lambda: set(chain) <= events.held)
         # And links them as vLLM's own events do: each block's parent is
         # the block before it in the request (the first has none).
-        chain = [bytes(h) for h in r1.block_hashes[:stored]]
         for i, h in enumerate(chain):
             want = chain[i - 1] if i else None
             assert events.parents.get(h) == want, (i, events.parents.get(h), want)
@@ -343,9 +370,43 @@ def main() -> None:
     print("  2 tensor-parallel ranks: a block one rank lost is a miss; 3 blocks loaded on both, bytes exact")
     for engine in (a, b, c, d, e):
         engine.close()
+    engine_events(model_dir, meta, namespace)
     if os.environ.get("MOONCAKE_BIN"):
         store_restarted(model_dir, os.environ["MOONCAKE_BIN"])
     print("vLLM native connector: ok")
+
+
+def engine_events(model_dir: str, meta: str, namespace: str) -> None:
+    """7. vLLM's KV events on, two tensor-parallel ranks: vLLM's own
+    publisher sends, beside its GPU blocks, a BlockStored for each block
+    both ranks wrote to the store, with its parent, tokens and size, the
+    hashes as vLLM's events carry them."""
+    ports = (free_port(), free_port())
+    h = Engine(model_dir, meta, f"{namespace}-events", tp=2, events=ports)
+    sub = Subscriber(f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}")
+    prompt = [(i * 41 + 7) % 1000 for i in range(100)]
+    r = h.add("r10", prompt, max_tokens=2)
+    h.finish()
+    stored = (100 + 2 - 1) // BLOCK
+    chain = [maybe_convert_block_hash(h_) for h_ in r.block_hashes[:stored]]
+    in_store = lambda: {x: e for e in sub.stored if e.medium == "CPU" for x in e.block_hashes}
+    sub.follow(lambda: set(chain) <= set(in_store()))
+    events, tokens = in_store(), h.tokens["r10"]
+    for i, x in enumerate(chain):
+        e = events[x]
+        assert e.block_hashes == [x], e
+        assert e.parent_block_hash == (chain[i - 1] if i else None), (i, e)
+        assert e.token_ids == tokens[i * BLOCK : (i + 1) * BLOCK], (i, e)
+        assert e.block_size == BLOCK, e
+    published = [e for e in sub.stored if e.medium == "CPU"]
+    assert len(published) == stored, f"one event a block, not one a rank: {len(published)}"
+    gpu = {e.medium for e in sub.stored} - {"CPU"}
+    print(
+        f"  vLLM's KV events on: its publisher sent {stored} store blocks (parent, tokens, size),"
+        f" once for 2 ranks, beside its own {sorted(gpu)} blocks"
+    )
+    sub.close()
+    h.close()
 
 
 class OwnStore:

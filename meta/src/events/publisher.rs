@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use super::wire::{encode_batch, Event};
+use super::wire::{encode_batch, Event, HashForm};
 use super::{now_us, Change, EventCounters, Feed, Held, Kind, Shared};
 
 /// Most blocks in one batch.
@@ -43,6 +43,8 @@ pub struct Sockets {
     pub replay: Option<std::net::TcpListener>,
     /// The topic prefix.
     pub topic: String,
+    /// Block hashes as vLLM's default 64-bit integers (`wire::HashForm`).
+    pub int_hashes: bool,
     /// Batches kept for replay.
     pub keep: usize,
     /// How long changes are gathered after the first arrives.
@@ -80,6 +82,11 @@ pub async fn run(feed: Feed, sockets: Sockets, snapshot: Snapshot, stop: Cancell
         kept,
         keep: sockets.keep.max(1),
         prefix: sockets.topic,
+        form: if sockets.int_hashes {
+            HashForm::Int
+        } else {
+            HashForm::Bytes
+        },
         counters: shared.counters.clone(),
     };
     // The changes of this term so far are generation 0: kept, after this.
@@ -126,6 +133,7 @@ struct Out {
     kept: Kept,
     keep: usize,
     prefix: String,
+    form: HashForm,
     counters: EventCounters,
 }
 
@@ -208,7 +216,7 @@ impl Out {
     /// Publishes one batch stamped `at_us` (microseconds since the Unix
     /// epoch).
     async fn publish(&mut self, topic: String, events: &[Event], at_us: u64) {
-        let payload = Bytes::from(encode_batch(at_us as f64 / 1e6, events));
+        let payload = Bytes::from(encode_batch(at_us as f64 / 1e6, events, self.form));
         let seq = self.seq;
         self.seq += 1;
         let topic = Bytes::from(topic);

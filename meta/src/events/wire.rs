@@ -10,7 +10,9 @@
 //! - `AllBlocksCleared`: nothing else.
 //!
 //! A block hash is vLLM's `ExternalBlockHash` (bytes or int): ours are the
-//! 32 bytes of the block key's hash, as msgpack bin. The medium is the tier
+//! 32 bytes of the block key's hash, as msgpack bin, or (`HashForm::Int`)
+//! its last 8 bytes as a big-endian integer, which is what vLLM publishes
+//! by default (`maybe_convert_block_hash`). The medium is the tier
 //! a daemon holds the blocks in, by vLLM's names for its offloading tiers
 //! (`vllm/v1/kv_offload/base.py`, `Medium`): `CPU` for DRAM, `STORAGE` for
 //! NVMe.
@@ -33,6 +35,45 @@ fn tier_of_medium(medium: &str) -> Option<Tier> {
     [Tier::Dram, Tier::Nvme]
         .into_iter()
         .find(|t| self::medium(*t) == medium)
+}
+
+/// How block hashes are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HashForm {
+    /// The 32 bytes, as msgpack bin.
+    #[default]
+    Bytes,
+    /// The last 8 bytes as a big-endian unsigned integer, as vLLM turns its
+    /// block hashes into integers (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`).
+    Int,
+}
+
+impl HashForm {
+    fn write(self, out: &mut Vec<u8>, hash: &BlockHash) {
+        match self {
+            HashForm::Bytes => {
+                let _ = write_bin(out, &hash.0);
+            }
+            HashForm::Int => {
+                let low = u64::from_be_bytes(hash.0[24..].try_into().expect("8 bytes"));
+                let _ = write_uint(out, low);
+            }
+        }
+    }
+}
+
+/// A hash as events carry it: 32 bytes, or an integer (its last 8 bytes;
+/// the others zero).
+fn hash_of(value: &rmpv::Value) -> Option<BlockHash> {
+    if let Some(n) = value.as_u64() {
+        let mut hash = [0u8; 32];
+        hash[24..].copy_from_slice(&n.to_be_bytes());
+        return Some(BlockHash(hash));
+    }
+    value
+        .as_slice()
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .map(BlockHash)
 }
 
 /// One event of a batch: blocks stored in, or removed from, a tier.
@@ -90,10 +131,8 @@ fn decode_event(event: &rmpv::Value) -> Result<Event, String> {
             .ok_or("an event without block_hashes")?
             .iter()
             .map(|h| {
-                h.as_slice()
-                    .and_then(|b| <[u8; 32]>::try_from(b).ok())
-                    .map(BlockHash)
-                    .ok_or_else(|| format!("block hash {h} is not 32 bytes"))
+                hash_of(h)
+                    .ok_or_else(|| format!("block hash {h} is neither 32 bytes nor an integer"))
             })
             .collect()
     };
@@ -101,11 +140,9 @@ fn decode_event(event: &rmpv::Value) -> Result<Event, String> {
         match field("parent_block_hash") {
             None => Ok(None),
             Some(v) if v.is_nil() => Ok(None),
-            Some(v) => v
-                .as_slice()
-                .and_then(|b| <[u8; 32]>::try_from(b).ok())
-                .map(|b| Some(BlockHash(b)))
-                .ok_or_else(|| format!("parent block hash {v} is not 32 bytes")),
+            Some(v) => hash_of(v)
+                .map(Some)
+                .ok_or_else(|| format!("parent block hash {v} is neither 32 bytes nor an integer")),
         }
     };
     let tier = || -> Result<Tier, String> {
@@ -122,8 +159,9 @@ fn decode_event(event: &rmpv::Value) -> Result<Event, String> {
     }
 }
 
-/// Encodes a batch stamped `ts` (seconds since the Unix epoch).
-pub fn encode_batch(ts: f64, events: &[Event]) -> Vec<u8> {
+/// Encodes a batch stamped `ts` (seconds since the Unix epoch), its block
+/// hashes in `form`.
+pub fn encode_batch(ts: f64, events: &[Event], form: HashForm) -> Vec<u8> {
     let blocks: usize = events.iter().map(Event::blocks).sum();
     let mut out = Vec::with_capacity(16 + events.len() * 96 + blocks * 35);
     // Writing to a Vec cannot fail: the results are ignored below.
@@ -131,21 +169,21 @@ pub fn encode_batch(ts: f64, events: &[Event]) -> Vec<u8> {
     let _ = write_f64(&mut out, ts);
     let _ = write_array_len(&mut out, events.len() as u32);
     for event in events {
-        encode_event(&mut out, event);
+        encode_event(&mut out, event, form);
     }
     out
 }
 
-fn encode_event(out: &mut Vec<u8>, event: &Event) {
+fn encode_event(out: &mut Vec<u8>, event: &Event, form: HashForm) {
     match event {
         Event::Stored(hashes, tier, parent) => {
             let _ = write_map_len(out, 8);
             let _ = write_str(out, "type");
             let _ = write_str(out, "BlockStored");
-            hashes_field(out, hashes);
+            hashes_field(out, hashes, form);
             let _ = write_str(out, "parent_block_hash");
             if let Some(p) = parent {
-                let _ = write_bin(out, &p.0);
+                form.write(out, p);
             } else {
                 let _ = write_nil(out);
             }
@@ -163,7 +201,7 @@ fn encode_event(out: &mut Vec<u8>, event: &Event) {
             let _ = write_map_len(out, 3);
             let _ = write_str(out, "type");
             let _ = write_str(out, "BlockRemoved");
-            hashes_field(out, hashes);
+            hashes_field(out, hashes, form);
             medium_field(out, *tier);
         }
         Event::AllCleared => {
@@ -174,11 +212,11 @@ fn encode_event(out: &mut Vec<u8>, event: &Event) {
     }
 }
 
-fn hashes_field(out: &mut Vec<u8>, hashes: &[BlockHash]) {
+fn hashes_field(out: &mut Vec<u8>, hashes: &[BlockHash], form: HashForm) {
     let _ = write_str(out, "block_hashes");
     let _ = write_array_len(out, hashes.len() as u32);
     for h in hashes {
-        let _ = write_bin(out, &h.0);
+        form.write(out, h);
     }
 }
 
@@ -214,6 +252,7 @@ mod tests {
                 Event::Removed(vec![b], Tier::Nvme),
                 Event::Stored(vec![c], Tier::Dram, Some(b)),
             ],
+            HashForm::Bytes,
         );
         let batch = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
         let batch = batch.as_array().unwrap();
@@ -259,5 +298,34 @@ mod tests {
             ]
         );
         assert!(decode_batch(b"\x01").is_err());
+    }
+
+    #[test]
+    fn integer_hashes_are_the_last_8_bytes_big_endian_as_vllm_converts_them() {
+        let mut raw = [0u8; 32];
+        raw[0] = 0xff;
+        raw[24..].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+        let (a, parent) = (BlockHash(raw), BlockHash([9; 32]));
+        let bytes = encode_batch(
+            2.0,
+            &[Event::Stored(vec![a], Tier::Dram, Some(parent))],
+            HashForm::Int,
+        );
+        let batch = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
+        let stored = &batch.as_array().unwrap()[1].as_array().unwrap()[0];
+        let hashes = field(stored, "block_hashes").as_array().unwrap();
+        assert_eq!(hashes[0].as_u64(), Some(0x0102_0304_0506_0708));
+        assert_eq!(
+            field(stored, "parent_block_hash").as_u64(),
+            Some(u64::from_be_bytes([9; 8]))
+        );
+        // Read back, an integer is the hash with its other bytes zero.
+        let (_, events) = decode_batch(&bytes).unwrap();
+        let Event::Stored(hashes, _, Some(p)) = &events[0] else {
+            panic!("{events:?}")
+        };
+        assert_eq!(hashes[0].0[24..], raw[24..]);
+        assert_eq!(hashes[0].0[..24], [0u8; 24]);
+        assert_eq!(p.0[24..], [9; 8]);
     }
 }

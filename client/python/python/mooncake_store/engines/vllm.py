@@ -28,6 +28,13 @@ What it does:
   step.
 - Each worker's traffic (blocks loaded, missed, written, bytes, GB/s) goes
   to vLLM's connector stats, which vLLM logs as "KV Transfer metrics".
+- With vLLM's KV events on (`--kv-events-config
+  '{"enable_kv_cache_events": true, ...}'`), each block every rank wrote
+  to the store is published through vLLM's own event publisher, as vLLM's
+  Mooncake connector does: a `BlockStored` of one block with its parent,
+  its token ids and the block size, medium `"CPU"`, beside vLLM's own
+  events for its GPU blocks. A router then learns from the engine which
+  prefixes the store holds, tokens included.
 
 Keys live in the namespace `vllm/<model>/<kv dtype>/tp<rank>of<size>`
 (`namespace` in the extra config replaces `vllm/<model>`): ranks hold
@@ -43,6 +50,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -54,6 +62,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_events import MEDIUM_CPU, BlockStored, KVCacheEvent, KVConnectorKVEvents
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
 import mooncake_store
 
@@ -78,6 +88,8 @@ class Transfer:
     keys: list[Any]
     block_ids: list[int]
     parent: Any = None
+    # A write's tokens (block_size a block), when KV events are on.
+    token_ids: Optional[list[int]] = None
 
 
 @dataclass
@@ -121,6 +133,51 @@ class StoreStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data[name] for name in COUNTS)
+
+
+class StoreKVEvents(KVConnectorKVEvents):
+    """The blocks the workers wrote, as vLLM's KV events. vLLM gathers every
+    worker's into one (`add_events`, `increment_workers`); a block is
+    published once every rank wrote its part (as many reports of the same
+    event as workers), since a block some rank lacks is a miss."""
+
+    def __init__(self, num_workers: int = 1) -> None:
+        self.counts: Counter[KVCacheEvent] = Counter()
+        self.workers = num_workers
+
+    def add_events(self, events: list[KVCacheEvent]) -> None:
+        self.counts.update(events)
+
+    def aggregate(self) -> "StoreKVEvents":
+        common = self.pop_common_events()
+        self.counts = Counter(common)
+        self.workers = 1
+        return self
+
+    def increment_workers(self, count: int = 1) -> None:
+        self.workers += count
+
+    def get_all_events(self) -> list[KVCacheEvent]:
+        return list(self.counts.elements())
+
+    def get_number_of_workers(self) -> int:
+        return self.workers
+
+    def clear_events(self) -> None:
+        self.counts.clear()
+
+    def pop_common_events(self) -> list[KVCacheEvent]:
+        """The events every worker reported, in the order first reported."""
+        common = [e for e, n in self.counts.items() if n >= self.workers]
+        for event in common:
+            del self.counts[event]
+        return common
+
+
+def _external(key: Any) -> Any:
+    """The block hash a store key was made from, as vLLM's events carry it."""
+    raw = key if isinstance(key, bytes) else bytes.fromhex(key)
+    return maybe_convert_block_hash(raw)
 
 
 @dataclass
@@ -192,6 +249,10 @@ class MooncakeStoreNative(KVConnectorBase_V1):
         self._tp_size = parallel.tensor_parallel_size
         self._pp_size = parallel.pipeline_parallel_size
         base = _base_namespace(vllm_config, extra)
+        events = vllm_config.kv_events_config
+        self._events_on = bool(events is not None and events.enable_kv_cache_events)
+        # Scheduler side: reports of blocks written, until every rank's came.
+        self._events: Optional[StoreKVEvents] = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = _SchedulerSide(self, extra, base)
             self._worker = None
@@ -213,6 +274,23 @@ class MooncakeStoreNative(KVConnectorBase_V1):
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, Optional[dict]]:
         self._scheduler.forget(request.request_id)
         return False, None
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        super().update_connector_output(connector_output)
+        events = connector_output.kv_cache_events
+        if not isinstance(events, StoreKVEvents):
+            return
+        if self._events is None:
+            self._events = events
+        else:
+            self._events.add_events(events.get_all_events())
+
+    def take_events(self):
+        if self._events is None:
+            return
+        yield from self._events.pop_common_events()
+        if not self._events.counts:
+            self._events = None
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -252,6 +330,14 @@ class MooncakeStoreNative(KVConnectorBase_V1):
             return None
         return self._worker.take_stats()
 
+    def get_kv_connector_kv_cache_events(self) -> Optional[StoreKVEvents]:
+        if self._worker is None or not self._events_on:
+            return None
+        # Empty too: this worker still counts toward every rank's report.
+        events = StoreKVEvents()
+        events.add_events(self._worker.take_events())
+        return events
+
     @classmethod
     def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None) -> StoreStats:
         return StoreStats(data=dict(data or {}))
@@ -267,6 +353,7 @@ class _SchedulerSide:
 
     def __init__(self, connector: MooncakeStoreNative, extra: dict, base: str):
         self.block_size = connector._block_size
+        self.events_on = connector._events_on
         namespaces = [
             _rank_namespace(base, tp, connector._tp_size, pp, connector._pp_size)
             for pp in range(connector._pp_size)
@@ -355,12 +442,14 @@ class _SchedulerSide:
         if full <= tracked.stored:
             return
         first = tracked.stored
+        bs = self.block_size
         meta.saves.append(
             Transfer(
                 req_id=tracked.request.request_id,
                 keys=[_key(hashes[i]) for i in range(first, full)],
                 block_ids=tracked.block_ids[first:full],
                 parent=_key(hashes[first - 1]) if first > 0 else None,
+                token_ids=list(tracked.request.all_token_ids[first * bs : full * bs]) if self.events_on else None,
             )
         )
         tracked.stored = full
@@ -403,6 +492,9 @@ class _WorkerSide:
         # Since vLLM last asked, and since the start (logged at shutdown).
         self.stats = StoreStats()
         self.total = StoreStats()
+        self.block_size = connector._block_size
+        # vLLM's events for the blocks written since vLLM last asked.
+        self.events: list[KVCacheEvent] = []
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         tp_rank, pp_rank = _ranks()
@@ -498,12 +590,37 @@ class _WorkerSide:
             for start in range(0, len(transfer.keys), self.staging_blocks):
                 keys = transfer.keys[start : start + self.staging_blocks]
                 ids = transfer.block_ids[start : start + self.staging_blocks]
-                self._save_some(keys, ids, parent)
+                codes = self._save_some(keys, ids, parent)
+                if transfer.token_ids is not None:
+                    self._stored_events(keys, codes, parent, transfer.token_ids[start * self.block_size :])
                 parent = keys[-1]
         if saves:
             self._count("save_seconds", time.perf_counter() - started)
 
-    def _save_some(self, keys: list[Any], block_ids: list[int], parent: Any) -> None:
+    def _stored_events(self, keys: list[Any], codes: list[int], parent: Any, tokens: list[int]) -> None:
+        """vLLM's events for the blocks written (code 0): one block each,
+        with its parent and tokens, as vLLM's Mooncake connector reports."""
+        bs = self.block_size
+        for i, (key, code) in enumerate(zip(keys, codes)):
+            before = keys[i - 1] if i > 0 else parent
+            if code == 0:
+                self.events.append(
+                    BlockStored(
+                        block_hashes=[_external(key)],
+                        parent_block_hash=_external(before) if before is not None else None,
+                        token_ids=tokens[i * bs : (i + 1) * bs],
+                        block_size=bs,
+                        lora_id=None,
+                        medium=MEDIUM_CPU,
+                        lora_name=None,
+                    )
+                )
+
+    def take_events(self) -> list[KVCacheEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def _save_some(self, keys: list[Any], block_ids: list[int], parent: Any) -> list[int]:
         n = len(keys)
         rows = self._rows(n)
         device = self.layers[0].cache.device
@@ -532,6 +649,7 @@ class _WorkerSide:
         self._count("blocks_saved", saved)
         self._count("blocks_not_saved", n - saved)
         self._count("bytes_saved", saved * self.block_bytes)
+        return codes
 
     def _count(self, name: str, value: float) -> None:
         self.stats.data[name] += value
