@@ -55,6 +55,7 @@ fn for_each_body(body: &[u8]) {
     round_trip::<RegisterResponse>(body);
     round_trip::<InventoryRequest>(body);
     round_trip::<HeartbeatRequest>(body);
+    round_trip::<HeartbeatResponse>(body);
     round_trip::<EventsRequest>(body);
     round_trip::<ShmLease>(body);
     round_trip::<ShmRelease>(body);

@@ -15,6 +15,7 @@ pub mod events;
 mod hot;
 mod index;
 pub mod metrics;
+mod misses;
 mod removals;
 mod repair;
 mod replica;

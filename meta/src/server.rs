@@ -68,6 +68,8 @@ pub struct State {
     pub repairs: crate::repair::Repairs,
     /// Blocks read often enough to get more copies.
     pub hot: crate::hot::Hot,
+    /// Evicted blocks readers came back for, to tell their daemons.
+    misses: crate::misses::Misses,
     /// When the index, rebuilt from inventories, gets its namespaces'
     /// wanted copies back (`Index::restore_wants`): a daemon TTL after the
     /// term began, and again after a daemon registers later.
@@ -107,6 +109,7 @@ impl State {
             replicas: cfg.replicas.clone(),
             repairs: crate::repair::Repairs::new(cfg.repair_queue, cfg.repair_rate.0),
             hot: crate::hot::Hot::new(cfg.hot()),
+            misses: crate::misses::Misses::new(crate::misses::DEFAULT_CAP),
             restore_wants_at: Mutex::new(Some(Instant::now() + cfg.daemon_ttl.0)),
         })
     }
@@ -453,6 +456,10 @@ async fn dispatch(
             let req = KeysRequest::from_bytes(body)?;
             owns(who, &req.namespace)?;
             let items = state.index.lookup(&req.namespace, &req.hashes);
+            let missed = req.hashes.iter().zip(&items).filter(|(_, i)| i.is_none());
+            state
+                .misses
+                .missed(&req.namespace, missed.map(|(hash, _)| hash));
             let hits = items.iter().flatten().count() as u64;
             metrics.lookup_hits.inc_by(hits);
             metrics.lookup_misses.inc_by(items.len() as u64 - hits);
@@ -462,6 +469,10 @@ async fn dispatch(
             let req = KeysRequest::from_bytes(body)?;
             owns(who, &req.namespace)?;
             let items = state.index.match_prefix(&req.namespace, &req.hashes);
+            // The match stopped at the first block not found.
+            state
+                .misses
+                .missed(&req.namespace, req.hashes.get(items.len()));
             metrics.match_hits.inc_by(items.len() as u64);
             metrics
                 .match_misses
@@ -650,7 +661,10 @@ async fn dispatch(
             }
             // It answers again: what it was not told, it is told now.
             state.resend_owed(req.daemon);
-            Vec::new()
+            mooncake_proto::message::HeartbeatResponse {
+                missed: state.misses.take(req.daemon),
+            }
+            .to_bytes()
         }
         Opcode::Leave => {
             let req = mooncake_proto::message::LeaveRequest::from_bytes(body)?;
@@ -672,7 +686,9 @@ async fn dispatch(
         Opcode::Events => {
             let req = EventsRequest::from_bytes(body)?;
             for key in &req.removed {
-                state.index.remove_at(key, req.daemon);
+                if state.index.remove_at(key, req.daemon) {
+                    state.misses.evicted(req.daemon, key);
+                }
             }
             for (key, tier) in &req.moved {
                 state.index.set_tier(key, req.daemon, *tier);

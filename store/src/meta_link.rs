@@ -10,8 +10,8 @@ use mooncake_net::{Connection, ErrorSource};
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::message::Body;
 use mooncake_proto::message::{
-    Empty, EventsRequest, HeartbeatRequest, InventoryRequest, LeaveRequest, RegisterRequest,
-    RegisterResponse,
+    Empty, EventsRequest, HeartbeatRequest, HeartbeatResponse, InventoryRequest, LeaveRequest,
+    RegisterRequest, RegisterResponse,
 };
 use mooncake_proto::Opcode;
 use tokio_util::sync::CancellationToken;
@@ -251,12 +251,16 @@ async fn session(
             stats: pool.stats(),
             hot: tiers.hot.take_top(),
         };
-        with_deadline(
+        let answer: HeartbeatResponse = with_deadline(
             &addr,
             deadline,
-            conn.call::<Empty>(Opcode::Heartbeat, &beat, "heartbeat"),
+            conn.call(Opcode::Heartbeat, &beat, "heartbeat"),
         )
         .await?;
+        // Readers looked for these after this daemon evicted them.
+        for key in &answer.missed {
+            pool.missed(key);
+        }
     }
 }
 

@@ -183,6 +183,11 @@ pub fn simulate(
             .take_while(|k| dram.contains(k) || drive.contains(k))
             .count();
         r.hits.count(req, matched, block_tokens);
+        // The prefix match stopped here: the meta service tells the
+        // daemon, which evicted it (see simulate_pool).
+        if let Some(k) = keys.get(matched) {
+            dram.missed(k);
+        }
         for (i, k) in keys[..matched].iter().enumerate() {
             if dram.get(k).is_some() {
                 continue;

@@ -161,6 +161,12 @@ pub fn simulate_pool(
         for id in &req.hash_ids[..matched] {
             drop(sim.dram.get(&sim.key(*id)));
         }
+        // The prefix match stopped at this block: the meta service tells
+        // the daemon that evicted it, whose probation grows if it let the
+        // block go too early (`meta/src/misses.rs`).
+        if let Some(id) = req.hash_ids.get(matched) {
+            sim.dram.missed(&sim.key(*id));
+        }
         r.count(req, matched, block_tokens);
         let mut parent = matched
             .checked_sub(1)

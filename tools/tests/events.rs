@@ -4,9 +4,9 @@
 //! the kill of the leading meta replica.
 
 mod common;
-use common::cluster::{scratch_dir, Cluster, Proc};
+use common::cluster::{scratch_dir, Cluster};
 use common::events::Subscriber;
-use common::{free_port, BIN};
+use common::up::{metric, up};
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -21,71 +21,6 @@ fn ns() -> Namespace {
 
 fn hash(i: u64) -> BlockHash {
     BlockHash::from_opaque(&i.to_le_bytes())
-}
-
-/// A single-host store (`up`) publishing events; its meta address, events
-/// and replay addresses.
-struct Up {
-    _proc: Proc,
-    meta: String,
-    events: String,
-    replay: String,
-    admin: String,
-}
-
-async fn up(dram: &str, config: Option<&str>) -> Up {
-    let logs = scratch_dir("events");
-    let (meta, events, replay, admin) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let daemon = format!("127.0.0.1:{}", free_port());
-    let config_path = logs.join("store.toml");
-    std::fs::write(
-        &config_path,
-        format!(
-            "[daemon]\nhugepages = false\nprefault = false\nheartbeat_interval = \"100ms\"\n{}",
-            config.unwrap_or("")
-        ),
-    )
-    .unwrap();
-    let args = [
-        "up",
-        "--config",
-        config_path.to_str().unwrap(),
-        "--meta-listen",
-        &meta,
-        "--listen",
-        &daemon,
-        "--dram",
-        dram,
-        "--admin",
-        &admin,
-        "--events",
-        &events,
-        "--events-replay",
-        &replay,
-    ];
-    let proc = Proc::spawn("up", BIN, &args, &logs);
-    let client = client(&meta);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !client
-        .cluster_stats()
-        .await
-        .is_ok_and(|st| st.daemons.iter().any(|d| d.alive))
-    {
-        assert!(Instant::now() < deadline, "store not up; logs in {logs:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Up {
-        _proc: proc,
-        meta,
-        events,
-        replay,
-        admin,
-    }
 }
 
 fn client(meta: &str) -> Client {
@@ -161,26 +96,6 @@ async fn put_range(client: &Client, range: std::ops::Range<u64>, len: usize) {
         let out = client.put(&ns(), &blocks).await.unwrap();
         assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
     }
-}
-
-async fn metric(admin: &str, series: &str) -> u64 {
-    let body = tokio::task::spawn_blocking({
-        let admin = admin.to_string();
-        move || {
-            use std::io::{Read, Write};
-            let mut s = std::net::TcpStream::connect(&admin).unwrap();
-            write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-            let mut body = String::new();
-            s.read_to_string(&mut body).unwrap();
-            body
-        }
-    })
-    .await
-    .unwrap();
-    body.lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

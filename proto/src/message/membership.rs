@@ -174,6 +174,28 @@ impl Body for HeartbeatRequest {
     }
 }
 
+/// The meta service's answer to a heartbeat: blocks this daemon evicted
+/// recently that readers then looked for and did not find (its 2Q pool
+/// grows probation for those it let go too early). At most `MAX_BATCH`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeartbeatResponse {
+    pub missed: Vec<BlockKey>,
+}
+
+impl Body for HeartbeatResponse {
+    fn encode(&self, w: &mut Writer) {
+        w.count(self.missed.len());
+        for key in &self.missed {
+            encode_key(w, key);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let n = r.count(2 + 1 + 32)?;
+        let missed = (0..n).map(|_| decode_key(r)).collect::<Result<_, _>>()?;
+        Ok(HeartbeatResponse { missed })
+    }
+}
+
 /// Blocks a daemon dropped on its own (evicted, or found corrupt), and
 /// blocks whose fastest tier changed (demoted to NVMe, promoted back).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -212,6 +212,9 @@ fn every_body_round_trips_and_refuses_truncation() {
             parent: Some(BlockHash([9; 32])),
         }],
     });
+    round_trip(HeartbeatResponse {
+        missed: vec![BlockKey::new(ns(), h)],
+    });
     round_trip(HeartbeatRequest {
         daemon: 1,
         stats: PoolStats::default(),

@@ -660,6 +660,17 @@ impl DramPool {
         self.inner.lock().blocks.get(key).is_some_and(|b| b.ready)
     }
 
+    /// A reader looked for `key` and did not find it (a lookup at the meta
+    /// service, or a prefix match that stopped there): as a get that
+    /// misses it, this grows probation if probation evicted it recently.
+    pub fn missed(&self, key: &BlockKey) {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        if !inner.blocks.get(key).is_some_and(|b| b.ready) {
+            self.note_miss(inner, key);
+        }
+    }
+
     /// The parent a stored block names (prefix-aware eviction keeps it
     /// from being evicted before this block).
     pub fn parent_of(&self, key: &BlockKey) -> Option<mooncake_proto::BlockHash> {

@@ -1,0 +1,99 @@
+//! A single-host store (`mooncake-store up`) as a test's own process,
+//! and its Prometheus series.
+
+use std::time::{Duration, Instant};
+
+use mooncake_client::{Client, ClientConfig};
+
+use super::cluster::{scratch_dir, Proc};
+use super::{free_port, BIN};
+
+/// A single-host store (`up`) publishing events, its daemon heartbeating
+/// every 100 ms; its meta, events, replay and admin addresses.
+pub struct Up {
+    _proc: Proc,
+    pub meta: String,
+    pub events: String,
+    pub replay: String,
+    pub admin: String,
+}
+
+/// Starts `up` with `dram` of memory and `config` added to its `[daemon]`
+/// table (a `[meta]` table may follow); returns once its daemon is alive.
+pub async fn up(dram: &str, config: Option<&str>) -> Up {
+    let logs = scratch_dir("up");
+    let (meta, events, replay, admin) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let daemon = format!("127.0.0.1:{}", free_port());
+    let config_path = logs.join("store.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "[daemon]\nhugepages = false\nprefault = false\nheartbeat_interval = \"100ms\"\n{}",
+            config.unwrap_or("")
+        ),
+    )
+    .unwrap();
+    let args = [
+        "up",
+        "--config",
+        config_path.to_str().unwrap(),
+        "--meta-listen",
+        &meta,
+        "--listen",
+        &daemon,
+        "--dram",
+        dram,
+        "--admin",
+        &admin,
+        "--events",
+        &events,
+        "--events-replay",
+        &replay,
+    ];
+    let proc = Proc::spawn("up", BIN, &args, &logs);
+    let client =
+        Client::new(ClientConfig::new(meta.to_string()).with_timeout(Duration::from_secs(5)));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !client
+        .cluster_stats()
+        .await
+        .is_ok_and(|st| st.daemons.iter().any(|d| d.alive))
+    {
+        assert!(Instant::now() < deadline, "store not up; logs in {logs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Up {
+        _proc: proc,
+        meta,
+        events,
+        replay,
+        admin,
+    }
+}
+
+/// The value of the first series of `/metrics` on `admin` that starts with
+/// `series` (0 if none).
+pub async fn metric(admin: &str, series: &str) -> u64 {
+    let body = tokio::task::spawn_blocking({
+        let admin = admin.to_string();
+        move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(&admin).unwrap();
+            write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+            let mut body = String::new();
+            s.read_to_string(&mut body).unwrap();
+            body
+        }
+    })
+    .await
+    .unwrap();
+    body.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
+}
