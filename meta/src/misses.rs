@@ -89,6 +89,12 @@ impl Misses {
         self.inner.lock().told.remove(&daemon).unwrap_or_default()
     }
 
+    /// `daemon` left (or registered anew): nothing waits for it. Its
+    /// evictions age out with the others.
+    pub fn forget(&self, daemon: u32) {
+        self.inner.lock().told.remove(&daemon);
+    }
+
     /// How many evictions are remembered and keys wait to be told (for
     /// tests of the bounds).
     #[cfg(test)]
@@ -146,5 +152,12 @@ mod tests {
         }
         misses.missed(&ns(), keys.iter().map(|k| &k.hash));
         assert_eq!(misses.take(3).len(), MAX_BATCH);
+        for k in &keys[..10] {
+            misses.evicted(3, k);
+        }
+        misses.missed(&ns(), keys[..10].iter().map(|k| &k.hash));
+        assert_eq!(misses.held(), (0, 10));
+        misses.forget(3);
+        assert_eq!(misses.held(), (0, 0), "a daemon gone is told nothing");
     }
 }

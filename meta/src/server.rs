@@ -296,6 +296,7 @@ pub async fn reaper(state: Arc<State>, stop: CancellationToken) {
         state.restore_wants_if_due(now);
         for daemon in state.daemons.expire(state.daemon_ttl, now) {
             let gone = state.index.remove_daemon(daemon);
+            state.misses.forget(daemon);
             tracing::warn!(
                 daemon,
                 copies = gone.copies,
@@ -612,6 +613,7 @@ async fn dispatch(
             // A (re)registering daemon's blocks are whatever its inventory
             // says next: entries from its previous life go.
             let gone = state.index.remove_daemon(daemon);
+            state.misses.forget(daemon);
             tracing::info!(daemon, %addr, capacity, dropped = gone.copies, "daemon registered");
             // What its inventory does not bring back is made again (not
             // counted lost: its inventory may bring it all back).
@@ -672,6 +674,7 @@ async fn dispatch(
                 return Err(Failure::Code(ErrorCode::NotFound));
             }
             let gone = state.index.remove_daemon(req.daemon);
+            state.misses.forget(req.daemon);
             tracing::info!(
                 daemon = req.daemon,
                 addr = %req.addr,
