@@ -84,6 +84,7 @@ class Consumer:
         self.replay.connect(f"tcp://{replay}")
         self.last: Optional[int] = None
         self.blocks: set[bytes] = set()
+        self.parents: dict = {}
         self.seqs: list[int] = []
         self.clears = 0
         self.media: set[str] = set()
@@ -102,6 +103,10 @@ class Consumer:
             elif isinstance(event, BlockStored):
                 self.media.add(event.medium)
                 self.blocks.update(event.block_hashes)
+                # A BlockStored is one chain: the first block extends the
+                # parent named, each next one the block before it.
+                parents = [event.parent_block_hash, *event.block_hashes[:-1]]
+                self.parents.update(zip(event.block_hashes, parents))
             else:
                 self.media.add(event.medium)
                 self.blocks.difference_update(event.block_hashes)
@@ -179,5 +184,35 @@ def test_a_vllm_style_consumer_sees_puts_and_removals_and_catches_up_by_replay()
                 assert all(b == a + 1 for a, b in zip(late.seqs, late.seqs[1:])), "gap filled"
             finally:
                 late.close()
+        finally:
+            consumer.close()
+
+
+def test_chains_are_published_with_their_parents_and_as_vllms_integer_hashes_when_asked(tmp_path):
+    config = tmp_path / "store.toml"
+    config.write_text("[meta]\nevents_int_hashes = true\n")
+    events, replay = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    args = ("--events", events, "--events-replay", replay, "--config", str(config))
+    with single_host_store("256MiB", *args) as meta:
+        client = mooncake_store.Client(meta, namespace="t/chains")
+        consumer = Consumer(events, replay)
+        try:
+            consumer.ask_replay(0)
+            # vLLM's integer form of a hash: its last 8 bytes, big endian.
+            as_int = lambda k: int.from_bytes(mooncake_store.opaque_hash(k)[24:], "big")
+            chain = [f"turn-1-block-{i}" for i in range(6)]
+            assert client.put_chain(chain, [bytes([i]) * 1024 for i in range(6)]) == [0] * 6
+            more = [f"turn-2-block-{i}" for i in range(3)]
+            assert client.put_chain(more, [b"m" * 1024] * 3, parent=chain[-1]) == [0] * 3
+            apart = [f"apart-{i}" for i in range(4)]
+            assert client.put_batch(apart, [b"a" * 1024] * 4) == [0] * 4
+            every = chain + more + apart
+            assert consumer.follow_until(lambda c: {as_int(k) for k in every} <= c.blocks)
+            linked = chain + more
+            for i, key in enumerate(linked):
+                want = as_int(linked[i - 1]) if i else None
+                assert consumer.parents[as_int(key)] == want, (key, consumer.parents[as_int(key)])
+            for key in apart:
+                assert consumer.parents[as_int(key)] is None, key
         finally:
             consumer.close()
