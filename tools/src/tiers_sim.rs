@@ -183,11 +183,6 @@ pub fn simulate(
             .take_while(|k| dram.contains(k) || drive.contains(k))
             .count();
         r.hits.count(req, matched, block_tokens);
-        // The prefix match stopped here: the meta service tells the
-        // daemon, which evicted it (see simulate_pool).
-        if let Some(k) = keys.get(matched) {
-            dram.missed(k);
-        }
         for (i, k) in keys[..matched].iter().enumerate() {
             if dram.get(k).is_some() {
                 continue;
@@ -206,6 +201,11 @@ pub fn simulate(
         for k in &keys[matched..] {
             put(k.clone(), parent, &mut drive, &mut r)?;
             parent = Some(k.hash);
+        }
+        // The prefix match stopped here: the daemon hears of it after
+        // these puts (see simulate_pool).
+        if let Some(k) = keys.get(matched) {
+            dram.missed(k);
         }
     }
     Ok(r)

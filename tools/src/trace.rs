@@ -161,12 +161,6 @@ pub fn simulate_pool(
         for id in &req.hash_ids[..matched] {
             drop(sim.dram.get(&sim.key(*id)));
         }
-        // The prefix match stopped at this block: the meta service tells
-        // the daemon that evicted it, whose probation grows if it let the
-        // block go too early (`meta/src/misses.rs`).
-        if let Some(id) = req.hash_ids.get(matched) {
-            sim.dram.missed(&sim.key(*id));
-        }
         r.count(req, matched, block_tokens);
         let mut parent = matched
             .checked_sub(1)
@@ -175,6 +169,14 @@ pub fn simulate_pool(
             let k = sim.key(*id);
             sim.put(k.clone(), parent)?;
             parent = Some(k.hash);
+        }
+        // The prefix match stopped at this block: the meta service tells
+        // the daemon that evicted it, whose probation grows if it let the
+        // block go too early (`meta/src/misses.rs`). The daemon hears of it
+        // with its next heartbeat, after this request put the block again
+        // (which takes its ghost: then nothing grows).
+        if let Some(id) = req.hash_ids.get(matched) {
+            sim.dram.missed(&sim.key(*id));
         }
     }
     Ok(r)
