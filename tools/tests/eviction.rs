@@ -90,6 +90,12 @@ async fn blocks_read_soon_after_they_are_put_stop_missing_once_readers_miss_them
     assert!(seen[0] > 0, "probation is smaller than one request");
     assert_eq!(seen.last(), Some(&0), "requests kept missing: {seen:?}");
     assert!(metric(&store.admin, limit).await > floor, "probation grew");
+    let counted = metric(&store.admin, early).await;
+    assert_eq!(
+        counted,
+        seen.iter().sum::<usize>() as u64,
+        "each miss once: {seen:?}"
+    );
     // And the next requests of that size are read whole too.
     for r in 8..10 {
         let name = format!("request-{r}");

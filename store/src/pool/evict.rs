@@ -143,6 +143,16 @@ impl Ghosts {
     fn get(&self, key: &BlockKey) -> Option<(Queue, u64)> {
         self.entries.get(&self.fingerprint(key)).copied()
     }
+
+    /// Keeps `key` remembered, with no units left to grow probation by: a
+    /// reader's miss of it was counted (once, whether the daemon saw the
+    /// get or the meta service told it of the lookup, or both).
+    fn spend(&mut self, key: &BlockKey) {
+        let f = self.fingerprint(key);
+        if let Some((_, units)) = self.entries.get_mut(&f) {
+            *units = 0;
+        }
+    }
 }
 
 /// The hasher of fingerprints: they are seeded hashes already.
@@ -400,10 +410,11 @@ impl DramPool {
         if self.cfg.eviction != Eviction::TwoQ {
             return;
         }
-        if let Some((Queue::Probation, units)) = inner.ghosts.get(key) {
+        if let Some((Queue::Probation, units @ 1..)) = inner.ghosts.get(key) {
             let capacity_units = self.region.len() as u64 / UNIT;
             inner.probation_target = (inner.probation_target + units).min(capacity_units);
             inner.events.early_eviction_reads += 1;
+            inner.ghosts.spend(key);
         }
     }
 

@@ -347,6 +347,42 @@ fn under_two_q_new_blocks_fill_a_pool_that_holds_nothing_reused() {
 }
 
 #[test]
+fn a_readers_miss_grows_probation_once_whether_the_daemon_saw_the_get_or_was_told() {
+    // As above: main full of blocks read once, then eight new blocks of
+    // which probation lets most go. Each missed block is both got here and
+    // reported by the meta service (`missed`), twice: it counts once.
+    let cfg = PoolConfig {
+        eviction: Eviction::TwoQ,
+        high_watermark: 1.0,
+        ..PoolConfig::with_capacity(1 << 20)
+    };
+    let p = Arc::new(DramPool::new(cfg).unwrap());
+    for i in 0..12 {
+        put(&p, key(i), 1, 64 << 10).unwrap();
+        drop(p.get(&key(i)));
+    }
+    let keys: Vec<BlockKey> = (100..108).map(key).collect();
+    for k in &keys {
+        put(&p, k.clone(), 2, 64 << 10).unwrap();
+    }
+    let gone: Vec<&BlockKey> = keys.iter().filter(|k| !p.contains(k)).collect();
+    assert!(!gone.is_empty());
+    let (_, before) = p.probation();
+    for k in &gone {
+        assert!(p.get(k).is_none());
+        p.missed(k);
+        p.missed(k);
+    }
+    let (_, after) = p.probation();
+    assert_eq!(after - before, gone.len() as u64 * (64 << 10));
+    assert_eq!(p.eviction_events().early_eviction_reads, gone.len() as u64);
+    // Still remembered as let go by probation: put again, it enters main.
+    let ghost_hits = p.eviction_events().ghost_hits;
+    put(&p, gone[0].clone(), 3, 64 << 10).unwrap();
+    assert_eq!(p.eviction_events().ghost_hits, ghost_hits + 1);
+}
+
+#[test]
 fn under_two_q_readers_that_come_back_soon_grow_probation_until_their_blocks_stay() {
     // Main holds twelve blocks read once; then rounds of eight new blocks,
     // each read right after the round is put (a decode node reading what a
