@@ -68,6 +68,12 @@ impl Misses {
     /// A reader looked for these blocks and did not find them: each one a
     /// daemon evicted recently is queued for that daemon (once).
     pub fn missed<'a>(&self, ns: &Namespace, hashes: impl IntoIterator<Item = &'a BlockHash>) {
+        // A lookup that missed nothing takes no lock (every get's lookup
+        // comes here).
+        let mut hashes = hashes.into_iter().peekable();
+        if hashes.peek().is_none() {
+            return;
+        }
         let mut inner = self.inner.lock();
         if inner.evicted.is_empty() {
             return;
