@@ -346,11 +346,9 @@ fn under_two_q_new_blocks_fill_a_pool_that_holds_nothing_reused() {
     assert_eq!(kept, (24..40).collect::<Vec<_>>());
 }
 
-#[test]
-fn a_readers_miss_grows_probation_once_whether_the_daemon_saw_the_get_or_was_told() {
-    // As above: main full of blocks read once, then eight new blocks of
-    // which probation lets most go. Each missed block is both got here and
-    // reported by the meta service (`missed`), twice: it counts once.
+/// A 1 MiB pool under 2Q whose main queue holds twelve 64 KiB blocks read
+/// once (keys 0..12); probation (5%) holds less than one block.
+fn two_q_with_main_full() -> Arc<DramPool> {
     let cfg = PoolConfig {
         eviction: Eviction::TwoQ,
         high_watermark: 1.0,
@@ -361,6 +359,15 @@ fn a_readers_miss_grows_probation_once_whether_the_daemon_saw_the_get_or_was_tol
         put(&p, key(i), 1, 64 << 10).unwrap();
         drop(p.get(&key(i)));
     }
+    p
+}
+
+#[test]
+fn a_readers_miss_grows_probation_once_whether_the_daemon_saw_the_get_or_was_told() {
+    // Main full of blocks read once, then eight new blocks of
+    // which probation lets most go. Each missed block is both got here and
+    // reported by the meta service (`missed`), twice: it counts once.
+    let p = two_q_with_main_full();
     let keys: Vec<BlockKey> = (100..108).map(key).collect();
     for k in &keys {
         put(&p, k.clone(), 2, 64 << 10).unwrap();
@@ -388,16 +395,7 @@ fn under_two_q_readers_that_come_back_soon_grow_probation_until_their_blocks_sta
     // each read right after the round is put (a decode node reading what a
     // prefill node put). Probation (5%: not one block) lets them go at
     // first; each read of one it let go grows it, until a round stays.
-    let cfg = PoolConfig {
-        eviction: Eviction::TwoQ,
-        high_watermark: 1.0,
-        ..PoolConfig::with_capacity(1 << 20)
-    };
-    let p = Arc::new(DramPool::new(cfg).unwrap());
-    for i in 0..12 {
-        put(&p, key(i), 1, 64 << 10).unwrap();
-        drop(p.get(&key(i)));
-    }
+    let p = two_q_with_main_full();
     let (_, limit) = p.probation();
     assert!(limit < 64 << 10, "probation starts below one block");
     let mut hits_per_round = Vec::new();
