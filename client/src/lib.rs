@@ -10,6 +10,7 @@ mod client;
 mod coalesce;
 mod locations;
 mod metrics;
+pub mod pieces;
 pub mod transport;
 
 pub use client::{Client, ClientConfig, GetOutcome, PrefixMatch, PutOptions, PutOutcome};
@@ -20,4 +21,5 @@ pub use mooncake_net as net;
 pub use mooncake_net::CallError as ClientError;
 pub use mooncake_net::{ClientTls, ErrorSource, MetaResolver, TlsError};
 pub use mooncake_proto as proto;
+pub use pieces::{Dest, Value};
 pub use transport::{Transport, TransportCounters};

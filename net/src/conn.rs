@@ -181,16 +181,28 @@ impl FrameWriter {
     /// Buffers one request whose body is `body` followed by `value` (a
     /// large value bypasses the buffer and goes straight to the socket).
     pub async fn send(&mut self, op: Opcode, body: &[u8], value: &[u8]) -> io::Result<u64> {
+        self.send_pieces(op, body, &[value]).await
+    }
+
+    /// `send`, with a value made of pieces joined in order (each large one
+    /// straight from where it lies).
+    pub async fn send_pieces(
+        &mut self,
+        op: Opcode,
+        body: &[u8],
+        value: &[&[u8]],
+    ) -> io::Result<u64> {
         let id = self.next_id;
         self.next_id += 1;
-        let len = u32::try_from(body.len() + value.len())
+        let value_len: usize = value.iter().map(|p| p.len()).sum();
+        let len = u32::try_from(body.len() + value_len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame over 4 GiB"))?;
         self.wr
             .write_all(&Header::request(op, id, len).encode())
             .await?;
         self.wr.write_all(body).await?;
-        if !value.is_empty() {
-            self.wr.write_all(value).await?;
+        for piece in value.iter().filter(|p| !p.is_empty()) {
+            self.wr.write_all(piece).await?;
         }
         Ok(id)
     }
@@ -241,10 +253,21 @@ impl FrameReader {
     /// Reads exactly `buf.len()` bytes into the caller's buffer and returns
     /// their checksum, hashing each piece as it lands (still in cache).
     pub async fn read_into_hashed(&mut self, buf: &mut [u8]) -> Result<u64, CallError> {
+        self.read_into_pieces_hashed([buf]).await
+    }
+
+    /// `read_into_hashed` for a value spread over pieces, in order: their
+    /// checksum as if they were one buffer.
+    pub async fn read_into_pieces_hashed<'p>(
+        &mut self,
+        pieces: impl IntoIterator<Item = &'p mut [u8]>,
+    ) -> Result<u64, CallError> {
         let mut running = mooncake_proto::checksum::Running::default();
-        for piece in buf.chunks_mut(mooncake_proto::checksum::CHUNK) {
-            self.rd.read_exact(piece).await.map_err(|e| self.io(e))?;
-            running.update(piece);
+        for piece in pieces {
+            for step in piece.chunks_mut(mooncake_proto::checksum::CHUNK) {
+                self.rd.read_exact(step).await.map_err(|e| self.io(e))?;
+                running.update(step);
+            }
         }
         Ok(running.finish())
     }

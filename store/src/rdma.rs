@@ -271,7 +271,7 @@ mod tests {
             .map(|(k, v)| PutItem {
                 index: k,
                 hash: BlockHash([k as u8 + 1; 32]),
-                value: v,
+                value: v.as_slice().into(),
                 checksum: checksum(v),
                 parent: None,
             })
@@ -286,7 +286,7 @@ mod tests {
                 index: k,
                 hash: BlockHash([k as u8 + 1; 32]),
                 location: Location::on(0, values[k].len() as u32, checksum(&values[k])),
-                buf,
+                buf: buf.as_mut_slice().into(),
             })
             .collect();
         let reads = link.get(&ns, &mut gets).await.unwrap();
@@ -313,7 +313,7 @@ mod tests {
         let put = [PutItem {
             index: 0,
             hash: BlockHash([9; 32]),
-            value,
+            value: value.into(),
             checksum: sum,
             parent: None,
         }];
@@ -324,7 +324,7 @@ mod tests {
             index: 0,
             hash: BlockHash([9; 32]),
             location: Location::on(0, 1 << 20, sum),
-            buf: &mut into[..1 << 20],
+            buf: (&mut into[..1 << 20]).into(),
         }];
         assert_eq!(
             direct.get(&ns, &mut get).await.unwrap(),

@@ -1,7 +1,7 @@
 //! One conformance suite, run against every transport that can run here:
 //! same-host shared memory, TCP, TLS over TCP, QUIC, and TLS and QUIC with
-//! mutual TLS. Each must round-trip blocks byte for byte, singly and in
-//! batches; cost no more than its deadline against a peer that never
+//! mutual TLS. Each must round-trip blocks byte for byte, singly, in
+//! batches, and made of pieces written and read in place; cost no more than its deadline against a peer that never
 //! answers; return a clean error (never wrong bytes) when its peer dies
 //! mid-transfer or sends garbage. Then what only the encrypted ones have:
 //! a client without the right certificate is refused when mutual TLS is
@@ -11,11 +11,13 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mooncake_client::{Client, ClientConfig, ClientError, ErrorSource, GetOutcome, PutOutcome};
+use mooncake_client::{
+    Client, ClientConfig, ClientError, Dest, ErrorSource, GetOutcome, PutOptions, PutOutcome, Value,
+};
 use mooncake_net::DevCerts;
 use mooncake_proto::message::Empty;
 use mooncake_proto::transport::{Endpoint, TransportKind};
-use mooncake_proto::{BlockHash, Namespace, Opcode};
+use mooncake_proto::{BlockHash, ErrorCode, Namespace, Opcode};
 use mooncake_tests::{block_bytes, daemon_config, fast_meta, TestCluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -257,6 +259,94 @@ async fn batches(kind: Kind) {
     assert_eq!(client.transports().reads(kind.transport()), 64);
 }
 
+/// Blocks made of pieces (a page's K and V apart, per-layer rows) are
+/// written from their pieces and read into pieces cut another way, byte
+/// for byte, and are the same blocks as when read whole; a destination
+/// too small for a block is refused.
+async fn pieces(kind: Kind) {
+    let (_cluster, client, _dir) = setup(kind, 64 << 20).await;
+    // A small page (inline on the same host), K and V of 256 KiB, uneven
+    // rows with empty ones, one piece alone.
+    let shapes: Vec<Vec<usize>> = vec![
+        vec![4 << 10, 4 << 10],
+        vec![256 << 10, 256 << 10],
+        vec![0, 1000, 70_001, 3, 129 << 10, 0],
+        vec![1 << 20],
+    ];
+    let values: Vec<Vec<u8>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| block_bytes(500 + i as u64, s.iter().sum()))
+        .collect();
+    let pieces: Vec<Vec<&[u8]>> = values
+        .iter()
+        .zip(&shapes)
+        .map(|(v, shape)| {
+            let mut at = 0;
+            shape
+                .iter()
+                .map(|n| {
+                    at += n;
+                    &v[at - n..at]
+                })
+                .collect()
+        })
+        .collect();
+    let hashes: Vec<BlockHash> = (500..500 + values.len() as u64).map(hash).collect();
+    let blocks: Vec<(BlockHash, Value<'_>)> = hashes
+        .iter()
+        .zip(&pieces)
+        .map(|(h, p)| (*h, Value::Pieces(p)))
+        .collect();
+    let out = client
+        .put_pieces(&ns(), &blocks, Some(None), PutOptions::default())
+        .await
+        .unwrap();
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+
+    // Read into thirds of a buffer one byte longer than the block.
+    let mut bufs: Vec<Vec<u8>> = values.iter().map(|v| vec![0u8; v.len() + 1]).collect();
+    let mut dests: Vec<Dest<'_>> = bufs
+        .iter_mut()
+        .map(|b| {
+            let third = b.len() / 3;
+            let (a, rest) = b.split_at_mut(third);
+            let (b, c) = rest.split_at_mut(third);
+            Dest::Pieces(vec![a, b, c])
+        })
+        .collect();
+    let got = client
+        .get_into_pieces(&ns(), &hashes, &mut dests)
+        .await
+        .unwrap();
+    drop(dests);
+    for (i, value) in values.iter().enumerate() {
+        assert_eq!(got[i], GetOutcome::Hit(value.len()), "block {i}");
+        assert!(
+            bufs[i][..value.len()] == value[..],
+            "block {i}: wrong bytes"
+        );
+        assert_eq!(bufs[i][value.len()], 0, "block {i}: written past its end");
+        let key = mooncake_proto::BlockKey::new(ns(), hashes[i]);
+        assert_eq!(
+            client.get(&key).await.unwrap().as_ref(),
+            Some(value),
+            "block {i} whole"
+        );
+    }
+    let mut small = [0u8; 10];
+    let (a, b) = small.split_at_mut(5);
+    let got = client
+        .get_into_pieces(&ns(), &hashes[1..2], &mut [Dest::Pieces(vec![a, b])])
+        .await
+        .unwrap();
+    assert_eq!(got, vec![GetOutcome::Failed(ErrorCode::TooLarge)]);
+    assert!(small.iter().all(|b| *b == 0), "nothing written");
+    let t = client.transports();
+    assert_eq!(t.writes(kind.transport()), 4, "{kind:?} carried every put");
+    assert_eq!(t.reads(kind.transport()), 8, "{kind:?} carried every get");
+}
+
 /// A peer that never answers costs one deadline, no more. For shared
 /// memory the peer is a socket that accepts and says nothing: the link is
 /// given up (a counted fallback) and the put goes over TCP, to a daemon
@@ -444,6 +534,11 @@ macro_rules! conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn batches_with_hits_and_misses() {
                 batches($kind).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn blocks_in_pieces_round_trip_in_place_byte_for_byte() {
+                pieces($kind).await
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

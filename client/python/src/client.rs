@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooncake_client::{ClientConfig, GetOutcome, PutOptions};
+use mooncake_client::{ClientConfig, Dest, GetOutcome, PutOptions, Value};
 use mooncake_proto::message::{ListRequest, RouteCandidate, Tier};
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use pyo3::exceptions::PyValueError;
@@ -19,7 +19,7 @@ use mooncake_client::bindings::except;
 use crate::buffers::{overlapping, Region, Registered};
 use crate::codes;
 use crate::keys::{hash_of, hashes_of};
-use crate::pieces::{Pieces, Staging};
+use crate::pieces::Pieces;
 use crate::{runtime, StoreError, StoreUnavailable};
 use mooncake_client::ClientError;
 use mooncake_proto::ErrorCode;
@@ -30,8 +30,6 @@ pub struct Client {
     inner: Arc<mooncake_client::Client>,
     namespace: Namespace,
     registered: Registered,
-    /// Where blocks made of pieces are gathered and scattered.
-    staging: Staging,
 }
 
 impl Client {
@@ -263,7 +261,6 @@ impl Client {
             inner: Arc::new(client),
             namespace: ns,
             registered: Registered::default(),
-            staging: Staging::default(),
         })
     }
 
@@ -279,7 +276,6 @@ impl Client {
             inner: self.inner.clone(),
             namespace: crate::keys::namespace(namespace)?,
             registered: Registered::default(),
-            staging: Staging::default(),
         })
     }
 
@@ -468,7 +464,7 @@ impl Client {
 
     /// Stores blocks each made of several pieces of registered buffers
     /// (`ptr_lists[i]`, `size_lists[i]`: block `i`'s pieces, in order),
-    /// gathered into one block; a status per key (`INVALID_PARAMS` for a
+    /// written straight from them as one block; a status per key (`INVALID_PARAMS` for a
     /// block with a piece outside every registered buffer). With `chain`,
     /// the blocks are consecutive blocks of one chain, as in `put_chain`:
     /// the first extends `parent` (`None`: it starts the chain).
@@ -491,25 +487,32 @@ impl Client {
             .collect();
         let items: Vec<(BlockHash, usize)> = hashes.into_iter().zip(0..).collect();
         Ok(except(items, &outside, codes::INVALID_PARAMS, |items| {
-            let (starts, total) = pieces.staged(&items);
-            let mut staging = self.staging.take(total);
-            py.detach(|| {
-                for ((_, i), &at) in items.iter().zip(&starts) {
-                    // SAFETY: every piece lies in a registered buffer,
-                    // which stays allocated while registered.
-                    unsafe { pieces.gather(*i, &mut staging[at..at + pieces.len(*i)]) };
-                }
-            });
-            let regions = pieces.regions(&items, &starts, &mut staging);
-            let hashes = items.iter().map(|(h, _)| *h).collect();
-            let codes = self.put_regions(py, hashes, regions, chain, PutOptions { replicas });
-            self.staging.give_back(staging);
-            codes
+            let n = items.len();
+            // SAFETY: every piece lies in a registered buffer, which stays
+            // allocated while registered.
+            let slices: Vec<Vec<&[u8]>> = items
+                .iter()
+                .map(|(_, i)| unsafe { pieces.slices(*i) })
+                .collect();
+            let blocks: Vec<(BlockHash, Value<'_>)> = items
+                .iter()
+                .zip(&slices)
+                .map(|((h, _), s)| (*h, Value::Pieces(s)))
+                .collect();
+            let (client, ns) = (&self.inner, &self.namespace);
+            let opts = PutOptions { replicas };
+            let result =
+                py.detach(|| runtime().block_on(client.put_pieces(ns, &blocks, chain, opts)));
+            match result {
+                Ok(outcomes) => outcomes.into_iter().map(codes::of_put).collect(),
+                Err(err) => vec![codes::of_error(&err); n],
+            }
         }))
     }
 
     /// Reads blocks each into several pieces of registered buffers, the
-    /// block's bytes spread over them in order; per key the bytes read or
+    /// block's bytes spread over them in order, straight from the
+    /// transport; per key the bytes read or
     /// a negative code (`INVALID_PARAMS` for a piece outside every
     /// registered buffer, or pieces that overlap: nothing is written).
     fn get_into_ptr_lists(
@@ -523,22 +526,23 @@ impl Client {
         let refused = pieces.unfit_to_write(&self.registered);
         let items: Vec<(BlockHash, usize)> = hashes.into_iter().zip(0..).collect();
         Ok(except(items, &refused, codes::INVALID_PARAMS, |items| {
-            let (starts, total) = pieces.staged(&items);
-            let mut staging = self.staging.take(total);
-            let regions = pieces.regions(&items, &starts, &mut staging);
-            let hashes = items.iter().map(|(h, _)| *h).collect();
-            let read = self.get_regions(py, hashes, regions);
-            py.detach(|| {
-                for (((_, i), n), &at) in items.iter().zip(&read).zip(&starts) {
-                    if let Ok(n) = usize::try_from(*n) {
-                        // SAFETY: every piece lies in a registered buffer,
-                        // and none overlaps another (checked above).
-                        unsafe { pieces.scatter(*i, &staging[at..at + n]) };
-                    }
-                }
+            let n = items.len();
+            let hashes: Vec<BlockHash> = items.iter().map(|(h, _)| *h).collect();
+            let (client, ns) = (&self.inner, &self.namespace);
+            let result = py.detach(|| {
+                // SAFETY: every piece lies in a registered buffer, which
+                // stays allocated while registered, and no piece overlaps
+                // another (checked above).
+                let mut dests: Vec<Dest<'_>> = items
+                    .iter()
+                    .map(|(_, i)| Dest::Pieces(unsafe { pieces.slices_mut(*i) }))
+                    .collect();
+                runtime().block_on(client.get_into_pieces(ns, &hashes, &mut dests))
             });
-            self.staging.give_back(staging);
-            read
+            match result {
+                Ok(outcomes) => outcomes.into_iter().map(codes::of_get).collect(),
+                Err(err) => vec![codes::of_error(&err); n],
+            }
         }))
     }
 

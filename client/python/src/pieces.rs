@@ -1,6 +1,7 @@
 //! Blocks made of pieces (K and V, or one per layer, each in a registered
-//! buffer): their address lists, and the staging buffer a block is gathered
-//! into before a put and lands in before it is spread over its pieces.
+//! buffer): their address lists, checked against the registered buffers,
+//! and the pieces as slices that the client reads into and writes from in
+//! place.
 
 use mooncake_proto::BlockHash;
 use pyo3::exceptions::PyValueError;
@@ -8,35 +9,6 @@ use pyo3::prelude::*;
 
 use crate::buffers::{Region, Registered};
 use crate::keys::hashes_of;
-
-/// Most bytes kept between calls for blocks made of pieces.
-const MAX_STAGING: usize = 1 << 30;
-
-/// A buffer reused by the calls on blocks made of pieces: a block is
-/// gathered there before a put and lands there before it is spread over
-/// its pieces. Reused, so that each call copies through memory already
-/// faulted in: fresh pages for every call cost more than the copy itself
-/// (page faults and zeroing, measured with perf). A call that finds it in
-/// use by another thread takes a buffer of its own.
-#[derive(Default)]
-pub(crate) struct Staging(parking_lot::Mutex<Vec<u8>>);
-
-impl Staging {
-    pub(crate) fn take(&self, len: usize) -> Vec<u8> {
-        let mut buf = std::mem::take(&mut *self.0.lock());
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
-        buf
-    }
-
-    pub(crate) fn give_back(&self, buf: Vec<u8>) {
-        let mut kept = self.0.lock();
-        if buf.len() <= MAX_STAGING && buf.len() > kept.len() {
-            *kept = buf;
-        }
-    }
-}
 
 /// Blocks made of pieces: for each key, address ranges of registered
 /// buffers that make its bytes in order (K and V, or one per layer).
@@ -104,65 +76,30 @@ impl Pieces {
             .collect()
     }
 
-    pub(crate) fn len(&self, i: usize) -> usize {
-        self.sizes[i].iter().sum()
-    }
-
-    /// Where each of `items`' blocks starts in a staging buffer holding
-    /// them one after another, and the buffer's length.
-    pub(crate) fn staged<T>(&self, items: &[(T, usize)]) -> (Vec<usize>, usize) {
-        let mut at = 0;
-        let starts = items
+    /// Block `i`'s pieces, in order, to write the block from.
+    ///
+    /// # Safety
+    /// Every piece must stay readable while the slices live.
+    pub(crate) unsafe fn slices<'a>(&self, i: usize) -> Vec<&'a [u8]> {
+        self.ptrs[i]
             .iter()
-            .map(|(_, i)| {
-                let start = at;
-                at += self.len(*i);
-                start
-            })
-            .collect();
-        (starts, at)
-    }
-
-    /// Each of `items`' blocks in `staging`, as a region to read or write.
-    pub(crate) fn regions<T>(
-        &self,
-        items: &[(T, usize)],
-        starts: &[usize],
-        staging: &mut [u8],
-    ) -> Vec<Region> {
-        items
-            .iter()
-            .zip(starts)
-            .map(|((_, i), &at)| {
-                Region::registered(staging[at..].as_mut_ptr() as usize, self.len(*i))
-            })
+            .zip(&self.sizes[i])
+            // SAFETY: the caller's promise.
+            .map(|(&p, &n)| unsafe { Region::registered(p, n).as_slice() })
             .collect()
     }
 
-    /// Block `i`'s pieces, gathered into `out` (its length).
+    /// Block `i`'s pieces, in order, to read the block into.
     ///
     /// # Safety
-    /// Every piece must be readable for the call.
-    pub(crate) unsafe fn gather(&self, i: usize, out: &mut [u8]) {
-        let mut at = 0;
-        for (&p, &n) in self.ptrs[i].iter().zip(&self.sizes[i]) {
+    /// Every piece must stay writable while the slices live, and no piece
+    /// of any block may overlap another.
+    pub(crate) unsafe fn slices_mut<'a>(&self, i: usize) -> Vec<&'a mut [u8]> {
+        self.ptrs[i]
+            .iter()
+            .zip(&self.sizes[i])
             // SAFETY: the caller's promise.
-            out[at..at + n].copy_from_slice(unsafe { Region::registered(p, n).as_slice() });
-            at += n;
-        }
-    }
-
-    /// Spreads `bytes` over block `i`'s pieces, in order.
-    ///
-    /// # Safety
-    /// Every piece must be writable for the call, and no piece of any
-    /// block may overlap another.
-    pub(crate) unsafe fn scatter(&self, i: usize, mut bytes: &[u8]) {
-        for (&p, &n) in self.ptrs[i].iter().zip(&self.sizes[i]) {
-            let take = n.min(bytes.len());
-            // SAFETY: the caller's promise.
-            unsafe { Region::registered(p, take).as_mut_slice() }.copy_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-        }
+            .map(|(&p, &n)| unsafe { Region::registered(p, n).as_mut_slice() })
+            .collect()
     }
 }

@@ -158,6 +158,48 @@ def test_multi_buffer_pieces_outside_registered_memory_or_overlapping_touch_noth
     assert sglang.batch_put_from_multi_buffers(["c"], [[src.k(0)]], [[1, 2]]) == [INVALID_PARAMS]
 
 
+def test_a_multi_buffer_object_is_its_pieces_joined_whatever_the_cut(sglang):
+    """Written from 8 uneven pieces, an object reads back into K and V
+    halves, into one buffer, and into pieces cut elsewhere, byte for byte;
+    into pieces too small for it, it is refused and nothing is written."""
+    src = HostPool(sglang, 2, seed=4)
+    cuts = [0, 1, 4096, 4097, 30_000, PAGE_BYTES, PAGE_BYTES + 1, 2 * PAGE_BYTES - 7]
+    k, v = src.k(0), src.v(0)
+    # Page 0's K and V as one object, cut into 8 pieces at uneven offsets
+    # (the cut at PAGE_BYTES keeps each piece inside K or inside V).
+    joined = np.concatenate([src.kv[0, 0], src.kv[1, 0]])
+    at = lambda off: k + off if off < PAGE_BYTES else v + (off - PAGE_BYTES)
+    bounds = sorted(set(cuts + [2 * PAGE_BYTES]))
+    ptrs = [at(a) for a, b in zip(bounds, bounds[1:])]
+    sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+    assert sum(sizes) == 2 * PAGE_BYTES and len(ptrs) == 8, sizes
+    assert sglang.batch_put_from_multi_buffers(["cut"], [ptrs], [sizes]) == [0]
+
+    dst = HostPool(sglang, 2, seed=None)
+    assert sglang.batch_get_into_multi_buffers(["cut"], [[dst.k(0), dst.v(0)]],
+                                               [[PAGE_BYTES, PAGE_BYTES]]) == [2 * PAGE_BYTES]
+    assert np.array_equal(np.concatenate([dst.kv[0, 0], dst.kv[1, 0]]), joined)
+    # One buffer: K of pages 0 and 1 of a fresh pool, which are adjacent.
+    whole = HostPool(sglang, 2, seed=None)
+    assert sglang.batch_get_into(["cut"], [whole.k(0)], [2 * PAGE_BYTES]) == [2 * PAGE_BYTES]
+    assert np.array_equal(whole.kv[0].reshape(-1), joined)
+    # Three pieces cut elsewhere, the last with room to spare.
+    other = HostPool(sglang, 2, seed=None)
+    got = sglang.batch_get_into_multi_buffers(
+        ["cut"], [[other.k(0), other.v(0), other.k(1)]], [[1000, PAGE_BYTES, PAGE_BYTES]])
+    assert got == [2 * PAGE_BYTES]
+    tail = 2 * PAGE_BYTES - 1000 - PAGE_BYTES
+    assert np.array_equal(other.kv[0, 0, :1000], joined[:1000])
+    assert np.array_equal(other.kv[1, 0], joined[1000 : 1000 + PAGE_BYTES])
+    assert np.array_equal(other.kv[0, 1, :tail], joined[1000 + PAGE_BYTES :])
+    assert not other.kv[0, 1, tail:].any(), "written past the object's end"
+    # Too small: refused with a negative code, nothing written.
+    small = HostPool(sglang, 1, seed=None)
+    got = sglang.batch_get_into_multi_buffers(["cut"], [[small.k(0), small.v(0)]],
+                                              [[PAGE_BYTES, PAGE_BYTES - 1]])
+    assert got[0] < 0 and not small.kv.any()
+
+
 def test_sglang_standalone_storage_with_the_host_allocator(store):
     allocator = MooncakeHostMemAllocator()
     size = PAGES * PAGE_BYTES

@@ -17,6 +17,19 @@ impl Client {
         hashes: &[BlockHash],
         bufs: &mut [&mut [u8]],
     ) -> Result<Vec<GetOutcome>, ClientError> {
+        let mut dests: Vec<Dest<'_>> = bufs.iter_mut().map(|b| Dest::One(b)).collect();
+        self.get_into_pieces(namespace, hashes, &mut dests).await
+    }
+
+    /// `get_into`, each block landing in its destination's pieces in
+    /// order (`Dest::Pieces`: a page's K and V apart, or one piece per
+    /// layer), straight from the transport: no staging copy.
+    pub async fn get_into_pieces(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+        bufs: &mut [Dest<'_>],
+    ) -> Result<Vec<GetOutcome>, ClientError> {
         if hashes.len() != bufs.len() {
             return Err(ClientError::Invalid(format!(
                 "{} hashes but {} buffers",
@@ -87,7 +100,7 @@ impl Client {
         &self,
         namespace: &Namespace,
         hashes: &[BlockHash],
-        bufs: &mut [&mut [u8]],
+        bufs: &mut [Dest<'_>],
     ) -> Result<Vec<GetOutcome>, ClientError> {
         let mut locations: Vec<Option<Location>> = hashes
             .iter()
@@ -207,7 +220,7 @@ impl Client {
         hashes: &[BlockHash],
         locations: &[Option<Location>],
         tried: &mut [Copies],
-        bufs: &mut [&mut [u8]],
+        bufs: &mut [Dest<'_>],
         wanted: &[usize],
     ) -> Vec<(usize, Read)> {
         let mut results = Vec::new();
@@ -234,7 +247,7 @@ impl Client {
                 index,
                 hash: hashes[index],
                 location,
-                buf,
+                buf: buf.reborrow(),
             });
         }
         let reads = by_daemon.into_iter().map(|(daemon, mut items)| async move {
@@ -298,7 +311,7 @@ impl Client {
                             index: it.index,
                             hash: it.hash,
                             location: it.location,
-                            buf: &mut *it.buf,
+                            buf: it.buf.reborrow(),
                         })
                         .collect();
                     let got = peer.data.get(namespace, &mut again).await?;

@@ -22,12 +22,13 @@ use mooncake_proto::message::{
     PutStartResponse, Revision, RouteAnswer, RouteCandidate, RouteRequest, Slot, Statuses,
     MAX_COPIES,
 };
-use mooncake_proto::{checksum, BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
+use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
 use parking_lot::RwLock;
 
 use crate::coalesce::Coalescer;
 use crate::locations::LocationCache;
 use crate::metrics::ClientMetrics;
+use crate::pieces::{Dest, Value};
 use crate::transport::shm::ShmLink;
 use crate::transport::stream::StreamTransport;
 use crate::transport::{hits, stored, GetItem, PutItem, Read, Transport, TransportCounters};

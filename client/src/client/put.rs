@@ -49,18 +49,45 @@ impl Client {
         blocks: &[(BlockHash, &[u8])],
         opts: PutOptions,
     ) -> Result<Vec<PutOutcome>, ClientError> {
-        let parents: Vec<Option<BlockHash>> = std::iter::once(parent)
-            .chain(blocks.iter().map(|(h, _)| Some(*h)))
-            .take(blocks.len())
-            .collect();
+        let parents = chained(parent, blocks.iter().map(|(h, _)| *h));
         self.put_with_parents(namespace, blocks, &parents, opts)
             .await
+    }
+
+    /// Stores blocks each made of pieces (`Value::Pieces`: a page's K and
+    /// V apart, or one piece per layer), written straight from them: no
+    /// staging copy. With `chain: Some(parent)`, the blocks are
+    /// consecutive blocks of one chain, as in `put_chain`.
+    pub async fn put_pieces(
+        &self,
+        namespace: &Namespace,
+        blocks: &[(BlockHash, Value<'_>)],
+        chain: Option<Option<BlockHash>>,
+        opts: PutOptions,
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        let parents = match chain {
+            Some(parent) => chained(parent, blocks.iter().map(|(h, _)| *h)),
+            None => vec![None; blocks.len()],
+        };
+        self.put_values(namespace, blocks, &parents, opts).await
     }
 
     async fn put_with_parents(
         &self,
         namespace: &Namespace,
         blocks: &[(BlockHash, &[u8])],
+        parents: &[Option<BlockHash>],
+        opts: PutOptions,
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        let values: Vec<(BlockHash, Value<'_>)> =
+            blocks.iter().map(|(h, v)| (*h, Value::One(v))).collect();
+        self.put_values(namespace, &values, parents, opts).await
+    }
+
+    async fn put_values(
+        &self,
+        namespace: &Namespace,
+        blocks: &[(BlockHash, Value<'_>)],
         parents: &[Option<BlockHash>],
         opts: PutOptions,
     ) -> Result<Vec<PutOutcome>, ClientError> {
@@ -97,7 +124,7 @@ impl Client {
     async fn put_chunk(
         &self,
         namespace: &Namespace,
-        blocks: &[(BlockHash, &[u8])],
+        blocks: &[(BlockHash, Value<'_>)],
         parents: &[Option<BlockHash>],
         replicas: u8,
     ) -> Result<Vec<PutOutcome>, ClientError> {
@@ -132,11 +159,11 @@ impl Client {
         for (index, (slot, (hash, value))) in slots.iter().zip(blocks).enumerate() {
             match slot {
                 Slot::Place(copies) => {
-                    sums[index] = checksum(value);
+                    sums[index] = value.checksum();
                     let item = PutItem {
                         index,
                         hash: *hash,
-                        value,
+                        value: *value,
                         checksum: sums[index],
                         parent: parents[index],
                     };
@@ -285,4 +312,17 @@ impl Client {
         self.transports.wrote(peer.data.kind(), stored(&codes));
         Ok(codes)
     }
+}
+
+/// Each block's parent in a chain of `hashes` that extends `parent`: the
+/// one before it.
+fn chained(
+    parent: Option<BlockHash>,
+    hashes: impl ExactSizeIterator<Item = BlockHash>,
+) -> Vec<Option<BlockHash>> {
+    let n = hashes.len();
+    std::iter::once(parent)
+        .chain(hashes.map(Some))
+        .take(n)
+        .collect()
 }

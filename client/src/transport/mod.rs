@@ -16,6 +16,7 @@ use mooncake_proto::message::{Location, ShmLease};
 use mooncake_proto::transport::TransportKind;
 use mooncake_proto::{BlockHash, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
 
+use crate::pieces::{Dest, Value};
 use crate::ClientError;
 
 #[cfg(feature = "rdma")]
@@ -51,7 +52,7 @@ pub struct GetItem<'b> {
     pub hash: BlockHash,
     /// What the index says about it (size and the writer's checksum).
     pub location: Location,
-    pub buf: &'b mut [u8],
+    pub buf: Dest<'b>,
 }
 
 /// One block to write.
@@ -59,7 +60,7 @@ pub struct GetItem<'b> {
 pub struct PutItem<'v> {
     pub index: usize,
     pub hash: BlockHash,
-    pub value: &'v [u8],
+    pub value: Value<'v>,
     /// XXH3-64 of `value`, which the daemon checks before storing it.
     pub checksum: u64,
     /// The block whose prefix this one extends, for prefix-aware eviction.

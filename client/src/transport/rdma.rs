@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use mooncake_proto::checksum::{checksum, copy_with_checksum};
 use mooncake_proto::message::{
     Body, KeyRequest, RdmaAccept, ShmLease, ShmPutRequest, ShmRelease, ShmSlot,
 };
@@ -417,28 +416,30 @@ impl RdmaLink {
                 other => out[i] = Read::Failed(other),
             }
         }
-        // Blocks whose buffers are registered land there directly; the
-        // others go through the staging buffer.
+        // Blocks whose buffers are registered (and in one piece) land
+        // there directly; the others go through the staging buffer.
         let mut direct = Vec::new();
         let mut reading: Vec<&(usize, ShmLease)> = Vec::new();
         for entry @ (i, lease) in leased.iter().filter(|(i, _)| out[*i] == Read::Missing) {
-            match self.registered.find(&items[*i].buf[..lease.len as usize]) {
-                Some(mr) => direct.push((entry, mr)),
+            let len = lease.len as usize;
+            let found = items[*i]
+                .buf
+                .contiguous(len)
+                .and_then(|buf| Some((buf.as_mut_ptr() as u64, self.registered.find(buf)?)));
+            match found {
+                Some((local, mr)) => direct.push((entry, local, mr)),
                 None => reading.push(entry),
             }
         }
         if !direct.is_empty() {
             let blocks: Vec<(u64, u32, u64, u64)> = direct
                 .iter()
-                .map(|((i, lease), mr)| {
-                    let local = items[*i].buf.as_mut_ptr() as u64;
-                    (local, mr.lkey(), lease.offset, lease.len as u64)
-                })
+                .map(|((_, lease), local, mr)| (*local, mr.lkey(), lease.offset, lease.len as u64))
                 .collect();
             let ops = lane.direct_ops(&blocks, false)?;
             lane.run(&ops).await?;
-            for ((i, lease), _) in &direct {
-                let sum = checksum(&items[*i].buf[..lease.len as usize]);
+            for ((i, lease), _, _) in &direct {
+                let sum = items[*i].buf.checksum(lease.len as usize);
                 out[*i] = Read::of_lease(lease, sum, &items[*i]);
             }
         }
@@ -453,15 +454,14 @@ impl RdmaLink {
                 let (i, lease) = reading[p.item];
                 // SAFETY: every read of this round has completed.
                 let src = unsafe { lane.staging.bytes(p.at, p.len) };
-                let dst = &mut items[*i].buf[p.skip as usize..(p.skip + p.len) as usize];
                 if p.len == lease.len as u64 {
-                    let sum = copy_with_checksum(dst, src);
+                    let sum = items[*i].buf.copy_with_checksum(src);
                     out[*i] = Read::of_lease(lease, sum, &items[*i]);
                 } else {
-                    dst.copy_from_slice(src);
+                    items[*i].buf.write_at(p.skip as usize, src);
                     copied[p.item] += p.len;
                     if copied[p.item] == lease.len as u64 {
-                        let sum = checksum(&items[*i].buf[..lease.len as usize]);
+                        let sum = items[*i].buf.checksum(lease.len as usize);
                         out[*i] = Read::of_lease(lease, sum, &items[*i]);
                     }
                 }
@@ -520,9 +520,9 @@ impl RdmaLink {
         let mut held = Vec::new();
         let mut blocks = Vec::new();
         for entry @ (i, slot) in &reserved {
-            let value = items[*i].value;
-            match self.registered.find(value) {
-                Some(mr) => {
+            let one = items[*i].value.contiguous();
+            match one.and_then(|value| Some((value, self.registered.find(value)?))) {
+                Some((value, mr)) => {
                     blocks.push((
                         value.as_ptr() as u64,
                         mr.lkey(),
@@ -549,7 +549,7 @@ impl RdmaLink {
                 let value = items[reserved[p.item].0].value;
                 // SAFETY: no operation of this lane is in flight.
                 let dst = unsafe { lane.staging.bytes_mut(p.at, p.len) };
-                dst.copy_from_slice(&value[p.skip as usize..(p.skip + p.len) as usize]);
+                value.copy_to(p.skip as usize, dst);
             }
             let ops = lane.ops(&round, &offsets, true)?;
             lane.run(&ops).await?;

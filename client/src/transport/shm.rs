@@ -22,7 +22,6 @@ use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
 
-use mooncake_proto::checksum::copy_with_checksum;
 use mooncake_proto::message::{
     Body, KeyRequest, PutHead, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
 };
@@ -382,7 +381,7 @@ impl ShmLink {
         // the daemon may reuse them while they are copied, which is why
         // the copy counts only if it hashes to the block's checksum.
         let src = unsafe { std::slice::from_raw_parts(self.map.ptr.as_ptr().add(offset), len) };
-        (copy_with_checksum(&mut item.buf[..len], src) == want).then_some(len)
+        (item.buf.copy_with_checksum(src) == want).then_some(len)
     }
 
     /// Adds reads through the index to those the daemon has yet to hear
@@ -453,7 +452,9 @@ impl ShmLink {
                 let len = (head.len() + it.value.len()) as u32;
                 frames.extend_from_slice(&Header::request(Opcode::Put, id, len).encode());
                 frames.extend_from_slice(&head);
-                frames.extend_from_slice(it.value);
+                for piece in it.value.pieces() {
+                    frames.extend_from_slice(piece);
+                }
             } else {
                 let body = ShmPutRequest {
                     key,
@@ -492,7 +493,7 @@ impl ShmLink {
             let room =
                 unsafe { std::slice::from_raw_parts_mut(self.map.ptr.as_ptr().add(offset), len) };
             // The daemon checks the stored bytes at commit.
-            mooncake_proto::checksum::copy(room, it.value);
+            it.value.copy_to(0, room);
             reserved.push((i, slot));
         }
         if !reserved.is_empty() {
@@ -528,7 +529,7 @@ impl ShmLink {
         // SAFETY: in bounds (checked above), and the lease keeps these
         // bytes in place, unwritten, until it is released.
         let src = unsafe { std::slice::from_raw_parts(self.map.ptr.as_ptr().add(offset), len) };
-        let sum = copy_with_checksum(&mut item.buf[..len], src);
+        let sum = item.buf.copy_with_checksum(src);
         Ok(Read::of_lease(lease, sum, item))
     }
 }

@@ -1,7 +1,8 @@
 //! Framed requests on a byte stream: a TCP connection or a QUIC stream.
 //! A batch is pipelined on one stream (every request written while the
 //! answers are read), values written straight from the caller's slices and
-//! read straight into the caller's buffers.
+//! read straight into the caller's buffers (each piece of a block in
+//! place, for blocks made of pieces).
 
 use std::sync::Arc;
 
@@ -158,7 +159,9 @@ impl StreamTransport {
             let (writer, reader) = conn.split();
             let write = async {
                 for (item, head) in items.iter().zip(&heads) {
-                    writer.send(Opcode::Put, head, item.value).await?;
+                    writer
+                        .send_pieces(Opcode::Put, head, item.value.pieces())
+                        .await?;
                 }
                 writer.flush().await
             };
@@ -232,8 +235,8 @@ async fn read_one_get(
         reader.discard(value_len).await?;
         return Ok(Read::Failed(ErrorCode::TooLarge));
     }
-    let dst = &mut item.buf[..value_len];
-    if reader.read_into_hashed(dst).await? != sent_checksum {
+    let dst = item.buf.pieces_mut(value_len);
+    if reader.read_into_pieces_hashed(dst).await? != sent_checksum {
         return Ok(Read::Corrupt);
     }
     if sent_checksum != item.location.checksum || value_len != item.location.size as usize {
