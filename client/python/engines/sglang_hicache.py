@@ -9,7 +9,11 @@ say (`extra_config` with `master_server_address`), and drives it through
 the calls HiCache makes: set pages, check the prefix, get them back into
 other pages of the pool, byte for byte. Then the same through SGLang's
 `StorageBackendFactory` with `--hicache-storage-backend dynamic` and the
-native backend's extra config. Run by `tools/test-engines.sh`.
+native backend's extra config. Then a hybrid model's pools as SGLang's
+HybridCacheController hands them to a backend (the KV pool as anchor and
+a Mamba state pool through `register_mem_host_pool_v2`), driven through
+`batch_set_v2` / `batch_exists_v2` / `batch_get_v2` with SGLang's
+`trailing_pages` policy, on both backends. Run by `tools/test-engines.sh`.
 
 Usage: python sglang_hicache.py META_ADDR
 """
@@ -24,10 +28,18 @@ import torch
 from sglang.srt.mem_cache.device_pool_info import (
     KVBufferLayout,
     KVBuffers,
+    MambaStateBufferInfo,
     MHABufferInfo,
     MLABufferInfo,
 )
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
@@ -73,6 +85,19 @@ def mla_host_pool() -> MLATokenToKVPoolHost:
     )
 
 
+def mamba_host_pool(slots: int = 16) -> MambaPoolHost:
+    """A Mamba state pool as a hybrid model (Qwen3-Next's shape, small)
+    has it: per layer and slot a temporal (SSM) state and a conv state;
+    a host "page" is one slot."""
+    layers = 2
+    temporal = torch.zeros(layers, slots + 1, 4, 32, 32, dtype=torch.float32)  # 16 KiB a layer
+    conv = (torch.zeros(layers, slots + 1, 256, 3, dtype=torch.bfloat16),)  # 1.5 KiB a layer
+    return MambaPoolHost(
+        MambaStateBufferInfo(temporal=temporal, conv=conv), 2.0, 0,
+        device_capacity=slots, pin_memory=False, device="cpu", layout="page_first",
+    )
+
+
 def pages_bytes(pool, indices: torch.Tensor) -> list[bytes]:
     """The bytes of each page object, where the pool itself says they are
     (the pointers and sizes it hands to the store)."""
@@ -83,7 +108,7 @@ def pages_bytes(pool, indices: torch.Tensor) -> list[bytes]:
 def config(mla: bool, extra: dict) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
         tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=True,
+        is_mla_model=mla, enable_storage_metrics=True, is_page_first_layout=True,
         model_name="test/model", extra_config=extra,
     )
 
@@ -125,8 +150,53 @@ def round_trip(store, pool) -> int:
     assert pages_bytes(pool, src) == pages_bytes(pool, dst), "pages differ"
     # Storing pages again is a no-op success (they exist).
     assert store.batch_set_v1(keys, src) == [True] * pages
+    # SGLang's storage metrics: the pages read back, the pages written.
+    stats = store.get_stats()
+    assert sum(stats.prefetch_pgs) == pages and len(stats.prefetch_bandwidth) == 1, stats
+    assert pages <= sum(stats.backup_pgs) <= 2 * pages, stats
     store.clear()
     assert store.batch_exists(keys) == 0
+    return pages
+
+
+def hybrid_round_trip(store, kv_pool, mamba_pool) -> int:
+    """A hybrid model's request of 12 pages as HiCache backs it up and
+    prefetches it: the KV pages through v1, the Mamba state of the last 2
+    pages (`trailing_pages`) through v2; then the prefix check counts only
+    the prefixes whose trailing states are stored, and the states read
+    back byte for byte."""
+    pages, window = 12, 2
+    keys = [f"{i + 100:064x}" for i in range(pages)]
+    kv_src = torch.arange(0, pages * PAGE, dtype=torch.int64)
+    state_src, state_dst = torch.arange(0, window), torch.arange(window, 2 * window)
+    for pool in (kv_pool, mamba_pool):
+        for buf in pool.get_hybrid_pool_buffer() if hasattr(pool, "get_hybrid_pool_buffer") else [pool.kv_buffer]:
+            raw = buf.view(torch.uint8)
+            raw.copy_(torch.randint(0, 255, raw.shape, dtype=torch.uint8))
+    mamba = lambda indices, ks: PoolTransfer(
+        name=PoolName.MAMBA, host_indices=indices, keys=ks,
+        hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    info = HiCacheStorageExtraInfo(prefix_keys=None)
+    assert store.batch_exists_v2(keys, [mamba(state_src, keys[-window:])], info).kv_hit_pages == 0
+
+    assert store.batch_set_v1(keys, kv_src, info) == [True] * pages
+    # Only the KV pages: no prefix has its trailing states yet.
+    got = store.batch_exists_v2(keys, [mamba(state_src, keys[-window:])], info)
+    assert got.kv_hit_pages == 0 and got.extra_pool_hit_pages.get(PoolName.KV) == pages, got
+    assert store.batch_set_v2([mamba(state_src, keys[-window:])], info) == {PoolName.MAMBA: [True] * window}
+    got = store.batch_exists_v2(keys, [mamba(state_src, keys[-window:])], info)
+    assert got.kv_hit_pages == pages, got
+    # Only the whole prefix has its window of states (pages 11 and 12).
+    assert got.restorable_prefix_pages == [pages], got.restorable_prefix_pages
+    # A longer request over the same pages restores at most those 12.
+    longer = keys + [f"{999:064x}"]
+    assert store.batch_exists_v2(longer, [mamba(state_src, longer[-window:])], info).kv_hit_pages == pages
+
+    got = store.batch_get_v2([mamba(state_dst, keys[-window:])], info)
+    assert got == {PoolName.MAMBA: [True] * window}, got
+    assert pages_bytes(mamba_pool, state_src) == pages_bytes(mamba_pool, state_dst), "states differ"
+    store.clear()
+    assert store.batch_exists_v2(keys, [mamba(state_src, keys[-window:])], info).kv_hit_pages == 0
     return pages
 
 
@@ -141,6 +211,11 @@ def main() -> None:
                                   ("MLA layer_first", mla_host_pool(), True)):
             n = round_trip(backend(meta, pool, mla), pool)
             print(f"{name}, {layout} pool: {n} pages set, prefix checked, read back byte for byte")
+        kv_pool, mamba_pool = mha_host_pool(), mamba_host_pool()
+        store = backend(meta, kv_pool, False)
+        store.register_mem_host_pool_v2(mamba_pool, PoolName.MAMBA)
+        n = hybrid_round_trip(store, kv_pool, mamba_pool)
+        print(f"{name}, hybrid MHA + Mamba pools (v2): {n} pages, trailing states checked, read back byte for byte")
 
 
 if __name__ == "__main__":
