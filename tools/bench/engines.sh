@@ -33,9 +33,15 @@ for round in 1 2; do
     echo "== round $round"
     fresh_store
     "$VENV/bin/python" client/python/bench/sglang_pages.py --meta "$META" --piece "$PIECE"
-    echo "-- Rust bench, ${PIECE} B blocks, batches of 128, one worker"
+    # The two-object layout moves blocks of PIECE bytes, the multi-buffer
+    # one blocks of 2 x PIECE: the Rust client at both, a request's bytes
+    # in one batch, its puts from as many bytes as the Python pool holds
+    # (not one block rewritten from the CPU's cache).
+    echo "-- Rust bench, ${PIECE} B blocks in batches of 128 and $((2 * PIECE)) B in batches of 64, one worker"
     "$BIN" bench --meta "$META" --sizes "$PIECE" --batch 128 --concurrency 1 --ops 12800 \
-        --working-set 512MiB 2>/dev/null | grep -E "^(op|get|put)"
+        --working-set 512MiB --put-from "$((128 * PIECE))" 2>/dev/null | grep -E "^(op|get|put)"
+    "$BIN" bench --meta "$META" --sizes "$((2 * PIECE))" --batch 64 --concurrency 1 --ops 6400 \
+        --working-set 512MiB --put-from "$((128 * PIECE))" 2>/dev/null | grep -E "^(get|put)"
     if [ -x "$ENGINES/bin/python" ]; then
         # The engines' own classes (tools/test-engines.sh installs them).
         "$ENGINES/bin/pip" install -q --disable-pip-version-check ./client/python
@@ -46,13 +52,13 @@ for round in 1 2; do
         "$ENGINES/bin/python" -W ignore client/python/engines/vllm_bench.py "$META" 2>/dev/null
         echo "-- Rust bench, 512 KiB and 1 MiB blocks, batches of 64, one worker"
         "$BIN" bench --meta "$META" --sizes 512KiB,1MiB --batch 64 --concurrency 1 --ops 3200 \
-            --working-set 512MiB 2>/dev/null | grep -E "^(op|get|put)"
+            --working-set 512MiB --put-from 256MiB 2>/dev/null | grep -E "^(op|get|put)"
         fresh_store
         echo "-- LMCache's remote tier: its mooncakestore connector and the native one"
         LMCACHE_LOG_LEVEL=ERROR "$ENGINES/bin/python" -W ignore client/python/engines/lmcache_bench.py \
             "$META" --requests 4 2>/dev/null
         echo "-- Rust bench, 4 MiB blocks, batches of 32, one worker"
         "$BIN" bench --meta "$META" --sizes 4MiB --batch 32 --concurrency 1 --ops 512 \
-            --working-set 512MiB 2>/dev/null | grep -E "^(op|get|put)"
+            --working-set 512MiB --put-from 256MiB 2>/dev/null | grep -E "^(op|get|put)"
     fi
 done

@@ -68,6 +68,13 @@ pub struct BenchArgs {
     /// and kept.
     #[arg(long)]
     reads_only: bool,
+    /// Bytes of distinct memory the puts are written from, block after
+    /// block (default: one block's, written again and again, as
+    /// redis-benchmark and memtier do, so that it stays in the CPU's
+    /// cache). An engine's KV pool is never in cache: give a request's
+    /// bytes or more to measure puts as an engine makes them.
+    #[arg(long)]
+    put_from: Option<ByteSize>,
 }
 
 /// Block indexes drawn by a Zipf law over `n` blocks: index 0 the hottest.
@@ -165,7 +172,12 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 .map(|i| BlockHash::from_opaque(format!("bench-{run_id}-{size}-{i}").as_bytes()))
                 .collect(),
         );
-        let value: Arc<Vec<u8>> = Arc::new((0..size).map(|_| rand::random::<u8>()).collect());
+        // Puts cycle through `sources` blocks of distinct bytes.
+        let sources = args
+            .put_from
+            .map_or(1, |b| (b.0 as usize / size.max(1)).max(1));
+        let value: Arc<Vec<u8>> =
+            Arc::new((0..size * sources).map(|_| rand::random::<u8>()).collect());
         let bar = progress(&args, keys + args.ops, size);
         let puts = if args.reads_only { 0 } else { keys };
         let put = phase(&args, "put", size, puts, &bar, {
@@ -175,8 +187,12 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 let (client, ns, hashes, value) =
                     (client.clone(), ns.clone(), hashes.clone(), value.clone());
                 async move {
-                    let blocks: Vec<(BlockHash, &[u8])> =
-                        range.map(|i| (hashes[i], &value[..])).collect();
+                    let blocks: Vec<(BlockHash, &[u8])> = range
+                        .map(|i| {
+                            let at = i % sources * size;
+                            (hashes[i], &value[at..at + size])
+                        })
+                        .collect();
                     match client.put_with(&ns, &blocks, opts).await {
                         Ok(outs) => outs.iter().fold((0, 0), |(m, e), o| match o {
                             PutOutcome::Stored

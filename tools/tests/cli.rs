@@ -325,6 +325,9 @@ fn bench_runs_against_an_embedded_store_and_reports_json() {
             "4KiB,64KiB",
             "--ops",
             "200",
+            // Puts from 16 distinct 64 KiB blocks (and 256 of 4 KiB).
+            "--put-from",
+            "1MiB",
             "--json",
         ])
         .output()
