@@ -14,7 +14,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use mooncake_client::bindings::{except, overlapping, runtime, status};
+use mooncake_client::bindings::{block_on, except, overlapping, status};
 use mooncake_client::{Client, ClientConfig};
 use mooncake_proto::{BlockHash, Namespace, PrefixHasher};
 
@@ -131,9 +131,7 @@ pub unsafe extern "C" fn mc_connect(
     if let Some(token) = unsafe { text(token) } {
         cfg = cfg.with_token(token);
     }
-    let connected = catch_unwind(AssertUnwindSafe(|| {
-        runtime().block_on(Client::connect(cfg))
-    }));
+    let connected = catch_unwind(AssertUnwindSafe(|| block_on(Client::connect(cfg))));
     match connected {
         Ok(Ok(client)) => Box::into_raw(Box::new(McClient { client, namespace })),
         Ok(Err(e)) => {
@@ -250,7 +248,7 @@ pub unsafe extern "C" fn mc_put(
             // SAFETY: each value is readable for its length.
             .map(|(h, (v, l))| (*h, unsafe { slice(*v, *l) }.unwrap_or_default()))
             .collect();
-        let out = match runtime().block_on(c.client.put(&c.namespace, &blocks)) {
+        let out = match block_on(c.client.put(&c.namespace, &blocks)) {
             Ok(outcomes) => outcomes.into_iter().map(status::of_put).collect(),
             Err(e) => {
                 set_error(e.to_string());
@@ -314,7 +312,7 @@ pub unsafe extern "C" fn mc_get_into(
                     _ => unsafe { std::slice::from_raw_parts_mut(*at as *mut u8, *len) },
                 })
                 .collect();
-            match runtime().block_on(c.client.get_into(&c.namespace, &hashes, &mut dest)) {
+            match block_on(c.client.get_into(&c.namespace, &hashes, &mut dest)) {
                 Ok(outcomes) => outcomes.into_iter().map(status::of_get).collect(),
                 Err(e) => {
                     set_error(e.to_string());
@@ -344,7 +342,7 @@ pub unsafe extern "C" fn mc_match_prefix(
         else {
             return status::INVALID_PARAMS;
         };
-        match runtime().block_on(c.client.match_prefix(&c.namespace, &hashes)) {
+        match block_on(c.client.match_prefix(&c.namespace, &hashes)) {
             Ok(m) => m.matched as i64,
             Err(e) => {
                 set_error(e.to_string());
@@ -375,7 +373,7 @@ pub unsafe extern "C" fn mc_remove(
         if results.is_null() && n > 0 {
             return status::INVALID_PARAMS;
         }
-        let out: Vec<i64> = match runtime().block_on(c.client.remove(&c.namespace, &hashes)) {
+        let out: Vec<i64> = match block_on(c.client.remove(&c.namespace, &hashes)) {
             Ok(codes) => codes.into_iter().map(status::of_code).collect(),
             Err(e) => {
                 set_error(e.to_string());

@@ -14,13 +14,13 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use mooncake_client::bindings::except;
+use mooncake_client::bindings::{block_on, except};
 
 use crate::buffers::{overlapping, Region, Registered};
 use crate::codes;
 use crate::keys::{hash_of, hashes_of};
 use crate::pieces::Pieces;
-use crate::{runtime, StoreError, StoreUnavailable};
+use crate::{StoreError, StoreUnavailable};
 use mooncake_client::ClientError;
 use mooncake_proto::ErrorCode;
 
@@ -53,7 +53,7 @@ impl Client {
                     .iter()
                     .map(|(_, r)| unsafe { r.as_mut_slice() })
                     .collect();
-                runtime().block_on(client.get_into(ns, &hashes, &mut bufs))
+                block_on(client.get_into(ns, &hashes, &mut bufs))
             });
             match result {
                 Ok(outcomes) => outcomes.into_iter().map(codes::of_get).collect(),
@@ -82,7 +82,7 @@ impl Client {
                 .zip(&regions)
                 .map(|(h, r)| (*h, unsafe { r.as_slice() }))
                 .collect();
-            runtime().block_on(async {
+            block_on(async {
                 match chain {
                     Some(parent) => client.put_chain_with(ns, parent, &blocks, opts).await,
                     None => client.put_with(ns, &blocks, opts).await,
@@ -233,7 +233,7 @@ impl Client {
                 .map_err(|e| PyValueError::new_err(e.to_string()))?;
         }
         let client = py.detach(|| {
-            runtime().block_on(async {
+            block_on(async {
                 let cfg = match etcd.filter(|e| !e.is_empty()) {
                     None => cfg,
                     Some(endpoints) => follow_leader_through_etcd(cfg, endpoints).await?,
@@ -297,7 +297,7 @@ impl Client {
         let out = py
             .detach(|| {
                 let block = [(hash, unsafe { region.as_slice() })];
-                runtime().block_on(client.put_with(ns, &block, PutOptions { replicas }))
+                block_on(client.put_with(ns, &block, PutOptions { replicas }))
             })
             .map_err(codes::to_py)?;
         match codes::of_put(out[0]) {
@@ -318,7 +318,7 @@ impl Client {
         let key = BlockKey::new(self.namespace.clone(), hash_of(key)?);
         let client = &self.inner;
         let bytes = py
-            .detach(|| runtime().block_on(client.get(&key)))
+            .detach(|| block_on(client.get(&key)))
             .map_err(codes::to_py)?;
         Ok(bytes.map(|b| PyBytes::new(py, &b)))
     }
@@ -340,7 +340,7 @@ impl Client {
             .detach(|| {
                 // SAFETY: the held buffer is writable, valid for the call, alone.
                 let mut bufs = [unsafe { region.as_mut_slice() }];
-                runtime().block_on(client.get_into(ns, &[hash], &mut bufs))
+                block_on(client.get_into(ns, &[hash], &mut bufs))
             })
             .map_err(codes::to_py)?;
         match out[0] {
@@ -501,8 +501,7 @@ impl Client {
                 .collect();
             let (client, ns) = (&self.inner, &self.namespace);
             let opts = PutOptions { replicas };
-            let result =
-                py.detach(|| runtime().block_on(client.put_pieces(ns, &blocks, chain, opts)));
+            let result = py.detach(|| block_on(client.put_pieces(ns, &blocks, chain, opts)));
             match result {
                 Ok(outcomes) => outcomes.into_iter().map(codes::of_put).collect(),
                 Err(err) => vec![codes::of_error(&err); n],
@@ -537,7 +536,7 @@ impl Client {
                     .iter()
                     .map(|(_, i)| Dest::Pieces(unsafe { pieces.slices_mut(*i) }))
                     .collect();
-                runtime().block_on(client.get_into_pieces(ns, &hashes, &mut dests))
+                block_on(client.get_into_pieces(ns, &hashes, &mut dests))
             });
             match result {
                 Ok(outcomes) => outcomes.into_iter().map(codes::of_get).collect(),
@@ -573,7 +572,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let locs = py
-            .detach(|| runtime().block_on(client.lookup(ns, &hashes)))
+            .detach(|| block_on(client.lookup(ns, &hashes)))
             .map_err(codes::to_py)?;
         let copy = |(id, tier): (u32, Tier)| {
             let addr = locs
@@ -599,7 +598,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let m = py
-            .detach(|| runtime().block_on(client.match_prefix(ns, &hashes)))
+            .detach(|| block_on(client.match_prefix(ns, &hashes)))
             .map_err(codes::to_py)?;
         Ok(m.matched)
     }
@@ -641,9 +640,7 @@ impl Client {
             .collect();
         let (client, ns) = (&self.inner, &self.namespace);
         let answer = py
-            .detach(|| {
-                runtime().block_on(client.route(ns, &hashes, &asked, every_host, transfer_cost))
-            })
+            .detach(|| block_on(client.route(ns, &hashes, &asked, every_host, transfer_cost)))
             .map_err(codes::to_py)?;
         let out = PyDict::new(py);
         out.set_item("blocks", answer.blocks)?;
@@ -678,7 +675,7 @@ impl Client {
     fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
-        py.detach(|| runtime().block_on(client.exists(ns, &hashes)))
+        py.detach(|| block_on(client.exists(ns, &hashes)))
             .map_err(codes::to_py)
     }
 
@@ -687,7 +684,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let locs = py
-            .detach(|| runtime().block_on(client.lookup(ns, &hashes)))
+            .detach(|| block_on(client.lookup(ns, &hashes)))
             .map_err(codes::to_py)?;
         Ok(locs.items.iter().map(|l| l.map(|l| l.size)).collect())
     }
@@ -699,7 +696,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let out = py
-            .detach(|| runtime().block_on(client.pin(ns, &hashes, pinned)))
+            .detach(|| block_on(client.pin(ns, &hashes, pinned)))
             .map_err(codes::to_py)?;
         Ok(out.into_iter().map(codes::of_code).collect())
     }
@@ -711,7 +708,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let removed = py
-            .detach(|| runtime().block_on(client.remove(ns, &hashes)))
+            .detach(|| block_on(client.remove(ns, &hashes)))
             .map_err(codes::to_py)?;
         codes::removed(&removed)
     }
@@ -722,7 +719,7 @@ impl Client {
         let (client, ns) = (&self.inner, &self.namespace);
         let codes = py
             .detach(|| {
-                runtime().block_on(async {
+                block_on(async {
                     let mut codes = Vec::new();
                     loop {
                         let page = client
@@ -772,7 +769,7 @@ impl Client {
         let within = std::time::Duration::try_from_secs_f64(timeout)
             .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("timeout: {e}")))?;
         let client = &self.inner;
-        Ok(py.detach(|| runtime().block_on(client.same_host_ready(within))))
+        Ok(py.detach(|| block_on(client.same_host_ready(within))))
     }
 
     /// What pages this process's view of the same-host pool has, in words

@@ -1,7 +1,8 @@
 //! `mooncake_store._native`: the Rust client inside Python.
 //!
 //! Every call that touches the network releases the GIL and runs on one
-//! tokio runtime shared by the process, so Python threads issue requests in
+//! tokio runtime shared by the process (on its workers, the calling thread
+//! waiting: `bindings::block_on`), so Python threads issue requests in
 //! parallel. Batches cross into Rust once per batch. Data lands straight in
 //! the caller's buffer (anything with the buffer protocol, or a registered
 //! address range): no copy on the client side.
@@ -11,8 +12,6 @@ mod client;
 mod codes;
 mod keys;
 mod pieces;
-
-pub(crate) use mooncake_client::bindings::runtime;
 
 use pyo3::prelude::*;
 
