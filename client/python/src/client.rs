@@ -30,9 +30,28 @@ pub struct Client {
     inner: Arc<mooncake_client::Client>,
     namespace: Namespace,
     registered: Registered,
+    /// Whether blocks may come through a same-host shared pool.
+    same_host: bool,
 }
 
 impl Client {
+    /// Runs a call and waits for it. Over the network, on the runtime's
+    /// workers (`bindings::block_on`: this thread is woken once, not at
+    /// every socket event); with a same-host shared pool, on this thread,
+    /// where the copies out of the pool run, so that several Python
+    /// threads copy in parallel (on the workers, two threads' same-host
+    /// gets ran at half the rate of one, on 2 cores).
+    fn run<F>(&self, call: F) -> F::Output
+    where
+        F: std::future::Future + Send,
+        F::Output: Send + 'static,
+    {
+        if self.same_host {
+            mooncake_client::bindings::runtime().block_on(call)
+        } else {
+            block_on(call)
+        }
+    }
     fn get_regions(
         &self,
         py: Python<'_>,
@@ -53,7 +72,7 @@ impl Client {
                     .iter()
                     .map(|(_, r)| unsafe { r.as_mut_slice() })
                     .collect();
-                block_on(client.get_into(ns, &hashes, &mut bufs))
+                self.run(client.get_into(ns, &hashes, &mut bufs))
             });
             match result {
                 Ok(outcomes) => outcomes.into_iter().map(codes::of_get).collect(),
@@ -82,7 +101,7 @@ impl Client {
                 .zip(&regions)
                 .map(|(h, r)| (*h, unsafe { r.as_slice() }))
                 .collect();
-            block_on(async {
+            self.run(async {
                 match chain {
                     Some(parent) => client.put_chain_with(ns, parent, &blocks, opts).await,
                     None => client.put_with(ns, &blocks, opts).await,
@@ -218,6 +237,7 @@ impl Client {
         // The daemon on this host, read through its shared pool.
         cfg.shm_socket =
             shm_socket.or_else(|| std::env::var_os("MOONCAKE_SHM_SOCKET").map(Into::into));
+        let same_host = cfg.shm_socket.is_some();
         cfg.rdma = rdma.unwrap_or_else(|| {
             std::env::var("MOONCAKE_RDMA").is_ok_and(|v| matches!(v.as_str(), "1" | "true"))
         });
@@ -261,6 +281,7 @@ impl Client {
             inner: Arc::new(client),
             namespace: ns,
             registered: Registered::default(),
+            same_host,
         })
     }
 
@@ -276,6 +297,7 @@ impl Client {
             inner: self.inner.clone(),
             namespace: crate::keys::namespace(namespace)?,
             registered: Registered::default(),
+            same_host: self.same_host,
         })
     }
 
@@ -297,7 +319,7 @@ impl Client {
         let out = py
             .detach(|| {
                 let block = [(hash, unsafe { region.as_slice() })];
-                block_on(client.put_with(ns, &block, PutOptions { replicas }))
+                self.run(client.put_with(ns, &block, PutOptions { replicas }))
             })
             .map_err(codes::to_py)?;
         match codes::of_put(out[0]) {
@@ -318,7 +340,7 @@ impl Client {
         let key = BlockKey::new(self.namespace.clone(), hash_of(key)?);
         let client = &self.inner;
         let bytes = py
-            .detach(|| block_on(client.get(&key)))
+            .detach(|| self.run(client.get(&key)))
             .map_err(codes::to_py)?;
         Ok(bytes.map(|b| PyBytes::new(py, &b)))
     }
@@ -340,7 +362,7 @@ impl Client {
             .detach(|| {
                 // SAFETY: the held buffer is writable, valid for the call, alone.
                 let mut bufs = [unsafe { region.as_mut_slice() }];
-                block_on(client.get_into(ns, &[hash], &mut bufs))
+                self.run(client.get_into(ns, &[hash], &mut bufs))
             })
             .map_err(codes::to_py)?;
         match out[0] {
@@ -501,7 +523,7 @@ impl Client {
                 .collect();
             let (client, ns) = (&self.inner, &self.namespace);
             let opts = PutOptions { replicas };
-            let result = py.detach(|| block_on(client.put_pieces(ns, &blocks, chain, opts)));
+            let result = py.detach(|| self.run(client.put_pieces(ns, &blocks, chain, opts)));
             match result {
                 Ok(outcomes) => outcomes.into_iter().map(codes::of_put).collect(),
                 Err(err) => vec![codes::of_error(&err); n],
@@ -536,7 +558,7 @@ impl Client {
                     .iter()
                     .map(|(_, i)| Dest::Pieces(unsafe { pieces.slices_mut(*i) }))
                     .collect();
-                block_on(client.get_into_pieces(ns, &hashes, &mut dests))
+                self.run(client.get_into_pieces(ns, &hashes, &mut dests))
             });
             match result {
                 Ok(outcomes) => outcomes.into_iter().map(codes::of_get).collect(),
@@ -572,7 +594,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let locs = py
-            .detach(|| block_on(client.lookup(ns, &hashes)))
+            .detach(|| self.run(client.lookup(ns, &hashes)))
             .map_err(codes::to_py)?;
         let copy = |(id, tier): (u32, Tier)| {
             let addr = locs
@@ -598,7 +620,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let m = py
-            .detach(|| block_on(client.match_prefix(ns, &hashes)))
+            .detach(|| self.run(client.match_prefix(ns, &hashes)))
             .map_err(codes::to_py)?;
         Ok(m.matched)
     }
@@ -640,7 +662,7 @@ impl Client {
             .collect();
         let (client, ns) = (&self.inner, &self.namespace);
         let answer = py
-            .detach(|| block_on(client.route(ns, &hashes, &asked, every_host, transfer_cost)))
+            .detach(|| self.run(client.route(ns, &hashes, &asked, every_host, transfer_cost)))
             .map_err(codes::to_py)?;
         let out = PyDict::new(py);
         out.set_item("blocks", answer.blocks)?;
@@ -675,7 +697,7 @@ impl Client {
     fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
-        py.detach(|| block_on(client.exists(ns, &hashes)))
+        py.detach(|| self.run(client.exists(ns, &hashes)))
             .map_err(codes::to_py)
     }
 
@@ -684,7 +706,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let locs = py
-            .detach(|| block_on(client.lookup(ns, &hashes)))
+            .detach(|| self.run(client.lookup(ns, &hashes)))
             .map_err(codes::to_py)?;
         Ok(locs.items.iter().map(|l| l.map(|l| l.size)).collect())
     }
@@ -696,7 +718,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let out = py
-            .detach(|| block_on(client.pin(ns, &hashes, pinned)))
+            .detach(|| self.run(client.pin(ns, &hashes, pinned)))
             .map_err(codes::to_py)?;
         Ok(out.into_iter().map(codes::of_code).collect())
     }
@@ -708,7 +730,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let removed = py
-            .detach(|| block_on(client.remove(ns, &hashes)))
+            .detach(|| self.run(client.remove(ns, &hashes)))
             .map_err(codes::to_py)?;
         codes::removed(&removed)
     }
@@ -719,7 +741,7 @@ impl Client {
         let (client, ns) = (&self.inner, &self.namespace);
         let codes = py
             .detach(|| {
-                block_on(async {
+                self.run(async {
                     let mut codes = Vec::new();
                     loop {
                         let page = client
@@ -769,7 +791,7 @@ impl Client {
         let within = std::time::Duration::try_from_secs_f64(timeout)
             .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("timeout: {e}")))?;
         let client = &self.inner;
-        Ok(py.detach(|| block_on(client.same_host_ready(within))))
+        Ok(py.detach(|| self.run(client.same_host_ready(within))))
     }
 
     /// What pages this process's view of the same-host pool has, in words
