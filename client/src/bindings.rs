@@ -2,6 +2,7 @@
 //! calls, Mooncake-compatible status codes, and the checks on raw memory a
 //! caller hands in.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use mooncake_proto::ErrorCode;
@@ -30,17 +31,35 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// Calls running on the runtime's workers now (see `block_on`).
+static ON_WORKERS: AtomicUsize = AtomicUsize::new(0);
+
 /// Runs `fut` on the runtime's worker threads and waits here until it is
 /// done: the way bindings call the client from a thread of their own.
 /// Where the future runs matters: polled on the caller's thread (the
 /// runtime's own `block_on`), every socket event the runtime's workers see
 /// wakes that thread, about a hundred thread switches for a batch of 32
 /// MiB; on a worker, the caller is woken once, when the call is over.
+/// But a worker runs its calls one after another: a caller that finds as
+/// many calls on the workers as there are workers polls its own call, as
+/// before, so that several callers still move bytes in parallel.
 pub fn block_on<F>(fut: F) -> F::Output
 where
     F: std::future::Future + Send,
     F::Output: Send + 'static,
 {
+    struct Slot;
+    impl Drop for Slot {
+        fn drop(&mut self) {
+            ON_WORKERS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    let rt = runtime();
+    let taken = ON_WORKERS.fetch_add(1, Ordering::Relaxed);
+    let _slot = Slot;
+    if taken >= rt.metrics().num_workers() {
+        return rt.block_on(fut);
+    }
     let fut: std::pin::Pin<Box<dyn std::future::Future<Output = F::Output> + Send + '_>> =
         Box::pin(fut);
     // SAFETY: the task may borrow from the caller's stack because the
@@ -49,7 +68,7 @@ where
     // JoinHandle resolves only after the task's future is gone.
     let fut: std::pin::Pin<Box<dyn std::future::Future<Output = F::Output> + Send + 'static>> =
         unsafe { std::mem::transmute(fut) };
-    let task = runtime().spawn(fut);
+    let task = rt.spawn(fut);
     match futures::executor::block_on(task) {
         Ok(out) => out,
         Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
@@ -192,8 +211,11 @@ pub fn except<T>(
 mod tests {
     use super::*;
 
+    /// One test, not three: the calls on the workers are counted for the
+    /// whole process, and tests of one binary may run at once.
     #[test]
-    fn a_call_runs_on_a_worker_borrowing_the_callers_memory() {
+    fn calls_run_on_the_workers_up_to_their_number_then_on_their_callers() {
+        // One call: on a worker, borrowing the caller's memory.
         let mut buf = vec![0u8; 1000];
         let caller = std::thread::current().id();
         let (ran_on, name) = block_on(async {
@@ -205,13 +227,44 @@ mod tests {
         assert_ne!(ran_on, caller);
         assert_eq!(name.as_deref(), Some("mooncake-client"));
         assert!(buf.iter().all(|b| *b == 7));
-    }
 
-    #[test]
-    fn a_call_that_panics_panics_in_the_caller() {
+        // A panic inside a call reaches its caller, and frees its place.
         let got = std::panic::catch_unwind(|| block_on(async { panic!("inside the call") }));
         let err = got.expect_err("the panic reaches the caller");
         assert_eq!(err.downcast_ref::<&str>(), Some(&"inside the call"));
+
+        // Two callers more than workers: each call holds its place until
+        // every caller has one, so the first `workers` run on the workers
+        // and the last two on their callers.
+        let workers = runtime().metrics().num_workers();
+        let callers = workers + 2;
+        let all_in = std::sync::Arc::new(std::sync::Barrier::new(callers));
+        let on_callers = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..callers {
+                s.spawn(|| {
+                    let caller = std::thread::current().id();
+                    let all_in = all_in.clone();
+                    let ran_on = block_on(async move {
+                        let me = std::thread::current().id();
+                        if me == caller {
+                            all_in.wait();
+                        } else {
+                            // A worker waits without blocking its runtime.
+                            let wait = tokio::task::spawn_blocking(move || {
+                                all_in.wait();
+                            });
+                            wait.await.unwrap();
+                        }
+                        me
+                    });
+                    if ran_on == caller {
+                        on_callers.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        assert_eq!(on_callers.into_inner(), 2);
     }
 
     #[test]
