@@ -55,11 +55,11 @@ where
         }
     }
     let rt = runtime();
-    let taken = ON_WORKERS.fetch_add(1, Ordering::Relaxed);
-    let _slot = Slot;
-    if taken >= rt.metrics().num_workers() {
+    if ON_WORKERS.fetch_add(1, Ordering::Relaxed) >= rt.metrics().num_workers() {
+        ON_WORKERS.fetch_sub(1, Ordering::Relaxed);
         return rt.block_on(fut);
     }
+    let _slot = Slot;
     let fut: std::pin::Pin<Box<dyn std::future::Future<Output = F::Output> + Send + '_>> =
         Box::pin(fut);
     // SAFETY: the task may borrow from the caller's stack because the
