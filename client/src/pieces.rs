@@ -20,7 +20,7 @@ impl<'b> From<&'b mut [u8]> for Dest<'b> {
     }
 }
 
-impl Dest<'_> {
+impl<'b> Dest<'b> {
     /// Bytes it holds.
     pub fn len(&self) -> usize {
         match self {
@@ -51,24 +51,22 @@ impl Dest<'_> {
     }
 
     /// Its first `len` bytes, piece by piece, in order (empty pieces left
-    /// out).
-    pub fn pieces_mut(&mut self, mut len: usize) -> Vec<&mut [u8]> {
-        let all: Vec<&mut [u8]> = match self {
-            Dest::One(buf) => vec![&mut **buf],
-            Dest::Pieces(pieces) => pieces.iter_mut().map(|p| &mut **p).collect(),
+    /// out), with no allocation: the get path walks them for every block.
+    pub fn pieces_mut(&mut self, mut len: usize) -> impl Iterator<Item = &mut [u8]> + use<'_, 'b> {
+        let (one, many): (Option<&mut [u8]>, &mut [&mut [u8]]) = match self {
+            Dest::One(buf) => (Some(&mut **buf), &mut []),
+            Dest::Pieces(pieces) => (None, &mut pieces[..]),
         };
-        let mut out = Vec::with_capacity(all.len());
-        for piece in all {
-            if len == 0 {
-                break;
-            }
-            let take = piece.len().min(len);
-            if take > 0 {
-                out.push(&mut piece[..take]);
-            }
-            len -= take;
-        }
-        out
+        one.into_iter()
+            .chain(many.iter_mut().map(|p| &mut **p))
+            .map_while(move |piece| {
+                (len > 0).then(|| {
+                    let take = piece.len().min(len);
+                    len -= take;
+                    &mut piece[..take]
+                })
+            })
+            .filter(|piece| !piece.is_empty())
     }
 
     /// Copies `src` into its first `src.len()` bytes and returns their
