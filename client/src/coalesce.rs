@@ -28,6 +28,10 @@ pub struct Coalescer<I, R, S> {
     state: Mutex<State<I, R, S>>,
     /// Most items in one request.
     max_items: usize,
+    /// Most weight in one request (`weigh` of its items summed: their
+    /// bytes on the wire where items differ in size).
+    max_weight: usize,
+    weigh: fn(&I) -> usize,
 }
 
 struct State<I, R, S> {
@@ -57,12 +61,20 @@ impl<I, R, S: Clone> Default for Coalescer<I, R, S> {
 
 impl<I, R, S: Clone> Coalescer<I, R, S> {
     pub fn with_max_items(max_items: usize) -> Self {
+        Self::weighed(max_items, usize::MAX, |_| 0)
+    }
+
+    /// Requests of at most `max_items` items and `max_weight` of their
+    /// `weigh` summed (a single caller's items go whatever they weigh).
+    pub fn weighed(max_items: usize, max_weight: usize, weigh: fn(&I) -> usize) -> Self {
         Coalescer {
             state: Mutex::new(State {
                 leading: false,
                 queue: VecDeque::new(),
             }),
             max_items: max_items.max(1),
+            max_weight,
+            weigh,
         }
     }
 
@@ -135,8 +147,9 @@ impl<I, R, S: Clone> Coalescer<I, R, S> {
         }
     }
 
-    /// The oldest waiters of one namespace, up to `max_items` (at least
-    /// one waiter); callers that gave up are dropped, not sent.
+    /// The oldest waiters of one namespace, up to `max_items` and
+    /// `max_weight` (at least one waiter); callers that gave up are
+    /// dropped, not sent.
     fn next_batch(&self) -> Vec<Waiter<I, R, S>> {
         let mut st = self.state.lock();
         st.queue.retain(|w| !w.tx.is_closed());
@@ -145,7 +158,7 @@ impl<I, R, S: Clone> Coalescer<I, R, S> {
         };
         let namespace = first.namespace.clone();
         let mut batch = Vec::new();
-        let mut items = 0;
+        let (mut items, mut weight) = (0, 0usize);
         let mut i = 0;
         while i < st.queue.len() {
             let w = &st.queue[i];
@@ -153,10 +166,14 @@ impl<I, R, S: Clone> Coalescer<I, R, S> {
                 i += 1;
                 continue;
             }
-            if !batch.is_empty() && items + w.items.len() > self.max_items {
+            let w_weight: usize = w.items.iter().map(self.weigh).sum();
+            let over = items + w.items.len() > self.max_items
+                || weight.saturating_add(w_weight) > self.max_weight;
+            if !batch.is_empty() && over {
                 break;
             }
             items += w.items.len();
+            weight += w_weight;
             batch.push(st.queue.remove(i).expect("in range"));
         }
         batch
@@ -324,6 +341,37 @@ mod tests {
             assert!(whole.iter().all(|i| i % 2 == k as u32 % 2), "{whole:?}");
         }
         assert!(seen.lock().iter().all(|(_, n)| *n <= 4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_stay_within_their_weight_and_a_heavy_caller_still_goes_alone() {
+        // Each item weighs its value: a tagged commit weighs its bytes.
+        let c = Coalescer::<u32, u32, ()>::weighed(100, 10, |i| *i as usize);
+        let sent = Mutex::new(Vec::new());
+        let send = |_: Namespace, items: Vec<u32>| {
+            sent.lock().push(items.clone());
+            async move {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                Ok((items, ()))
+            }
+        };
+        // The first call leads; the others queue behind its request.
+        let calls = [vec![1], vec![4], vec![4], vec![4], vec![30], vec![2]];
+        let answers = futures::future::join_all(
+            calls
+                .iter()
+                .map(|items| c.call(ns("a"), items.clone(), send)),
+        )
+        .await;
+        for (items, answer) in calls.iter().zip(answers) {
+            assert_eq!(&answer.unwrap().0, items);
+        }
+        let sent = sent.into_inner();
+        assert_eq!(
+            sent,
+            [vec![1], vec![4, 4], vec![4], vec![30], vec![2]],
+            "at most 10 a request, unless one caller's items weigh more"
+        );
     }
 
     #[tokio::test]

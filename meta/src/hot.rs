@@ -193,6 +193,7 @@ mod tests {
             size: 10,
             checksum: 7,
             parent: None,
+            tag: None,
         };
         index.commit(&key.namespace, &item);
         key

@@ -11,12 +11,12 @@ use std::time::Instant;
 
 #[cfg(test)]
 use mooncake_proto::message::MAX_COPIES;
-use mooncake_proto::message::{CommitItem, Copies, ListEntry, Location, Tier};
+use mooncake_proto::message::{CommitItem, Copies, EngineHash, ListEntry, Location, Tier};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::clients::{Client, PendingByClient};
-use crate::events::Events;
+use crate::events::{Events, Named};
 use crate::table::{prefetch, Table, TableKey};
 
 const SHARDS: usize = 64;
@@ -158,11 +158,14 @@ struct Shard {
     copies: AtomicU64,
     bytes: AtomicU64,
     pending: AtomicU64,
-    /// The parent each visible block's writer named, kept only while store
-    /// events are published (they carry it as `parent_block_hash`), so
-    /// that an index without subscribers stays 48 bytes an entry. Locked
-    /// after the table, never before; an entry's parent goes with it.
-    parents: Mutex<HashMap<IdxKey, BlockHash>>,
+    /// The parent each visible block's writer named and the engine's tag
+    /// it attached, kept only while store events are published (they carry
+    /// them as `parent_block_hash`, the engine's hash and `token_ids`), and
+    /// only for blocks that have either, so that an index without
+    /// subscribers stays 48 bytes an entry. Locked after the table, never
+    /// before, and no other lock taken while it is held; an entry's goes
+    /// with it.
+    named: Mutex<HashMap<IdxKey, Named>>,
 }
 
 impl Shard {
@@ -176,7 +179,7 @@ impl Shard {
             shard: self,
             names: &index.namespaces,
             clients: &index.pending_by_client,
-            parents: index.events.is_on(),
+            named: index.events.is_on(),
         }
     }
 
@@ -200,8 +203,8 @@ struct ShardWrite<'a> {
     names: &'a Names,
     /// Reservations are counted against their clients.
     clients: &'a PendingByClient,
-    /// Whether parents are kept (store events are on).
-    parents: bool,
+    /// Whether parents and tags are kept (store events are on).
+    named: bool,
 }
 
 impl std::ops::Deref for ShardWrite<'_> {
@@ -229,47 +232,57 @@ impl ShardWrite<'_> {
         if let Some(old) = &old {
             self.count(old, false);
             self.names.release(key.ns);
-            if self.parents {
-                self.shard.parents.lock().remove(key);
+            if self.named {
+                self.shard.named.lock().remove(key);
             }
         }
         old
     }
 
-    /// The parent a visible block's writer named (kept while events are
-    /// on).
-    fn parent(&self, key: &IdxKey) -> Option<BlockHash> {
-        if !self.parents {
-            return None;
+    /// The parent and tag a visible block's writer named (kept while
+    /// events are on).
+    fn named(&self, key: &IdxKey) -> Named {
+        if !self.named {
+            return Named::default();
         }
-        self.shard.parents.lock().get(key).copied()
+        self.shard
+            .named
+            .lock()
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
     }
 
-    /// Records the parent of the visible block at `key` (events on).
-    fn set_parent(&mut self, key: IdxKey, parent: Option<BlockHash>) {
-        if !self.parents {
+    /// Records the parent and tag of the visible block at `key` (events
+    /// on).
+    fn set_named(&mut self, key: IdxKey, named: &Named) {
+        if !self.named {
             return;
         }
-        let mut parents = self.shard.parents.lock();
-        match parent {
-            Some(p) => parents.insert(key, p),
-            None => parents.remove(&key),
-        };
+        let mut kept = self.shard.named.lock();
+        if named.is_empty() {
+            kept.remove(&key);
+        } else {
+            kept.insert(key, named.clone());
+        }
     }
 
     /// Keeps the entries `keep` says to, which it may change in place
     /// (their phase and size must stay, and a visible entry's copies
     /// taken out must be counted out by `keep`: the counts do not see it).
-    fn retain(&mut self, mut keep: impl FnMut(&IdxKey, &mut Entry) -> bool) {
+    /// `keep` is shown what the index keeps of each entry for events.
+    fn retain(&mut self, mut keep: impl FnMut(&IdxKey, &mut Entry, &Named) -> bool) {
         let (shard, names, clients) = (self.shard, self.names, self.clients);
-        let mut parents = self.parents.then(|| shard.parents.lock());
+        let mut named = self.named.then(|| shard.named.lock());
+        let none = Named::default();
         self.table.retain(|k, e| {
-            let kept = keep(k, e);
+            let of = named.as_ref().and_then(|n| n.get(k)).unwrap_or(&none);
+            let kept = keep(k, e, of);
             if !kept {
                 count((shard, clients), e, false);
                 names.release(k.ns);
-                if let Some(parents) = &mut parents {
-                    parents.remove(k);
+                if let Some(named) = &mut named {
+                    named.remove(k);
                 }
             }
             kept
@@ -561,29 +574,42 @@ impl Index {
             .filter(|_| same.is_some())
             .map_or(1, Entry::want);
         let (ns, hash) = (&block.namespace, block.hash);
-        // The same bytes keep the parent known for them, if this copy's
-        // daemon names none.
-        let parent = match same {
-            Some(_) => parent.or(shard.parent(&key)),
-            None => parent,
+        // The same bytes keep the parent and tag known for them (a
+        // daemon's inventory carries no tag, and its parent may be none).
+        let named = match same {
+            Some(_) => {
+                let known = shard.named(&key);
+                let parent = parent.or(known.parent);
+                Named {
+                    parent_hash: self.engine_hash(key.ns, parent),
+                    parent,
+                    tag: known.tag,
+                }
+            }
+            None => Named {
+                parent,
+                parent_hash: self.engine_hash(key.ns, parent),
+                tag: None,
+            },
         };
         let copies = match same {
             Some(o) if o.daemons.is_full() && !o.daemons.contains(daemon) => o.daemons,
             Some(o) => {
                 let mut copies = o.daemons;
                 if copies.push(daemon) {
-                    self.events.stored((daemon, Tier::Dram), ns, hash, parent);
+                    self.events.stored((daemon, Tier::Dram), ns, hash, &named);
                 }
                 if let Some(was) = copies.set_tier(daemon, tier) {
-                    self.events.moved(daemon, (was, tier), ns, hash, parent);
+                    self.events.moved(daemon, (was, tier), ns, hash, &named);
                 }
                 copies
             }
             None => {
+                let before = shard.named(&key);
                 for d in old.iter().flat_map(|o| o.daemons.with_tiers()) {
-                    self.events.removed(d, ns, hash);
+                    self.events.removed(d, ns, hash, &before);
                 }
-                self.events.stored((daemon, tier), ns, hash, parent);
+                self.events.stored((daemon, tier), ns, hash, &named);
                 let mut copies = Copies::one(daemon);
                 copies.set_tier(daemon, tier);
                 copies
@@ -601,7 +627,7 @@ impl Index {
                 },
             },
         );
-        shard.set_parent(key, parent);
+        shard.set_named(key, &named);
         drop(shard);
         if replaced.is_some() {
             // The entry it replaced already held the namespace's reference.
@@ -661,9 +687,16 @@ impl Index {
                 },
             };
             shard.insert(key, visible);
-            shard.set_parent(key, item.parent);
-            for d in copies.with_tiers() {
-                self.events.stored(d, namespace, item.hash, item.parent);
+            if self.events.is_on() {
+                let named = Named {
+                    parent: item.parent,
+                    tag: item.tag.clone(),
+                    parent_hash: self.engine_hash(ns, item.parent),
+                };
+                shard.set_named(key, &named);
+                for d in copies.with_tiers() {
+                    self.events.stored(d, namespace, item.hash, &named);
+                }
             }
         }
         ErrorCode::Ok
@@ -725,9 +758,10 @@ impl Index {
                 match shard.get(&key) {
                     Some(e) if !e.is_pending() => {
                         let copies = e.copies;
+                        let named = shard.named(&key);
                         shard.remove(&key);
                         for d in copies.with_tiers() {
-                            self.events.removed(d, namespace, *hash);
+                            self.events.removed(d, namespace, *hash, &named);
                         }
                         Some(copies)
                     }
@@ -756,8 +790,9 @@ impl Index {
             return false;
         }
         if let (false, Some(tier)) = (e.is_pending(), tier) {
+            let named = shard.named(&key);
             self.events
-                .removed((daemon, tier), &block.namespace, block.hash);
+                .removed((daemon, tier), &block.namespace, block.hash, &named);
         }
         if e.copies.is_empty() && !e.is_pending() {
             shard.remove(&key);
@@ -778,7 +813,7 @@ impl Index {
             let names = self.names();
             let mut shard = s.write(self);
             let before = shard.len();
-            shard.retain(|k, e| {
+            shard.retain(|k, e, named| {
                 let tier = e.copies.tier_of(daemon).unwrap_or_default();
                 if !e.lose(daemon) {
                     return true;
@@ -787,7 +822,7 @@ impl Index {
                 if !e.is_pending() {
                     s.copies.fetch_sub(1, Ordering::Relaxed);
                     self.events
-                        .removed((daemon, tier), names.name(k.ns), k.hash);
+                        .removed((daemon, tier), names.name(k.ns), k.hash, named);
                 }
                 if e.is_short() {
                     gone.short
@@ -806,26 +841,38 @@ impl Index {
         let shard = self.shards.get(i)?;
         let names = self.names();
         let table = shard.read();
-        let parents = shard.parents.lock();
+        let kept = shard.named.lock();
         Some(
             table
                 .iter()
                 .filter(|(_, e)| !e.is_pending())
                 .flat_map(|(k, e)| {
                     let name = names.name(k.ns);
-                    let parent = parents.get(k).copied();
+                    let named = kept.get(k).cloned().unwrap_or_default();
                     e.copies
                         .with_tiers()
-                        .map(move |d| (d, name.clone(), k.hash, parent))
+                        .map(move |d| (d, name.clone(), k.hash, named.clone()))
                 })
                 .collect(),
         )
     }
 
-    /// How many parents are kept (for tests of their bound).
+    /// What the engine calls the block `hash` of namespace `ns`, if it is
+    /// visible with a tag that names it (events on): events name a
+    /// block's parent as they named the parent.
+    fn engine_hash(&self, ns: NsId, hash: Option<BlockHash>) -> Option<EngineHash> {
+        let key = IdxKey { ns, hash: hash? };
+        if !self.events.is_on() {
+            return None;
+        }
+        let kept = self.shard(&key).named.lock();
+        kept.get(&key)?.tag.as_ref()?.hash.clone()
+    }
+
+    /// How many parents and tags are kept (for tests of their bound).
     #[cfg(test)]
     pub(crate) fn parents_kept(&self) -> usize {
-        self.shards.iter().map(|s| s.parents.lock().len()).sum()
+        self.shards.iter().map(|s| s.named.lock().len()).sum()
     }
 
     /// Drops reservations older than `deadline`; returns them, so that their

@@ -110,6 +110,7 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
                     size: 64,
                     checksum: 0,
                     parent: i.checked_sub(1).map(|p| chain[p]),
+                    tag: None,
                 }),
                 Slot::Skip(_) => None,
             })

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use mooncake_meta::events::{decode_batch, medium, Event};
+use mooncake_proto::message::EngineHash;
 use serde_json::json;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
@@ -173,11 +174,12 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
             .events
             .iter()
             .map(|e| match e {
-                Event::Stored(h, t, p) => json!({"type": "BlockStored", "blocks": h.len(), "medium": medium(*t),
-                    "block_hashes": args.keys.then(|| h.iter().map(|h| h.to_hex()).collect::<Vec<_>>()),
-                    "parent_block_hash": args.keys.then(|| p.map(|p| p.to_hex()))}),
+                Event::Stored(s) => json!({"type": "BlockStored", "blocks": s.hashes.len(), "medium": medium(s.tier),
+                    "block_size": s.block_size, "tokens": s.token_ids.len(),
+                    "block_hashes": args.keys.then(|| s.hashes.iter().map(name_json).collect::<Vec<_>>()),
+                    "parent_block_hash": args.keys.then(|| s.parent.as_ref().map(name_json))}),
                 Event::Removed(h, t) => json!({"type": "BlockRemoved", "blocks": h.len(), "medium": medium(*t),
-                    "block_hashes": args.keys.then(|| h.iter().map(|h| h.to_hex()).collect::<Vec<_>>())}),
+                    "block_hashes": args.keys.then(|| h.iter().map(name_json).collect::<Vec<_>>())}),
                 Event::AllCleared => json!({"type": "AllBlocksCleared"}),
             })
             .collect();
@@ -190,7 +192,7 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
     let (mut stored, mut removed, mut cleared) = (0, 0, false);
     for e in &batch.events {
         match e {
-            Event::Stored(h, _, _) => stored += h.len(),
+            Event::Stored(s) => stored += s.hashes.len(),
             Event::Removed(h, _) => removed += h.len(),
             Event::AllCleared => cleared = true,
         }
@@ -204,20 +206,42 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
     if args.keys {
         for e in &batch.events {
             match e {
-                Event::Stored(h, t, p) => {
-                    let parents = std::iter::once(*p).chain(h.iter().copied().map(Some));
-                    for (h, p) in h.iter().zip(parents) {
+                Event::Stored(s) => {
+                    let parents =
+                        std::iter::once(s.parent.as_ref()).chain(s.hashes.iter().map(Some));
+                    let tokens = match s.block_size {
+                        0 => String::new(),
+                        n => format!("  {n} tokens"),
+                    };
+                    for (h, p) in s.hashes.iter().zip(parents) {
+                        let (h, m) = (name_text(h), medium(s.tier));
                         match p {
-                            Some(p) => println!("    + {h}  {}  after {p}", medium(*t)),
-                            None => println!("    + {h}  {}", medium(*t)),
+                            Some(p) => println!("    + {h}  {m}{tokens}  after {}", name_text(p)),
+                            None => println!("    + {h}  {m}{tokens}"),
                         }
                     }
                 }
-                Event::Removed(h, t) => {
-                    h.iter().for_each(|h| println!("    - {h}  {}", medium(*t)))
-                }
+                Event::Removed(h, t) => h
+                    .iter()
+                    .for_each(|h| println!("    - {}  {}", name_text(h), medium(*t))),
                 Event::AllCleared => {}
             }
         }
+    }
+}
+
+/// A block's name in JSON: an integer hash as a number, bytes as hex.
+fn name_json(name: &EngineHash) -> serde_json::Value {
+    match name {
+        EngineHash::Int(n) => json!(n),
+        EngineHash::Bytes(_) => json!(name_text(name)),
+    }
+}
+
+/// A block's name as text: an integer in decimal, bytes in hex.
+fn name_text(name: &EngineHash) -> String {
+    match name {
+        EngineHash::Int(n) => n.to_string(),
+        EngineHash::Bytes(b) => b.iter().map(|x| format!("{x:02x}")).collect(),
     }
 }

@@ -20,8 +20,10 @@ use crate::buffers::{overlapping, Region, Registered};
 use crate::codes;
 use crate::keys::{hash_of, hashes_of};
 use crate::pieces::Pieces;
+use crate::tags::tags_of;
 use crate::{StoreError, StoreUnavailable};
 use mooncake_client::ClientError;
+use mooncake_proto::message::EngineTag;
 use mooncake_proto::ErrorCode;
 
 /// A connection to a Mooncake Store cluster, safe to share between threads.
@@ -82,13 +84,14 @@ impl Client {
     }
 
     /// Stores `regions` under `hashes`; with `chain`, as consecutive
-    /// blocks of one chain extending the given parent (or starting one).
+    /// blocks of one chain extending the given parent (or starting one);
+    /// `tags`: the engine's names of the blocks, or empty.
     fn put_regions(
         &self,
         py: Python<'_>,
-        hashes: Vec<BlockHash>,
-        regions: Vec<Region>,
+        (hashes, regions): (Vec<BlockHash>, Vec<Region>),
         chain: Option<Option<BlockHash>>,
+        tags: &[Option<Arc<EngineTag>>],
         opts: PutOptions,
     ) -> Vec<i64> {
         let n = regions.len();
@@ -96,17 +99,12 @@ impl Client {
         let result = py.detach(|| {
             // SAFETY: every region is readable memory that stays valid for
             // the call.
-            let blocks: Vec<(BlockHash, &[u8])> = hashes
+            let blocks: Vec<(BlockHash, Value<'_>)> = hashes
                 .iter()
                 .zip(&regions)
-                .map(|(h, r)| (*h, unsafe { r.as_slice() }))
+                .map(|(h, r)| (*h, Value::One(unsafe { r.as_slice() })))
                 .collect();
-            self.run(async {
-                match chain {
-                    Some(parent) => client.put_chain_with(ns, parent, &blocks, opts).await,
-                    None => client.put_with(ns, &blocks, opts).await,
-                }
-            })
+            self.run(client.put_tagged(ns, &blocks, chain, tags, opts))
         });
         match result {
             Ok(outcomes) => outcomes.into_iter().map(codes::of_put).collect(),
@@ -379,26 +377,31 @@ impl Client {
     }
 
     /// Stores blocks from bytes-like objects, in one call; a status per key
-    /// (0, or a negative code). `replicas` as in `put`.
-    #[pyo3(signature = (keys, values, replicas = 0))]
+    /// (0, or a negative code). `replicas` as in `put`. `tags`: what the
+    /// engine calls each block, one per key, each `None` or `(hash,
+    /// token_ids)`, published in the store's events (`docs/events.md`).
+    #[pyo3(signature = (keys, values, replicas = 0, *, tags = None))]
     fn put_batch(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
         values: &Bound<'_, PyAny>,
         replicas: u8,
+        tags: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let hashes = hashes_of(keys)?;
         let regions = regions_of(values, false)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
-        Ok(self.put_regions(py, hashes, regions, None, PutOptions { replicas }))
+        let tags = tags_of(tags, hashes.len())?;
+        Ok(self.put_regions(py, (hashes, regions), None, &tags, PutOptions { replicas }))
     }
 
     /// Like `put_batch`, for consecutive blocks of one chain: `keys[0]`
     /// extends `parent` (the last block of the matched prefix; `None`: it
     /// starts the chain), each next key the one before. Daemons then evict
     /// the chain from its tail, keeping the prefixes later requests match.
-    #[pyo3(signature = (keys, values, parent = None, replicas = 0))]
+    /// `tags` as in `put_batch`.
+    #[pyo3(signature = (keys, values, parent = None, replicas = 0, *, tags = None))]
     fn put_chain(
         &self,
         py: Python<'_>,
@@ -406,13 +409,15 @@ impl Client {
         values: &Bound<'_, PyAny>,
         parent: Option<&Bound<'_, PyAny>>,
         replicas: u8,
+        tags: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let hashes = hashes_of(keys)?;
         let regions = regions_of(values, false)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
         let parent = parent.map(hash_of).transpose()?;
+        let tags = tags_of(tags, hashes.len())?;
         let opts = PutOptions { replicas };
-        Ok(self.put_regions(py, hashes, regions, Some(parent), opts))
+        Ok(self.put_regions(py, (hashes, regions), Some(parent), &tags, opts))
     }
 
     /// Reads blocks into writable buffers, in one call; per key the bytes
@@ -464,8 +469,9 @@ impl Client {
     }
 
     /// Stores blocks straight from address ranges of registered buffers;
-    /// a status per key. `chain` and `parent` as in `put_from_ptr_lists`.
-    #[pyo3(signature = (keys, ptrs, sizes, chain = false, parent = None, replicas = 0))]
+    /// a status per key. `chain` and `parent` as in `put_from_ptr_lists`,
+    /// `tags` as in `put_batch`.
+    #[pyo3(signature = (keys, ptrs, sizes, chain = false, parent = None, replicas = 0, *, tags = None))]
     #[allow(clippy::too_many_arguments)]
     fn put_from_ptrs(
         &self,
@@ -476,11 +482,22 @@ impl Client {
         chain: bool,
         parent: Option<&Bound<'_, PyAny>>,
         replicas: u8,
+        tags: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let chain = chain_of(chain, parent)?;
+        let mut tags = tags_of(tags, ptrs.len())?;
+        if !tags.is_empty() {
+            // Those of blocks outside every registered buffer go with them.
+            let mut ranges = ptrs.iter().zip(&sizes);
+            tags.retain(|_| {
+                ranges
+                    .next()
+                    .is_some_and(|(&p, &n)| self.registered.covers(p, n))
+            });
+        }
         let opts = PutOptions { replicas };
         self.on_registered(py, keys, ptrs, sizes, |c, py, h, r| {
-            c.put_regions(py, h, r, chain, opts)
+            c.put_regions(py, (h, r), chain, &tags, opts)
         })
     }
 
@@ -490,7 +507,8 @@ impl Client {
     /// block with a piece outside every registered buffer). With `chain`,
     /// the blocks are consecutive blocks of one chain, as in `put_chain`:
     /// the first extends `parent` (`None`: it starts the chain).
-    #[pyo3(signature = (keys, ptr_lists, size_lists, chain = false, parent = None, replicas = 0))]
+    /// `tags` as in `put_batch`.
+    #[pyo3(signature = (keys, ptr_lists, size_lists, chain = false, parent = None, replicas = 0, *, tags = None))]
     #[allow(clippy::too_many_arguments)]
     fn put_from_ptr_lists(
         &self,
@@ -501,9 +519,11 @@ impl Client {
         chain: bool,
         parent: Option<&Bound<'_, PyAny>>,
         replicas: u8,
+        tags: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let (hashes, pieces) = Pieces::of(keys, ptr_lists, size_lists)?;
         let chain = chain_of(chain, parent)?;
+        let tags = tags_of(tags, hashes.len())?;
         let outside: Vec<bool> = (0..hashes.len())
             .map(|i| !pieces.registered(i, &self.registered))
             .collect();
@@ -523,7 +543,11 @@ impl Client {
                 .collect();
             let (client, ns) = (&self.inner, &self.namespace);
             let opts = PutOptions { replicas };
-            let result = py.detach(|| self.run(client.put_pieces(ns, &blocks, chain, opts)));
+            let tags: Vec<_> = match tags.is_empty() {
+                true => Vec::new(),
+                false => items.iter().map(|(_, i)| tags[*i].clone()).collect(),
+            };
+            let result = py.detach(|| self.run(client.put_tagged(ns, &blocks, chain, &tags, opts)));
             match result {
                 Ok(outcomes) => outcomes.into_iter().map(codes::of_put).collect(),
                 Err(err) => vec![codes::of_error(&err); n],

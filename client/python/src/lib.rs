@@ -12,6 +12,7 @@ mod client;
 mod codes;
 mod keys;
 mod pieces;
+mod tags;
 
 use pyo3::prelude::*;
 

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use mooncake_proto::frame::MAX_BATCH;
+use mooncake_proto::frame::{MAX_BATCH, MAX_CONTROL_BODY};
 use mooncake_proto::message::{
-    Body, ClusterStats, CommitItem, Copies, DaemonAddr, Empty, KeyRequest, KeysRequest,
+    Body, ClusterStats, CommitItem, Copies, DaemonAddr, Empty, EngineTag, KeyRequest, KeysRequest,
     ListRequest, ListResponse, Location, Locations, PinRequest, PutCommitRequest, PutStartRequest,
     PutStartResponse, Revision, RouteAnswer, RouteCandidate, RouteRequest, Slot, Statuses,
     MAX_COPIES,
@@ -54,6 +54,14 @@ pub use config::ClientConfig;
 
 /// Pause between attempts to reach the same-host daemon's socket.
 const SHM_RETRY: Duration = Duration::from_secs(1);
+
+/// Most bytes of engine tags in one commit request, so that a request of
+/// `MAX_BATCH` items stays within a control frame.
+const MAX_COMMIT_TAG_BYTES: usize = MAX_CONTROL_BODY as usize / 2;
+
+fn commit_tag_bytes(item: &CommitItem) -> usize {
+    item.tag.as_deref().map_or(0, EngineTag::encoded_len)
+}
 
 /// What became of one block of a put.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,7 +212,7 @@ impl Client {
             shm_indexed: Arc::new(AtomicU64::new(0)),
             transports: TransportCounters::default(),
             reservations: Default::default(),
-            commits: Coalescer::default(),
+            commits: Coalescer::weighed(MAX_BATCH, MAX_COMMIT_TAG_BYTES, commit_tag_bytes),
             leader_revision: AtomicU64::new(0),
             #[cfg(feature = "rdma")]
             nic: std::sync::OnceLock::new(),

@@ -65,11 +65,38 @@ impl Client {
         chain: Option<Option<BlockHash>>,
         opts: PutOptions,
     ) -> Result<Vec<PutOutcome>, ClientError> {
+        self.put_tagged(namespace, blocks, chain, &[], opts).await
+    }
+
+    /// `put_pieces`, with what the engine calls each block: `tags[i]`
+    /// (its hash, its tokens) for `blocks[i]`, published in store events
+    /// in place of the store's hash (`docs/events.md`); `tags` may be
+    /// empty (no block tagged).
+    pub async fn put_tagged(
+        &self,
+        namespace: &Namespace,
+        blocks: &[(BlockHash, Value<'_>)],
+        chain: Option<Option<BlockHash>>,
+        tags: &[Option<Arc<EngineTag>>],
+        opts: PutOptions,
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        if !tags.is_empty() && tags.len() != blocks.len() {
+            return Err(ClientError::Invalid(format!(
+                "{} engine tags for {} blocks",
+                tags.len(),
+                blocks.len()
+            )));
+        }
         let parents = match chain {
             Some(parent) => chained(parent, blocks.iter().map(|(h, _)| *h)),
             None => vec![None; blocks.len()],
         };
-        self.put_values(namespace, blocks, &parents, opts).await
+        let tags = match tags.is_empty() {
+            true => vec![None; blocks.len()],
+            false => tags.to_vec(),
+        };
+        self.put_values(namespace, blocks, (&parents, &tags), opts)
+            .await
     }
 
     async fn put_with_parents(
@@ -81,14 +108,16 @@ impl Client {
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let values: Vec<(BlockHash, Value<'_>)> =
             blocks.iter().map(|(h, v)| (*h, Value::One(v))).collect();
-        self.put_values(namespace, &values, parents, opts).await
+        let tags = vec![None; blocks.len()];
+        self.put_values(namespace, &values, (parents, &tags), opts)
+            .await
     }
 
     async fn put_values(
         &self,
         namespace: &Namespace,
         blocks: &[(BlockHash, Value<'_>)],
-        parents: &[Option<BlockHash>],
+        (parents, tags): (&[Option<BlockHash>], &[Option<Arc<EngineTag>>]),
         opts: PutOptions,
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let replicas = match opts.replicas {
@@ -102,11 +131,18 @@ impl Client {
         }
         let started = std::time::Instant::now();
         let mut out = Vec::with_capacity(blocks.len());
-        for (chunk, parents) in blocks.chunks(MAX_BATCH).zip(parents.chunks(MAX_BATCH)) {
+        let mut start = 0;
+        while start < blocks.len() {
+            let end = chunk_end(tags, start);
+            let (chunk, named) = (
+                &blocks[start..end],
+                (&parents[start..end], &tags[start..end]),
+            );
             out.extend(
-                self.deadline("put", self.put_chunk(namespace, chunk, parents, replicas))
+                self.deadline("put", self.put_chunk(namespace, chunk, named, replicas))
                     .await?,
             );
+            start = end;
         }
         if let Some(m) = &self.cfg.metrics {
             let sizes = blocks.iter().map(|(_, v)| v.len());
@@ -125,7 +161,7 @@ impl Client {
         &self,
         namespace: &Namespace,
         blocks: &[(BlockHash, Value<'_>)],
-        parents: &[Option<BlockHash>],
+        (parents, tags): (&[Option<BlockHash>], &[Option<Arc<EngineTag>>]),
         replicas: u8,
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let mut items = Vec::with_capacity(blocks.len());
@@ -220,6 +256,7 @@ impl Client {
                 size: value.len() as u32,
                 checksum: sums[*index],
                 parent: parents[*index],
+                tag: tags[*index].clone(),
             });
         }
         // Fewer placed than asked (too few hosts with room): short too.
@@ -314,6 +351,22 @@ impl Client {
     }
 }
 
+/// Where the put's chunk that starts at `start` ends: at most `MAX_BATCH`
+/// blocks, and at most `MAX_COMMIT_TAG_BYTES` of engine tags (at least one
+/// block), so that its commit fits a control frame.
+fn chunk_end(tags: &[Option<Arc<EngineTag>>], start: usize) -> usize {
+    let mut bytes = 0;
+    let mut end = start;
+    for tag in tags[start..].iter().take(MAX_BATCH) {
+        bytes += tag.as_deref().map_or(0, EngineTag::encoded_len);
+        if end > start && bytes > MAX_COMMIT_TAG_BYTES {
+            break;
+        }
+        end += 1;
+    }
+    end
+}
+
 /// Each block's parent in a chain of `hashes` that extends `parent`: the
 /// one before it.
 fn chained(
@@ -325,4 +378,28 @@ fn chained(
         .chain(hashes.map(Some))
         .take(n)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_puts_chunks_keep_their_tags_within_a_commit_frame() {
+        let big = Some(Arc::new(
+            EngineTag::new(None, vec![7; mooncake_proto::message::MAX_TAG_TOKENS]).unwrap(),
+        ));
+        let untagged = vec![None; 2 * MAX_BATCH + 1];
+        assert_eq!(chunk_end(&untagged, 0), MAX_BATCH);
+        assert_eq!(chunk_end(&untagged, 2 * MAX_BATCH), 2 * MAX_BATCH + 1);
+        let tagged = vec![big.clone(); 2000];
+        let per = MAX_COMMIT_TAG_BYTES / big.as_deref().unwrap().encoded_len();
+        assert_eq!(chunk_end(&tagged, 0), per);
+        assert_eq!(chunk_end(&tagged, 1990), 2000);
+        let total: usize = tagged[..per]
+            .iter()
+            .map(|t| t.as_deref().unwrap().encoded_len())
+            .sum();
+        assert!(total <= MAX_COMMIT_TAG_BYTES);
+    }
 }

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use mooncake_proto::message::Tier;
+use mooncake_proto::message::{EngineHash, EngineTag, Tier};
 use mooncake_proto::{BlockHash, Namespace};
 use parking_lot::RwLock;
 use prometheus::IntCounter;
@@ -30,11 +30,39 @@ mod publisher;
 mod wire;
 
 pub use publisher::{run, Snapshot, Sockets};
-pub use wire::{decode_batch, medium, Event};
+pub use wire::{decode_batch, medium, store_hash, Event};
 
 /// A copy the index holds, as a resync republishes it: (daemon, tier),
-/// namespace, block hash, and the parent its writer named.
-pub type Held = ((u32, Tier), Namespace, BlockHash, Option<BlockHash>);
+/// namespace, block hash, and what events say of it beside its key.
+pub type Held = ((u32, Tier), Namespace, BlockHash, Named);
+
+/// What store events say of a visible block beside its key, kept by the
+/// index while events are on (and only for blocks that have any of it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Named {
+    /// The block it extends, as its writer named it.
+    pub parent: Option<BlockHash>,
+    /// What the engine calls it (its hash, its tokens), as its writer
+    /// attached it.
+    pub tag: Option<Arc<EngineTag>>,
+    /// What the engine calls its parent: the parent's tag's hash when the
+    /// block became visible.
+    pub parent_hash: Option<EngineHash>,
+}
+
+impl Named {
+    pub fn is_empty(&self) -> bool {
+        self.parent.is_none() && self.tag.is_none()
+    }
+
+    /// A removed block's: its tag names it.
+    fn tag_only(&self) -> Named {
+        Named {
+            tag: self.tag.clone(),
+            ..Named::default()
+        }
+    }
+}
 
 /// What happened to a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,9 +80,8 @@ pub struct Change {
     pub daemon: u32,
     pub ns: Namespace,
     pub hash: BlockHash,
-    /// The block whose prefix a stored block extends, as its writer named
-    /// it (none for removals).
-    pub parent: Option<BlockHash>,
+    /// Its parent and tag (for removals, its tag only).
+    pub named: Named,
     /// When the index changed, in microseconds since the Unix epoch: a
     /// batch is stamped with its oldest change's time, so that a
     /// subscriber reads the delay from the change to itself.
@@ -118,25 +145,33 @@ impl Events {
         }
     }
 
-    /// A copy of `hash` became visible on `daemon`, in `tier`; `parent`:
-    /// the block it extends, as its writer named it.
+    /// A copy of `hash` became visible on `daemon`, in `tier`; `named`:
+    /// the block it extends and the engine's tag, as its writer named them.
     #[inline]
     pub fn stored(
         &self,
         (daemon, tier): (u32, Tier),
         ns: &Namespace,
         hash: BlockHash,
-        parent: Option<BlockHash>,
+        named: &Named,
     ) {
         if let Some(s) = &self.0 {
-            s.emit((Kind::Stored, tier), daemon, ns, (hash, parent));
+            s.emit((Kind::Stored, tier), daemon, ns, (hash, named.clone()));
         }
     }
 
+    /// A copy of `hash` left `daemon`'s `tier`; `named`: what the index
+    /// kept of it (its tag names it in the event).
     #[inline]
-    pub fn removed(&self, (daemon, tier): (u32, Tier), ns: &Namespace, hash: BlockHash) {
+    pub fn removed(
+        &self,
+        (daemon, tier): (u32, Tier),
+        ns: &Namespace,
+        hash: BlockHash,
+        named: &Named,
+    ) {
         if let Some(s) = &self.0 {
-            s.emit((Kind::Removed, tier), daemon, ns, (hash, None));
+            s.emit((Kind::Removed, tier), daemon, ns, (hash, named.tag_only()));
         }
     }
 
@@ -150,10 +185,10 @@ impl Events {
         (from, to): (Tier, Tier),
         ns: &Namespace,
         hash: BlockHash,
-        parent: Option<BlockHash>,
+        named: &Named,
     ) {
-        self.removed((daemon, from), ns, hash);
-        self.stored((daemon, to), ns, hash, parent);
+        self.removed((daemon, from), ns, hash, named);
+        self.stored((daemon, to), ns, hash, named);
     }
 }
 
@@ -169,6 +204,13 @@ impl Feed {
             replays: c("p"),
         };
         Events::new(queue, counters)
+    }
+
+    /// The changes queued so far: (kind, block hash, what was said of it).
+    pub(crate) fn drain_named(&mut self) -> Vec<(Kind, BlockHash, Named)> {
+        std::iter::from_fn(|| self.rx.try_recv().ok())
+            .map(|c| (c.kind, c.hash, c.named))
+            .collect()
     }
 
     /// The changes queued so far: (kind, daemon, tier).
@@ -192,7 +234,7 @@ impl Shared {
         (kind, tier): (Kind, Tier),
         daemon: u32,
         ns: &Namespace,
-        (hash, parent): (BlockHash, Option<BlockHash>),
+        (hash, named): (BlockHash, Named),
     ) {
         let state = self.state.load(Ordering::SeqCst);
         if state & 1 == 1 {
@@ -206,7 +248,7 @@ impl Shared {
             daemon,
             ns: ns.clone(),
             hash,
-            parent,
+            named,
             at_us: now_us(),
             generation: state >> 1,
         };
@@ -246,12 +288,12 @@ mod tests {
         let ns = Namespace::new("t").unwrap();
         let h = |i: u8| BlockHash([i; 32]);
         let d = (1, Tier::Dram);
-        events.stored(d, &ns, h(1), None);
-        events.removed(d, &ns, h(1));
+        events.stored(d, &ns, h(1), &Named::default());
+        events.removed(d, &ns, h(1), &Named::default());
         assert!(!feed.shared.resync_due());
-        events.stored(d, &ns, h(2), None);
+        events.stored(d, &ns, h(2), &Named::default());
         assert!(feed.shared.resync_due(), "the third change did not fit");
-        events.stored(d, &ns, h(3), None);
+        events.stored(d, &ns, h(3), &Named::default());
         assert_eq!(feed.shared.counters.dropped.get(), 2, "dropped while due");
         let queued: Vec<Change> = std::iter::from_fn(|| feed.rx.try_recv().ok()).collect();
         assert_eq!(queued.len(), 2);
@@ -263,7 +305,7 @@ mod tests {
         );
         assert_eq!(feed.shared.next_generation(), 1);
         assert!(!feed.shared.resync_due());
-        events.removed(d, &ns, h(3));
+        events.removed(d, &ns, h(3), &Named::default());
         let next = feed.rx.try_recv().unwrap();
         assert_eq!((next.kind, next.generation), (Kind::Removed, 1));
     }
@@ -272,7 +314,7 @@ mod tests {
     fn events_off_do_nothing() {
         let events = Events::default();
         let ns = Namespace::new("t").unwrap();
-        events.stored((1, Tier::Dram), &ns, BlockHash([0; 32]), None);
+        events.stored((1, Tier::Dram), &ns, BlockHash([0; 32]), &Named::default());
         events.set_node(1, "host");
         assert!(events.0.is_none());
     }

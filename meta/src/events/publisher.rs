@@ -24,8 +24,10 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use super::wire::{encode_batch, Event, HashForm};
-use super::{now_us, Change, EventCounters, Feed, Held, Kind, Shared};
+use super::wire::{encode_batch, Event, HashForm, Stored};
+use super::{now_us, Change, EventCounters, Feed, Held, Kind, Named, Shared};
+use mooncake_proto::message::{EngineHash, Tier};
+use mooncake_proto::BlockHash;
 
 /// Most blocks in one batch.
 const MAX_BATCH_BLOCKS: usize = 1024;
@@ -151,10 +153,10 @@ impl Out {
         let mut shard = 0;
         while let Some(blocks) = snapshot(shard) {
             let mut by_topic: HashMap<(u32, Namespace), Vec<Event>> = HashMap::new();
-            for ((daemon, tier), ns, hash, parent) in blocks {
+            for ((daemon, tier), ns, hash, named) in blocks {
                 // A block an event of its own: the index's order is not a
                 // chain's.
-                let stored = Event::Stored(vec![hash], tier, parent);
+                let stored = Event::Stored(self.stored(hash, tier, &named));
                 by_topic.entry((daemon, ns)).or_default().push(stored);
             }
             for ((daemon, ns), events) in by_topic {
@@ -177,6 +179,9 @@ impl Out {
         let mut current: Option<(u32, Namespace)> = None;
         let mut events: Vec<Event> = Vec::new();
         let (mut blocks, mut oldest) = (0, u64::MAX);
+        // The store's hash of the last block of the last event, if stored:
+        // the next extends that chain if it names it as its parent.
+        let mut chain_end: Option<BlockHash> = None;
         for c in changes {
             let same = current
                 .as_ref()
@@ -189,23 +194,63 @@ impl Out {
                     (blocks, oldest) = (0, u64::MAX);
                 }
                 current = Some((c.daemon, c.ns.clone()));
+                chain_end = None;
             }
             oldest = oldest.min(c.at_us);
+            let extends = c.named.parent.is_some() && chain_end == c.named.parent;
             match (events.last_mut(), c.kind) {
-                (Some(Event::Stored(h, t, _)), Kind::Stored)
-                    if *t == c.tier && c.parent.is_some() && h.last() == c.parent.as_ref() =>
+                (Some(Event::Stored(s)), Kind::Stored)
+                    if extends && s.tier == c.tier && fits(s, &c.named) =>
                 {
-                    h.push(c.hash)
+                    s.hashes.push(self.name(&c.hash, &c.named));
+                    if let Some(tag) = &c.named.tag {
+                        s.token_ids.extend_from_slice(&tag.token_ids);
+                    }
                 }
-                (Some(Event::Removed(h, t)), Kind::Removed) if *t == c.tier => h.push(c.hash),
-                (_, Kind::Stored) => events.push(Event::Stored(vec![c.hash], c.tier, c.parent)),
-                (_, Kind::Removed) => events.push(Event::Removed(vec![c.hash], c.tier)),
+                (Some(Event::Removed(h, t)), Kind::Removed) if *t == c.tier => {
+                    h.push(self.name(&c.hash, &c.named))
+                }
+                (_, Kind::Stored) => {
+                    events.push(Event::Stored(self.stored(c.hash, c.tier, &c.named)))
+                }
+                (_, Kind::Removed) => {
+                    events.push(Event::Removed(vec![self.name(&c.hash, &c.named)], c.tier))
+                }
             }
+            chain_end = (c.kind == Kind::Stored).then_some(c.hash);
             blocks += 1;
         }
         if let Some((daemon, ns)) = current {
             let topic = self.topic(&shared.node(daemon), &ns);
             self.publish(topic, &events, oldest).await;
+        }
+    }
+
+    /// What an event calls a block: the engine's hash its writer
+    /// attached, or the store's.
+    fn name(&self, hash: &BlockHash, named: &Named) -> EngineHash {
+        match named.tag.as_ref().and_then(|t| t.hash.clone()) {
+            Some(h) => h,
+            None => self.form.name(hash),
+        }
+    }
+
+    /// One block stored, as an event of its own.
+    fn stored(&self, hash: BlockHash, tier: Tier, named: &Named) -> Stored {
+        let token_ids = named
+            .tag
+            .as_ref()
+            .map_or_else(Vec::new, |t| t.token_ids.clone());
+        Stored {
+            hashes: vec![self.name(&hash, named)],
+            tier,
+            parent: match (&named.parent_hash, &named.parent) {
+                (Some(engine), _) => Some(engine.clone()),
+                (None, Some(parent)) => Some(self.form.name(parent)),
+                (None, None) => None,
+            },
+            block_size: token_ids.len() as u32,
+            token_ids,
         }
     }
 
@@ -216,7 +261,7 @@ impl Out {
     /// Publishes one batch stamped `at_us` (microseconds since the Unix
     /// epoch).
     async fn publish(&mut self, topic: String, events: &[Event], at_us: u64) {
-        let payload = Bytes::from(encode_batch(at_us as f64 / 1e6, events, self.form));
+        let payload = Bytes::from(encode_batch(at_us as f64 / 1e6, events));
         let seq = self.seq;
         self.seq += 1;
         let topic = Bytes::from(topic);
@@ -238,6 +283,14 @@ impl Out {
         }
         self.counters.batches.inc();
     }
+}
+
+/// Whether a stored block can join an event's blocks as vLLM reads them:
+/// each block with as many tokens as the event's `block_size` (none, if
+/// the event has none).
+fn fits(event: &Stored, named: &Named) -> bool {
+    let tokens = named.tag.as_ref().map_or(0, |t| t.token_ids.len());
+    tokens as u32 == event.block_size
 }
 
 /// Answers replay requests until `stop`, one at a time; a subscriber that

@@ -9,15 +9,17 @@
 //! - `BlockRemoved`: `block_hashes`, `medium`;
 //! - `AllBlocksCleared`: nothing else.
 //!
-//! A block hash is vLLM's `ExternalBlockHash` (bytes or int): ours are the
-//! 32 bytes of the block key's hash, as msgpack bin, or (`HashForm::Int`)
-//! its last 8 bytes as a big-endian integer, which is what vLLM publishes
-//! by default (`maybe_convert_block_hash`). The medium is the tier
+//! A block hash is vLLM's `ExternalBlockHash` (bytes or int): the engine's
+//! own hash where the block's writer attached one (`EngineTag`), otherwise
+//! the 32 bytes of the block key's hash, as msgpack bin, or
+//! (`HashForm::Int`) its last 8 bytes as a big-endian integer, which is
+//! what vLLM publishes by default (`maybe_convert_block_hash`). Tokens a
+//! writer attached fill `token_ids` and `block_size`. The medium is the tier
 //! a daemon holds the blocks in, by vLLM's names for its offloading tiers
 //! (`vllm/v1/kv_offload/base.py`, `Medium`): `CPU` for DRAM, `STORAGE` for
 //! NVMe.
 
-use mooncake_proto::message::Tier;
+use mooncake_proto::message::{EngineHash, Tier, MAX_ENGINE_HASH_LEN};
 use mooncake_proto::BlockHash;
 use rmp::encode::{
     write_array_len, write_bin, write_f64, write_map_len, write_nil, write_str, write_uint,
@@ -49,56 +51,77 @@ pub enum HashForm {
 }
 
 impl HashForm {
-    fn write(self, out: &mut Vec<u8>, hash: &BlockHash) {
+    /// How an event names a block of the store's that has no engine hash.
+    pub fn name(self, hash: &BlockHash) -> EngineHash {
         match self {
-            HashForm::Bytes => {
-                let _ = write_bin(out, &hash.0);
-            }
-            HashForm::Int => {
-                let low = u64::from_be_bytes(hash.0[24..].try_into().expect("8 bytes"));
-                let _ = write_uint(out, low);
-            }
+            HashForm::Bytes => EngineHash::Bytes(hash.0.into()),
+            HashForm::Int => EngineHash::Int(u64::from_be_bytes(
+                hash.0[24..].try_into().expect("8 bytes"),
+            )),
         }
     }
 }
 
-/// A hash as events carry it: 32 bytes, or an integer (its last 8 bytes;
-/// the others zero).
-fn hash_of(value: &rmpv::Value) -> Option<BlockHash> {
+/// The store's hash an event's name stands for, if it is one: 32 bytes,
+/// or an integer (the hash's last 8 bytes, the others zero).
+pub fn store_hash(name: &EngineHash) -> Option<BlockHash> {
+    match name {
+        EngineHash::Int(n) => {
+            let mut hash = [0u8; 32];
+            hash[24..].copy_from_slice(&n.to_be_bytes());
+            Some(BlockHash(hash))
+        }
+        EngineHash::Bytes(b) => <[u8; 32]>::try_from(&b[..]).ok().map(BlockHash),
+    }
+}
+
+fn name_of(value: &rmpv::Value) -> Option<EngineHash> {
     if let Some(n) = value.as_u64() {
-        let mut hash = [0u8; 32];
-        hash[24..].copy_from_slice(&n.to_be_bytes());
-        return Some(BlockHash(hash));
+        return Some(EngineHash::Int(n));
     }
     value
         .as_slice()
-        .and_then(|b| <[u8; 32]>::try_from(b).ok())
-        .map(BlockHash)
+        .filter(|b| !b.is_empty() && b.len() <= MAX_ENGINE_HASH_LEN)
+        .map(|b| EngineHash::Bytes(b.into()))
+}
+
+/// Blocks of one chain stored in a tier, as a `BlockStored` lays them out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// In order, each extending the one before: the engine's hash where
+    /// its writer attached one, the store's otherwise.
+    pub hashes: Vec<EngineHash>,
+    pub tier: Tier,
+    /// The block the first extends (`parent_block_hash`; `None`: it
+    /// starts a chain, or its writer named no parent).
+    pub parent: Option<EngineHash>,
+    /// The blocks' tokens, one block after the other (empty: their
+    /// writers attached none).
+    pub token_ids: Vec<u32>,
+    /// Tokens per block (0: none attached).
+    pub block_size: u32,
 }
 
 /// One event of a batch: blocks stored in, or removed from, a tier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// Blocks of one chain in order, each extending the one before, and
-    /// the block the first extends (`parent_block_hash`; `None`: it starts
-    /// a chain, or its writer named no parent), as vLLM lays out a
-    /// `BlockStored`.
-    Stored(Vec<BlockHash>, Tier, Option<BlockHash>),
-    Removed(Vec<BlockHash>, Tier),
+    Stored(Stored),
+    Removed(Vec<EngineHash>, Tier),
     AllCleared,
 }
 
 impl Event {
     pub fn blocks(&self) -> usize {
         match self {
-            Event::Stored(h, _, _) | Event::Removed(h, _) => h.len(),
+            Event::Stored(s) => s.hashes.len(),
+            Event::Removed(h, _) => h.len(),
             Event::AllCleared => 0,
         }
     }
 }
 
 /// Decodes a batch this store published: `(ts, events)`. Anything else
-/// (another schema, hashes that are not 32 bytes) is an error naming what
+/// (another schema, hashes longer than 64 bytes) is an error naming what
 /// did not fit.
 pub fn decode_batch(payload: &[u8]) -> Result<(f64, Vec<Event>), String> {
     let value = rmpv::decode::read_value(&mut &payload[..]).map_err(|e| format!("msgpack: {e}"))?;
@@ -125,25 +148,38 @@ fn decode_event(event: &rmpv::Value) -> Result<Event, String> {
             .find(|(k, _)| k.as_str() == Some(name))
             .map(|(_, v)| v)
     };
-    let hashes = || -> Result<Vec<BlockHash>, String> {
+    let hashes = || -> Result<Vec<EngineHash>, String> {
         field("block_hashes")
             .and_then(rmpv::Value::as_array)
             .ok_or("an event without block_hashes")?
             .iter()
             .map(|h| {
-                hash_of(h)
-                    .ok_or_else(|| format!("block hash {h} is neither 32 bytes nor an integer"))
+                name_of(h).ok_or_else(|| format!("block hash {h} is neither bytes nor an integer"))
             })
             .collect()
     };
-    let parent = || -> Result<Option<BlockHash>, String> {
+    let parent = || -> Result<Option<EngineHash>, String> {
         match field("parent_block_hash") {
             None => Ok(None),
             Some(v) if v.is_nil() => Ok(None),
-            Some(v) => hash_of(v)
+            Some(v) => name_of(v)
                 .map(Some)
-                .ok_or_else(|| format!("parent block hash {v} is neither 32 bytes nor an integer")),
+                .ok_or_else(|| format!("parent block hash {v} is neither bytes nor an integer")),
         }
+    };
+    let tokens = || -> Result<Vec<u32>, String> {
+        let Some(ids) = field("token_ids") else {
+            return Ok(Vec::new());
+        };
+        ids.as_array()
+            .ok_or("token_ids is not an array")?
+            .iter()
+            .map(|t| {
+                t.as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .ok_or_else(|| format!("token id {t} is not a u32"))
+            })
+            .collect()
     };
     let tier = || -> Result<Tier, String> {
         let medium = field("medium").and_then(rmpv::Value::as_str);
@@ -152,48 +188,66 @@ fn decode_event(event: &rmpv::Value) -> Result<Event, String> {
             .ok_or_else(|| format!("unknown medium {medium:?}"))
     };
     match field("type").and_then(rmpv::Value::as_str) {
-        Some("BlockStored") => Ok(Event::Stored(hashes()?, tier()?, parent()?)),
+        Some("BlockStored") => Ok(Event::Stored(Stored {
+            hashes: hashes()?,
+            tier: tier()?,
+            parent: parent()?,
+            token_ids: tokens()?,
+            block_size: field("block_size")
+                .and_then(rmpv::Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
+        })),
         Some("BlockRemoved") => Ok(Event::Removed(hashes()?, tier()?)),
         Some("AllBlocksCleared") => Ok(Event::AllCleared),
         other => Err(format!("unknown event type {other:?}")),
     }
 }
 
-/// Encodes a batch stamped `ts` (seconds since the Unix epoch), its block
-/// hashes in `form`.
-pub fn encode_batch(ts: f64, events: &[Event], form: HashForm) -> Vec<u8> {
+/// Encodes a batch stamped `ts` (seconds since the Unix epoch).
+pub fn encode_batch(ts: f64, events: &[Event]) -> Vec<u8> {
     let blocks: usize = events.iter().map(Event::blocks).sum();
-    let mut out = Vec::with_capacity(16 + events.len() * 96 + blocks * 35);
+    let tokens: usize = events
+        .iter()
+        .map(|e| match e {
+            Event::Stored(s) => s.token_ids.len(),
+            _ => 0,
+        })
+        .sum();
+    let mut out = Vec::with_capacity(16 + events.len() * 96 + blocks * 35 + tokens * 5);
     // Writing to a Vec cannot fail: the results are ignored below.
     let _ = write_array_len(&mut out, 2);
     let _ = write_f64(&mut out, ts);
     let _ = write_array_len(&mut out, events.len() as u32);
     for event in events {
-        encode_event(&mut out, event, form);
+        encode_event(&mut out, event);
     }
     out
 }
 
-fn encode_event(out: &mut Vec<u8>, event: &Event, form: HashForm) {
+fn encode_event(out: &mut Vec<u8>, event: &Event) {
     match event {
-        Event::Stored(hashes, tier, parent) => {
+        Event::Stored(s) => {
             let _ = write_map_len(out, 8);
             let _ = write_str(out, "type");
             let _ = write_str(out, "BlockStored");
-            hashes_field(out, hashes, form);
+            hashes_field(out, &s.hashes);
             let _ = write_str(out, "parent_block_hash");
-            if let Some(p) = parent {
-                form.write(out, p);
+            if let Some(p) = &s.parent {
+                write_name(out, p);
             } else {
                 let _ = write_nil(out);
             }
             let _ = write_str(out, "token_ids");
-            let _ = write_array_len(out, 0);
+            let _ = write_array_len(out, s.token_ids.len() as u32);
+            for t in &s.token_ids {
+                let _ = write_uint(out, u64::from(*t));
+            }
             let _ = write_str(out, "block_size");
-            let _ = write_uint(out, 0);
+            let _ = write_uint(out, u64::from(s.block_size));
             let _ = write_str(out, "lora_id");
             let _ = write_nil(out);
-            medium_field(out, *tier);
+            medium_field(out, s.tier);
             let _ = write_str(out, "lora_name");
             let _ = write_nil(out);
         }
@@ -201,7 +255,7 @@ fn encode_event(out: &mut Vec<u8>, event: &Event, form: HashForm) {
             let _ = write_map_len(out, 3);
             let _ = write_str(out, "type");
             let _ = write_str(out, "BlockRemoved");
-            hashes_field(out, hashes, form);
+            hashes_field(out, hashes);
             medium_field(out, *tier);
         }
         Event::AllCleared => {
@@ -212,11 +266,22 @@ fn encode_event(out: &mut Vec<u8>, event: &Event, form: HashForm) {
     }
 }
 
-fn hashes_field(out: &mut Vec<u8>, hashes: &[BlockHash], form: HashForm) {
+fn hashes_field(out: &mut Vec<u8>, hashes: &[EngineHash]) {
     let _ = write_str(out, "block_hashes");
     let _ = write_array_len(out, hashes.len() as u32);
     for h in hashes {
-        form.write(out, h);
+        write_name(out, h);
+    }
+}
+
+fn write_name(out: &mut Vec<u8>, name: &EngineHash) {
+    match name {
+        EngineHash::Int(n) => {
+            let _ = write_uint(out, *n);
+        }
+        EngineHash::Bytes(b) => {
+            let _ = write_bin(out, b);
+        }
     }
 }
 
@@ -239,64 +304,61 @@ mod tests {
             .unwrap_or_else(|| panic!("no field {name}"))
     }
 
+    fn stored(hashes: &[&BlockHash], tier: Tier, parent: Option<&BlockHash>) -> Event {
+        let form = HashForm::Bytes;
+        Event::Stored(Stored {
+            hashes: hashes.iter().map(|h| form.name(h)).collect(),
+            tier,
+            parent: parent.map(|p| form.name(p)),
+            token_ids: Vec::new(),
+            block_size: 0,
+        })
+    }
+
     #[test]
     fn a_batch_decodes_as_vllms_schema_lays_it_out() {
         let a = BlockHash::from_opaque(b"a");
         let b = BlockHash::from_opaque(b"b");
         let c = BlockHash::from_opaque(b"c");
-        let bytes = encode_batch(
-            1.5,
-            &[
-                Event::AllCleared,
-                Event::Stored(vec![a, b], Tier::Dram, None),
-                Event::Removed(vec![b], Tier::Nvme),
-                Event::Stored(vec![c], Tier::Dram, Some(b)),
-            ],
-            HashForm::Bytes,
-        );
+        let events = [
+            Event::AllCleared,
+            stored(&[&a, &b], Tier::Dram, None),
+            Event::Removed(vec![HashForm::Bytes.name(&b)], Tier::Nvme),
+            stored(&[&c], Tier::Dram, Some(&b)),
+        ];
+        let bytes = encode_batch(1.5, &events);
         let batch = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
         let batch = batch.as_array().unwrap();
         assert_eq!(batch.len(), 2, "[ts, events]");
         assert_eq!(batch[0].as_f64(), Some(1.5));
-        let events = batch[1].as_array().unwrap();
-        assert_eq!(field(&events[0], "type").as_str(), Some("AllBlocksCleared"));
-        let stored = &events[1];
-        assert_eq!(field(stored, "type").as_str(), Some("BlockStored"));
-        let hashes: Vec<&[u8]> = field(stored, "block_hashes")
+        let out = batch[1].as_array().unwrap();
+        assert_eq!(field(&out[0], "type").as_str(), Some("AllBlocksCleared"));
+        let first = &out[1];
+        assert_eq!(field(first, "type").as_str(), Some("BlockStored"));
+        let hashes: Vec<&[u8]> = field(first, "block_hashes")
             .as_array()
             .unwrap()
             .iter()
             .map(|h| h.as_slice().unwrap())
             .collect();
         assert_eq!(hashes, [&a.0[..], &b.0[..]]);
-        assert!(field(stored, "parent_block_hash").is_nil());
-        assert_eq!(field(stored, "token_ids").as_array().unwrap().len(), 0);
-        assert_eq!(field(stored, "medium").as_str(), Some("CPU"));
+        assert!(field(first, "parent_block_hash").is_nil());
+        assert_eq!(field(first, "token_ids").as_array().unwrap().len(), 0);
+        assert_eq!(field(first, "medium").as_str(), Some("CPU"));
         for name in ["block_size", "lora_id", "lora_name"] {
-            field(stored, name);
+            field(first, name);
         }
-        assert_eq!(field(&events[2], "type").as_str(), Some("BlockRemoved"));
+        assert_eq!(field(&out[2], "type").as_str(), Some("BlockRemoved"));
+        assert_eq!(field(&out[2], "block_hashes").as_array().unwrap().len(), 1);
+        assert_eq!(field(&out[2], "medium").as_str(), Some("STORAGE"));
         assert_eq!(
-            field(&events[2], "block_hashes").as_array().unwrap().len(),
-            1
-        );
-        assert_eq!(field(&events[2], "medium").as_str(), Some("STORAGE"));
-        assert_eq!(
-            field(&events[3], "parent_block_hash").as_slice(),
+            field(&out[3], "parent_block_hash").as_slice(),
             Some(&b.0[..]),
             "a block extending another names it"
         );
         let (ts, decoded) = decode_batch(&bytes).unwrap();
         assert_eq!(ts, 1.5);
-        assert_eq!(
-            decoded,
-            [
-                Event::AllCleared,
-                Event::Stored(vec![a, b], Tier::Dram, None),
-                Event::Removed(vec![b], Tier::Nvme),
-                Event::Stored(vec![c], Tier::Dram, Some(b)),
-            ]
-        );
+        assert_eq!(decoded, events);
         assert!(decode_batch(b"\x01").is_err());
     }
 
@@ -306,26 +368,61 @@ mod tests {
         raw[0] = 0xff;
         raw[24..].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
         let (a, parent) = (BlockHash(raw), BlockHash([9; 32]));
-        let bytes = encode_batch(
-            2.0,
-            &[Event::Stored(vec![a], Tier::Dram, Some(parent))],
-            HashForm::Int,
-        );
+        let form = HashForm::Int;
+        let event = Event::Stored(Stored {
+            hashes: vec![form.name(&a)],
+            tier: Tier::Dram,
+            parent: Some(form.name(&parent)),
+            token_ids: Vec::new(),
+            block_size: 0,
+        });
+        let bytes = encode_batch(2.0, &[event]);
         let batch = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
-        let stored = &batch.as_array().unwrap()[1].as_array().unwrap()[0];
-        let hashes = field(stored, "block_hashes").as_array().unwrap();
+        let first = &batch.as_array().unwrap()[1].as_array().unwrap()[0];
+        let hashes = field(first, "block_hashes").as_array().unwrap();
         assert_eq!(hashes[0].as_u64(), Some(0x0102_0304_0506_0708));
         assert_eq!(
-            field(stored, "parent_block_hash").as_u64(),
+            field(first, "parent_block_hash").as_u64(),
             Some(u64::from_be_bytes([9; 8]))
         );
         // Read back, an integer is the hash with its other bytes zero.
         let (_, events) = decode_batch(&bytes).unwrap();
-        let Event::Stored(hashes, _, Some(p)) = &events[0] else {
+        let Event::Stored(s) = &events[0] else {
             panic!("{events:?}")
         };
-        assert_eq!(hashes[0].0[24..], raw[24..]);
-        assert_eq!(hashes[0].0[..24], [0u8; 24]);
-        assert_eq!(p.0[24..], [9; 8]);
+        let h = store_hash(&s.hashes[0]).unwrap();
+        assert_eq!(h.0[24..], raw[24..]);
+        assert_eq!(h.0[..24], [0u8; 24]);
+        assert_eq!(
+            store_hash(s.parent.as_ref().unwrap()).unwrap().0[24..],
+            [9; 8]
+        );
+    }
+
+    #[test]
+    fn an_engines_hashes_and_tokens_are_published_as_its_own_events_carry_them() {
+        let event = Event::Stored(Stored {
+            hashes: vec![EngineHash::Int(7), EngineHash::Int(8)],
+            tier: Tier::Dram,
+            parent: Some(EngineHash::Bytes(b"page-0".to_vec().into())),
+            token_ids: vec![1, 2, 3, 70_000, 5, 6],
+            block_size: 3,
+        });
+        let bytes = encode_batch(3.0, std::slice::from_ref(&event));
+        let batch = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
+        let first = &batch.as_array().unwrap()[1].as_array().unwrap()[0];
+        let tokens: Vec<u64> = field(first, "token_ids")
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect();
+        assert_eq!(tokens, [1, 2, 3, 70_000, 5, 6]);
+        assert_eq!(field(first, "block_size").as_u64(), Some(3));
+        assert_eq!(
+            field(first, "parent_block_hash").as_slice(),
+            Some(&b"page-0"[..])
+        );
+        assert_eq!(decode_batch(&bytes).unwrap().1, [event]);
     }
 }

@@ -4,7 +4,7 @@
 use mooncake_proto::message::{Location, Tier};
 use mooncake_proto::BlockKey;
 
-use super::{Copies, Entry, Index};
+use super::{Copies, Entry, Index, Named};
 
 /// Which daemons are leaving (draining): their copies still serve, but do
 /// not count toward the copies a block wants.
@@ -132,9 +132,9 @@ impl Index {
             return false;
         }
         shard.insert(key, e);
-        let parent = shard.parent(&key);
+        let named = shard.named(&key);
         self.events
-            .stored((daemon, Tier::Dram), &block.namespace, block.hash, parent);
+            .stored((daemon, Tier::Dram), &block.namespace, block.hash, &named);
         true
     }
 
@@ -142,7 +142,7 @@ impl Index {
     /// returns what it wanted before, or `None` if it is not visible or
     /// wants as many already.
     pub fn raise_want(&self, block: &BlockKey, want: u8) -> Option<u8> {
-        self.change_visible(block, |e| {
+        self.change_visible(block, |e, _| {
             let before = e.want();
             (before < want).then(|| {
                 e.set_want(want);
@@ -156,31 +156,34 @@ impl Index {
     /// first; returns them, for their daemons to drop.
     pub fn lower_want(&self, block: &BlockKey, want: u8) -> Copies {
         let mut extra = Copies::default();
-        self.change_visible(block, |e| {
+        self.change_visible(block, |e, named| {
             e.set_want(want.min(e.want()));
             while e.copies.len() > usize::from(want.max(1)) {
                 let last = e.copies.with_tiers().last().expect("more than one");
                 e.copies.remove(last.0);
                 extra.push(last.0);
-                self.events.removed(last, &block.namespace, block.hash);
+                self.events
+                    .removed(last, &block.namespace, block.hash, named);
             }
             Some(())
         });
         extra
     }
 
-    /// Changes a visible entry in place with `f` (the count of copies
-    /// follows); `None` if it is not visible or `f` says so.
+    /// Changes a visible entry in place with `f`, shown what the index
+    /// keeps of it for events (the count of copies follows); `None` if it
+    /// is not visible or `f` says so.
     fn change_visible<T>(
         &self,
         block: &BlockKey,
-        f: impl FnOnce(&mut Entry) -> Option<T>,
+        f: impl FnOnce(&mut Entry, &Named) -> Option<T>,
     ) -> Option<T> {
         let names = self.names();
         let key = names.key_of(block)?;
         let mut shard = self.shard(&key).write(self);
         let mut e = shard.get(&key).copied().filter(|e| !e.is_pending())?;
-        let out = f(&mut e)?;
+        let named = shard.named(&key);
+        let out = f(&mut e, &named)?;
         shard.insert(key, e);
         Some(out)
     }
@@ -202,9 +205,9 @@ impl Index {
         };
         shard.insert(key, e);
         // Emitted under the entry's lock, as every change of it is.
-        let parent = shard.parent(&key);
+        let named = shard.named(&key);
         self.events
-            .moved(daemon, (from, tier), &block.namespace, block.hash, parent);
+            .moved(daemon, (from, tier), &block.namespace, block.hash, &named);
         true
     }
 }

@@ -267,7 +267,7 @@ proptest! {
                     }
                 }
                 Op::Commit { ns, h, stored_on, size } => {
-                    let item = CommitItem { hash: hash(h), stored_on: set(&stored_on), size, checksum: 7, parent: None };
+                    let item = CommitItem { hash: hash(h), stored_on: set(&stored_on), size, checksum: 7, parent: None, tag: None };
                     let code = index.commit(&name(ns), &item);
                     match model.get(&(ns, h)).cloned() {
                         Some(m) if !m.visible => {

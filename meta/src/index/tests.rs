@@ -22,6 +22,7 @@ fn commit(idx: &Index, i: u8, daemon: u32) -> ErrorCode {
             size: 10,
             checksum: 99,
             parent: None,
+            tag: None,
         },
     )
 }
@@ -67,6 +68,7 @@ fn commit_without_reservation_or_from_another_daemon_is_refused() {
                 size: 10,
                 checksum: 0,
                 parent: None,
+                tag: None,
             },
         )
     };
@@ -92,6 +94,7 @@ fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
             size: 10,
             checksum: 9,
             parent: None,
+            tag: None,
         },
     );
     assert_eq!(idx.namespaces(), 1001);
@@ -114,6 +117,7 @@ fn a_namespace_leaves_with_its_last_entry_and_its_id_never_mixes_on_reuse() {
             size: 10,
             checksum: 9,
             parent: None,
+            tag: None,
         },
     );
     assert_eq!(idx.lookup(&gone, &[h(1)]), vec![None]);
@@ -212,6 +216,7 @@ fn commit_on(idx: &Index, i: u8, stored_on: Copies) -> ErrorCode {
         size: 10,
         checksum: 99,
         parent: None,
+        tag: None,
     };
     idx.commit(&ns(), &item)
 }
@@ -379,6 +384,7 @@ fn a_blocks_parent_is_kept_with_it_while_events_are_on_and_goes_with_it() {
         size: 10,
         checksum: 99,
         parent: parent.map(h),
+        tag: None,
     };
     let put = |idx: &Index, (i, parent, d): (u8, Option<u8>, u32)| {
         idx.reserve(&ns(), h(i), (10, Copies::one(d), 1), me(), Instant::now());
@@ -397,7 +403,7 @@ fn a_blocks_parent_is_kept_with_it_while_events_are_on_and_goes_with_it() {
     let held = |idx: &Index| -> HashMap<BlockHash, Option<BlockHash>> {
         (0..SHARDS)
             .flat_map(|s| idx.visible_in_shard(s).unwrap())
-            .map(|(_, _, hash, parent)| (hash, parent))
+            .map(|(_, _, hash, named)| (hash, named.parent))
             .collect()
     };
     assert_eq!(held(&idx)[&h(1)], None);
@@ -422,6 +428,83 @@ fn a_blocks_parent_is_kept_with_it_while_events_are_on_and_goes_with_it() {
     // Without events nothing is kept.
     let plain = Index::new();
     put(&plain, (2, Some(1), 1));
+    assert_eq!(plain.parents_kept(), 0);
+}
+
+#[test]
+fn an_engines_tag_names_its_block_and_its_childs_parent_until_the_block_goes() {
+    use crate::events::{Feed, Kind};
+    use mooncake_proto::message::{EngineHash, EngineTag};
+    use std::sync::Arc;
+    let tag = |n: u64| {
+        Some(Arc::new(
+            EngineTag::new(Some(EngineHash::Int(n)), vec![n as u32; 4]).unwrap(),
+        ))
+    };
+    let item = |i: u8, parent: Option<u8>, tag| CommitItem {
+        hash: h(i),
+        stored_on: Copies::one(1),
+        size: 10,
+        checksum: 99,
+        parent: parent.map(h),
+        tag,
+    };
+    let (events, mut feed) = Feed::for_tests(1024);
+    let idx = Index::with_events(events);
+    for (i, parent, t) in [
+        (1, None, tag(100)),
+        (2, Some(1), tag(200)),
+        (3, Some(2), None),
+    ] {
+        idx.reserve(&ns(), h(i), (10, Copies::one(1), 1), me(), Instant::now());
+        assert_eq!(idx.commit(&ns(), &item(i, parent, t)), ErrorCode::Ok);
+    }
+    let stored = feed.drain_named();
+    assert_eq!(stored.len(), 3);
+    assert_eq!(stored[0].2.tag, tag(100));
+    assert_eq!(stored[0].2.parent_hash, None);
+    assert_eq!(
+        stored[1].2.parent_hash,
+        Some(EngineHash::Int(100)),
+        "its parent as events named it"
+    );
+    assert_eq!(stored[2].2.tag, None);
+    assert_eq!(
+        stored[2].2.parent_hash,
+        Some(EngineHash::Int(200)),
+        "an untagged child of a tagged block"
+    );
+    // A resync republishes the tags; a move keeps them.
+    let held: HashMap<BlockHash, crate::events::Named> = (0..SHARDS)
+        .flat_map(|s| idx.visible_in_shard(s).unwrap())
+        .map(|(_, _, hash, named)| (hash, named))
+        .collect();
+    assert_eq!(held[&h(2)].tag, tag(200));
+    assert!(idx.set_tier(&BlockKey::new(ns(), h(2)), 1, Tier::Nvme));
+    let moved = feed.drain_named();
+    assert_eq!(moved.len(), 2);
+    assert!(moved
+        .iter()
+        .all(|(_, hash, named)| *hash == h(2) && named.tag == tag(200)));
+    // Removed, each block is named by its tag, and the tag goes with it.
+    idx.remove(&ns(), &[h(1)]);
+    assert!(idx.remove_at(&BlockKey::new(ns(), h(2)), 1));
+    let removed = feed.drain_named();
+    assert_eq!(
+        removed.iter().map(|(k, ..)| *k).collect::<Vec<_>>(),
+        [Kind::Removed; 2]
+    );
+    assert_eq!(removed[0].2.tag, tag(100));
+    assert_eq!(removed[1].2.tag, tag(200));
+    assert_eq!(
+        idx.parents_kept(),
+        1,
+        "only the untagged child's parent is left"
+    );
+    // Without events no tag is kept.
+    let plain = Index::new();
+    plain.reserve(&ns(), h(1), (10, Copies::one(1), 1), me(), Instant::now());
+    assert_eq!(plain.commit(&ns(), &item(1, None, tag(1))), ErrorCode::Ok);
     assert_eq!(plain.parents_kept(), 0);
 }
 

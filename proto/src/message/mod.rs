@@ -2,7 +2,8 @@
 //! is validated once on receive by `decode`, into fields that are valid by
 //! construction (namespaces checked, batch sizes bounded). By who sends
 //! them: `data` (client to daemon), `placement` (client to meta service),
-//! `membership` (daemon to meta service), `admin` (operators), `route`
+//! `membership` (daemon to meta service), `admin` (operators), `engine`
+//! (what an engine calls a block, for store events), `route`
 //! (a router's question), `shm` and
 //! `rdma` (the control messages of those data paths).
 
@@ -14,6 +15,7 @@ use crate::transport::{decode_endpoints, encode_endpoints, Endpoint};
 mod admin;
 mod copies;
 mod data;
+mod engine;
 mod membership;
 mod placement;
 mod rdma;
@@ -25,11 +27,14 @@ mod tests;
 pub use admin::*;
 pub use copies::*;
 pub use data::*;
+use engine::{decode_tag, encode_tag};
+pub use engine::{EngineHash, EngineTag, MAX_ENGINE_HASH_LEN, MAX_TAG_TOKENS};
 pub use membership::*;
 pub use placement::*;
 pub use rdma::*;
 pub use route::*;
 pub use shm::*;
+use std::sync::Arc;
 
 /// A message body: encoded into a frame, decoded from exactly its bytes.
 pub trait Body: Sized {

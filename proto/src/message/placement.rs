@@ -253,7 +253,7 @@ impl Body for PutStartResponse {
 /// One block of phase two: the daemons, of those it was placed on, that
 /// stored it (make it visible there), or none (release the reservation at
 /// once rather than at its timeout).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitItem {
     pub hash: BlockHash,
     pub stored_on: Copies,
@@ -262,6 +262,9 @@ pub struct CommitItem {
     /// The block whose prefix this one extends, as the writer named it
     /// (`put_chain`): the meta service publishes it in store events.
     pub parent: Option<BlockHash>,
+    /// What the engine calls the block (its hash, its tokens), for store
+    /// events; kept by the meta service only while events are on.
+    pub tag: Option<Arc<EngineTag>>,
 }
 
 impl CommitItem {
@@ -287,11 +290,21 @@ impl Body for PutCommitRequest {
             w.u32(it.size);
             w.u64(it.checksum);
             encode_parent(w, &it.parent);
+            encode_tag(w, &it.tag);
         }
+    }
+    fn size_hint(&self) -> usize {
+        let tags: usize = self
+            .items
+            .iter()
+            .filter_map(|it| it.tag.as_deref())
+            .map(EngineTag::encoded_len)
+            .sum();
+        64 + self.items.len() * (2 * BlockHash::LEN + 14 + 4 * MAX_COPIES) + tags
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let namespace = r.namespace()?;
-        let n = r.count(2 * BlockHash::LEN + 13)?;
+        let n = r.count(2 * BlockHash::LEN + 14)?;
         let items = (0..n)
             .map(|_| {
                 Ok(CommitItem {
@@ -300,6 +313,7 @@ impl Body for PutCommitRequest {
                     size: r.u32()?,
                     checksum: r.u64()?,
                     parent: decode_parent(r)?,
+                    tag: decode_tag(r)?,
                 })
             })
             .collect::<Result<_, ProtoError>>()?;

@@ -116,6 +116,7 @@ fn every_body_round_trips_and_refuses_truncation() {
                 size: 5,
                 checksum: 6,
                 parent: None,
+                tag: None,
             },
             CommitItem {
                 hash: BlockHash([5; 32]),
@@ -123,6 +124,29 @@ fn every_body_round_trips_and_refuses_truncation() {
                 size: 7,
                 checksum: 8,
                 parent: Some(h),
+                tag: Some(Arc::new(
+                    EngineTag::new(Some(EngineHash::Int(u64::MAX)), vec![1, 2, 70_000]).unwrap(),
+                )),
+            },
+            CommitItem {
+                hash: BlockHash([6; 32]),
+                stored_on: [2].into_iter().collect(),
+                size: 7,
+                checksum: 8,
+                parent: None,
+                tag: Some(Arc::new(
+                    EngineTag::new(Some(EngineHash::Bytes(vec![7; 64].into())), vec![]).unwrap(),
+                )),
+            },
+            CommitItem {
+                hash: BlockHash([7; 32]),
+                stored_on: [2].into_iter().collect(),
+                size: 7,
+                checksum: 8,
+                parent: None,
+                tag: Some(Arc::new(
+                    EngineTag::new(None, vec![5; MAX_TAG_TOKENS]).unwrap(),
+                )),
             },
         ],
     });
@@ -243,4 +267,44 @@ fn bad_namespace_on_the_wire_is_refused() {
     w.str("bad space");
     w.hash(&BlockHash([0; 32]));
     assert!(KeyRequest::from_bytes(&w.buf).is_err());
+}
+
+#[test]
+fn an_engine_tag_past_its_limits_is_refused_on_both_ends() {
+    assert!(EngineTag::new(
+        Some(EngineHash::Bytes(vec![1; MAX_ENGINE_HASH_LEN + 1].into())),
+        vec![]
+    )
+    .is_err());
+    assert!(EngineTag::new(Some(EngineHash::Bytes(Vec::new().into())), vec![]).is_err());
+    assert!(EngineTag::new(None, vec![0; MAX_TAG_TOKENS + 1]).is_err());
+    // Forged on the wire: a commit whose tag claims too many tokens, a
+    // hash of 65 bytes, or an unknown kind.
+    let item = |tag: &[u8]| {
+        let mut w = Writer::new();
+        w.namespace(&ns());
+        w.count(1);
+        w.hash(&BlockHash([1; 32]));
+        Copies::one(1).encode(&mut w);
+        w.u32(5);
+        w.u64(6);
+        encode_parent(&mut w, &None);
+        w.buf.extend_from_slice(tag);
+        PutCommitRequest::from_bytes(&w.buf)
+    };
+    let mut too_many = vec![1u8];
+    too_many.extend_from_slice(&((MAX_TAG_TOKENS as u32 + 1).to_le_bytes()));
+    too_many.extend(std::iter::repeat_n(0, 4 * (MAX_TAG_TOKENS + 1)));
+    assert!(matches!(item(&too_many), Err(ProtoError::TooLarge { .. })));
+    let mut long_hash = vec![3u8, 65];
+    long_hash.extend_from_slice(&[9; 65]);
+    long_hash.extend_from_slice(&0u32.to_le_bytes());
+    assert!(item(&long_hash).is_err());
+    assert!(matches!(
+        item(&[9]),
+        Err(ProtoError::Invalid {
+            field: "engine tag",
+            ..
+        })
+    ));
 }

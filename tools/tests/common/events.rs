@@ -8,8 +8,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use mooncake_meta::events::{decode_batch, Event};
-use mooncake_proto::message::Tier;
+use mooncake_meta::events::{decode_batch, store_hash, Event};
+use mooncake_proto::message::{EngineHash, Tier};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 #[derive(Debug, Clone)]
@@ -79,6 +79,20 @@ pub struct Picture {
     pub parents: HashMap<Vec<u8>, Option<Vec<u8>>>,
     /// Where in `log` each `AllBlocksCleared` came.
     pub cleared_at: Vec<usize>,
+    /// The tokens each block was last published with, if any.
+    pub tokens: HashMap<Vec<u8>, Vec<u32>>,
+}
+
+/// A block's name as the picture keys it: a store hash's 32 bytes (an
+/// integer is its last 8), an engine's bytes as they are.
+pub fn raw(name: &EngineHash) -> Vec<u8> {
+    match store_hash(name) {
+        Some(h) => h.0.to_vec(),
+        None => match name {
+            EngineHash::Bytes(b) => b.to_vec(),
+            EngineHash::Int(_) => unreachable!("an integer is a store hash's form"),
+        },
+    }
 }
 
 impl Picture {
@@ -92,26 +106,31 @@ impl Picture {
                     self.blocks.clear();
                     self.media.clear();
                 }
-                Event::Stored(hashes, tier, parent) => {
+                Event::Stored(s) => {
                     let set = self.blocks.entry(batch.topic.clone()).or_default();
                     // The first names its parent; each next one extends
                     // the one before.
-                    let parents = std::iter::once(*parent).chain(hashes.iter().copied().map(Some));
-                    for (h, parent) in hashes.iter().zip(parents) {
-                        self.parents
-                            .insert(h.0.to_vec(), parent.map(|p| p.0.to_vec()));
-                        set.insert(h.0.to_vec());
-                        self.log.push((batch.topic.clone(), h.0.to_vec(), true));
-                        self.media
-                            .insert((batch.topic.clone(), h.0.to_vec()), *tier);
+                    let parents =
+                        std::iter::once(s.parent.as_ref()).chain(s.hashes.iter().map(Some));
+                    for (h, parent) in s.hashes.iter().zip(parents) {
+                        self.parents.insert(raw(h), parent.map(raw));
+                        set.insert(raw(h));
+                        self.log.push((batch.topic.clone(), raw(h), true));
+                        self.media.insert((batch.topic.clone(), raw(h)), s.tier);
+                    }
+                    let size = s.block_size as usize;
+                    for (h, tokens) in s.hashes.iter().zip(s.token_ids.chunks(size.max(1))) {
+                        if size > 0 {
+                            self.tokens.insert(raw(h), tokens.to_vec());
+                        }
                     }
                 }
                 Event::Removed(hashes, tier) => {
                     let set = self.blocks.entry(batch.topic.clone()).or_default();
                     for h in hashes {
-                        set.remove(&h.0[..]);
-                        self.log.push((batch.topic.clone(), h.0.to_vec(), false));
-                        let at = (batch.topic.clone(), h.0.to_vec());
+                        set.remove(&raw(h));
+                        self.log.push((batch.topic.clone(), raw(h), false));
+                        let at = (batch.topic.clone(), raw(h));
                         if let Some(was) = self.media.remove(&at) {
                             assert_eq!(was, *tier, "a removal names the block's medium");
                         }

@@ -1,0 +1,115 @@
+//! What a serving engine calls a block: its own block hash and the tokens
+//! the block holds, attached by the writer at put time so that store
+//! events name the block as the engine's own events do (a router that
+//! hashes tokens its own way then matches what the store holds).
+
+use std::sync::Arc;
+
+use super::*;
+
+/// Longest engine hash in bytes (vLLM's are 32, SGLang's page hashes 64
+/// hex characters).
+pub const MAX_ENGINE_HASH_LEN: usize = 64;
+/// Most tokens one block's tag carries (4 KiB on the wire). vLLM blocks
+/// hold 16 tokens, SGLang pages up to 64, LMCache chunks 256.
+pub const MAX_TAG_TOKENS: usize = 1024;
+
+/// An engine's block hash, as vLLM's `ExternalBlockHash` allows: an
+/// integer or bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum EngineHash {
+    Int(u64),
+    Bytes(Box<[u8]>),
+}
+
+/// The engine's name of one block and, optionally, its tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EngineTag {
+    /// `None`: events keep the store's hash and carry only the tokens.
+    pub hash: Option<EngineHash>,
+    /// The tokens the block holds (vLLM's `token_ids` of `BlockStored`).
+    pub token_ids: Vec<u32>,
+}
+
+impl EngineTag {
+    /// A tag, refused if its hash or tokens are past the limits.
+    pub fn new(hash: Option<EngineHash>, token_ids: Vec<u32>) -> Result<Self, ProtoError> {
+        if let Some(EngineHash::Bytes(b)) = &hash {
+            if b.is_empty() || b.len() > MAX_ENGINE_HASH_LEN {
+                return Err(ProtoError::Invalid {
+                    field: "engine hash",
+                    why: format!("{} bytes, 1 to {MAX_ENGINE_HASH_LEN}", b.len()),
+                });
+            }
+        }
+        if token_ids.len() > MAX_TAG_TOKENS {
+            return Err(ProtoError::Invalid {
+                field: "token ids",
+                why: format!("{} in one block, at most {MAX_TAG_TOKENS}", token_ids.len()),
+            });
+        }
+        Ok(EngineTag { hash, token_ids })
+    }
+
+    /// Bytes it takes on the wire, at most.
+    pub fn encoded_len(&self) -> usize {
+        1 + 8 + MAX_ENGINE_HASH_LEN + 4 + 4 * self.token_ids.len()
+    }
+}
+
+/// An optional tag on the wire: `u8` 0 (none), 1 (no hash), 2 (an integer
+/// hash, `u64`) or 3 (a bytes hash, `u8` length and bytes); then, unless
+/// none, `u32` token count and the tokens.
+pub(crate) fn encode_tag(w: &mut Writer, tag: &Option<Arc<EngineTag>>) {
+    let Some(tag) = tag else {
+        w.u8(0);
+        return;
+    };
+    match &tag.hash {
+        None => w.u8(1),
+        Some(EngineHash::Int(n)) => {
+            w.u8(2);
+            w.u64(*n);
+        }
+        Some(EngineHash::Bytes(b)) => {
+            w.u8(3);
+            w.u8(b.len() as u8);
+            w.buf.extend_from_slice(b);
+        }
+    }
+    w.u32(tag.token_ids.len() as u32);
+    for t in &tag.token_ids {
+        w.u32(*t);
+    }
+}
+
+pub(crate) fn decode_tag(r: &mut Reader<'_>) -> Result<Option<Arc<EngineTag>>, ProtoError> {
+    let hash = match r.u8()? {
+        0 => return Ok(None),
+        1 => None,
+        2 => Some(EngineHash::Int(r.u64()?)),
+        3 => {
+            let len = r.u8()? as usize;
+            Some(EngineHash::Bytes(r.take(len)?.into()))
+        }
+        other => {
+            return Err(ProtoError::Invalid {
+                field: "engine tag",
+                why: format!("unknown kind {other}"),
+            })
+        }
+    };
+    let n = r.u32()? as usize;
+    if n > MAX_TAG_TOKENS {
+        return Err(ProtoError::TooLarge {
+            len: n as u64,
+            limit: MAX_TAG_TOKENS as u64,
+        });
+    }
+    let tokens = r.take(4 * n)?;
+    let token_ids = tokens
+        .chunks_exact(4)
+        .map(|t| u32::from_le_bytes(t.try_into().expect("4 bytes")))
+        .collect();
+    Ok(Some(Arc::new(EngineTag::new(hash, token_ids)?)))
+}
