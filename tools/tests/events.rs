@@ -5,14 +5,15 @@
 
 mod common;
 use common::cluster::{scratch_dir, Cluster};
-use common::events::Subscriber;
+use common::events::{raw, Subscriber};
 use common::up::{metric, up};
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mooncake_client::{Client, ClientConfig, PutOutcome};
-use mooncake_proto::message::{ListRequest, Tier};
+use mooncake_client::{Client, ClientConfig, PutOptions, PutOutcome, Value};
+use mooncake_proto::message::{EngineHash, EngineTag, ListRequest, Tier};
 use mooncake_proto::{BlockHash, ErrorCode, Namespace};
 
 fn ns() -> Namespace {
@@ -178,6 +179,84 @@ async fn a_chain_is_published_with_its_parents_and_unrelated_blocks_without() {
     for i in 100..104 {
         assert_eq!(parent(i), Some(None), "block {i} extends no other");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engines_tags_name_its_blocks_their_parents_and_tokens_in_the_events() {
+    let store = up("64MiB", None).await;
+    let client = client(&store.meta);
+    let mut sub = Subscriber::connect(&store.events, &store.replay, 0).await;
+    let value = vec![5u8; 4096];
+    let tokens = |i: u64| (4 * i as u32..4 * i as u32 + 4).collect::<Vec<u32>>();
+    let tag =
+        |name: EngineHash, i: u64| Some(Arc::new(EngineTag::new(Some(name), tokens(i)).unwrap()));
+    // A chain of 4 named by integers, then 2 more in a later put, named
+    // by bytes, extending the first put's last block; then one block
+    // whose tag carries only its tokens.
+    let head: Vec<(BlockHash, Value<'_>)> = (0..4).map(|i| (hash(i), Value::One(&value))).collect();
+    let head_tags: Vec<_> = (0..4).map(|i| tag(EngineHash::Int(1000 + i), i)).collect();
+    let opts = PutOptions::default();
+    let out = client
+        .put_tagged(&ns(), &head, Some(None), &head_tags, opts)
+        .await
+        .unwrap();
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    let page = |i: u64| EngineHash::Bytes(format!("page-{i}").into_bytes().into());
+    let tail: Vec<(BlockHash, Value<'_>)> = (4..6).map(|i| (hash(i), Value::One(&value))).collect();
+    let tail_tags: Vec<_> = (4..6).map(|i| tag(page(i), i)).collect();
+    let out = client
+        .put_tagged(&ns(), &tail, Some(Some(hash(3))), &tail_tags, opts)
+        .await
+        .unwrap();
+    assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    let tokens_only = vec![Some(Arc::new(EngineTag::new(None, tokens(6)).unwrap()))];
+    let one = [(hash(6), Value::One(&value))];
+    let out = client
+        .put_tagged(&ns(), &one, None, &tokens_only, opts)
+        .await
+        .unwrap();
+    assert_eq!(out, [PutOutcome::Stored]);
+
+    let names: Vec<Vec<u8>> = (0..4)
+        .map(|i| raw(&EngineHash::Int(1000 + i)))
+        .chain((4..6).map(|i| raw(&page(i))))
+        .chain([hash(6).0.to_vec()])
+        .collect();
+    let all = names.iter().cloned().collect::<BTreeSet<_>>();
+    assert!(
+        sub.follow_until(Duration::from_secs(20), |p| p.all() == all)
+            .await,
+        "the events name the blocks as their writer tagged them: {:?}",
+        sub.picture.all()
+    );
+    let parent = |i: usize| sub.picture.parents[&names[i]].clone();
+    assert_eq!(parent(0), None);
+    for i in 1..6 {
+        assert_eq!(
+            parent(i),
+            Some(names[i - 1].clone()),
+            "block {i}'s parent by its engine name"
+        );
+    }
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(
+            sub.picture.tokens[name],
+            tokens(i as u64),
+            "block {i}'s tokens"
+        );
+    }
+    // Removed, a tagged block leaves under its engine's name.
+    assert_eq!(
+        client.remove(&ns(), &[hash(5)]).await.unwrap(),
+        [ErrorCode::Ok]
+    );
+    let left: BTreeSet<Vec<u8>> = all.iter().filter(|n| **n != names[5]).cloned().collect();
+    assert!(
+        sub.follow_until(Duration::from_secs(20), |p| p.all() == left)
+            .await,
+        "the removal names the engine's block: {:?}",
+        sub.picture.all()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
