@@ -7,11 +7,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[cfg(test)]
 use mooncake_proto::message::MAX_COPIES;
-use mooncake_proto::message::{CommitItem, Copies, EngineHash, ListEntry, Location, Tier};
+use mooncake_proto::message::{
+    CommitItem, Copies, EngineHash, EngineTag, ListEntry, Location, Tier,
+};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -558,9 +561,22 @@ impl Index {
     pub fn insert_visible(
         &self,
         block: &BlockKey,
+        at: (u32, Tier),
+        bytes: (u32, u64),
+        parent: Option<BlockHash>,
+    ) {
+        self.insert_reported(block, at, bytes, (parent, None));
+    }
+
+    /// `insert_visible`, with the engine's tag the daemon kept with the
+    /// block (a copy reported without one keeps the tag known for the same
+    /// bytes).
+    pub fn insert_reported(
+        &self,
+        block: &BlockKey,
         (daemon, tier): (u32, Tier),
         (size, checksum): (u32, u64),
-        parent: Option<BlockHash>,
+        (parent, tag): (Option<BlockHash>, Option<Arc<EngineTag>>),
     ) {
         let key = IdxKey {
             ns: self.namespaces.acquire(&block.namespace),
@@ -583,13 +599,13 @@ impl Index {
                 Named {
                     parent_hash: self.engine_hash(key.ns, parent),
                     parent,
-                    tag: known.tag,
+                    tag: tag.or(known.tag),
                 }
             }
             None => Named {
                 parent,
                 parent_hash: self.engine_hash(key.ns, parent),
-                tag: None,
+                tag,
             },
         };
         let copies = match same {

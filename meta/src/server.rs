@@ -633,11 +633,11 @@ async fn dispatch(
                     owed = true;
                     continue;
                 }
-                state.index.insert_visible(
+                state.index.insert_reported(
                     &item.key,
                     (req.daemon, item.tier),
                     (item.size, item.checksum),
-                    item.parent,
+                    (item.parent, item.tag.clone()),
                 );
             }
             if owed {

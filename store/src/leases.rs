@@ -14,9 +14,9 @@ use std::io;
 use std::sync::Arc;
 
 use mooncake_proto::message::{
-    Body, KeyRequest, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
+    Body, EngineTag, KeyRequest, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
 };
-use mooncake_proto::{ErrorCode, Header, Opcode, HEADER_LEN};
+use mooncake_proto::{BlockKey, ErrorCode, Header, Opcode, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -49,7 +49,8 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut leases: HashMap<u64, ReadLease> = HashMap::new();
     // Blocks reserved and being written by this client; dropped (their
     // space freed) if it goes away before committing.
-    let mut slots: HashMap<u64, WriteSlot> = HashMap::new();
+    // Each reserved slot, with the key and the engine's tag it was put with.
+    let mut slots: HashMap<u64, (WriteSlot, BlockKey, Option<Arc<EngineTag>>)> = HashMap::new();
     let mut next_lease = 1u64;
     loop {
         let mut raw = [0u8; HEADER_LEN];
@@ -130,6 +131,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 Err(err) => (err.code(), Vec::new()),
                 Ok(_) if slots.len() >= MAX_LEASES => (ErrorCode::Busy, Vec::new()),
                 Ok(req) => {
+                    let key = req.key.clone();
                     let reserved = tiers
                         .reserve_put(req.key, req.len, req.checksum, BACKPRESSURE)
                         .await;
@@ -143,7 +145,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                                 slot: id,
                                 offset: slot.byte_offset(),
                             };
-                            slots.insert(id, slot);
+                            slots.insert(id, (slot, key, req.tag));
                             (ErrorCode::Ok, answer.to_bytes())
                         }
                     }
@@ -153,10 +155,13 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 Err(err) => (err.code(), Vec::new()),
                 Ok(req) => match slots.remove(&req.slot) {
                     None => (ErrorCode::NoReservation, Vec::new()),
-                    Some(slot) => (
-                        slot.commit().err().map_or(ErrorCode::Ok, |e| e.code()),
-                        Vec::new(),
-                    ),
+                    Some((slot, key, tag)) => match slot.commit() {
+                        Ok(()) => {
+                            tiers.set_tag(&key, tag);
+                            (ErrorCode::Ok, Vec::new())
+                        }
+                        Err(e) => (e.code(), Vec::new()),
+                    },
                 },
             },
             Opcode::ShmTouch => match ShmTouch::from_bytes(&body) {
@@ -280,6 +285,7 @@ mod tests {
             key: key(n),
             checksum: sum,
             parent: None,
+            tag: None,
         }
         .to_bytes();
         body.extend_from_slice(bytes);
@@ -349,6 +355,7 @@ mod tests {
             len: bytes.len() as u64,
             checksum: sum,
             parent: None,
+            tag: None,
         }
         .to_bytes()
     }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_net::{Connection, ErrorSource};
-use mooncake_proto::frame::MAX_BATCH;
-use mooncake_proto::message::Body;
+use mooncake_proto::frame::{MAX_BATCH, MAX_CONTROL_BODY};
+use mooncake_proto::message::{Body, EngineTag};
 use mooncake_proto::message::{
     Empty, EventsRequest, HeartbeatRequest, HeartbeatResponse, InventoryRequest, LeaveRequest,
     RegisterRequest, RegisterResponse,
@@ -50,6 +50,8 @@ pub struct LinkConfig {
 
 /// How long a stopping daemon spends telling the meta service it leaves.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most bytes of engine tags in one inventory request.
+const MAX_INVENTORY_TAG_BYTES: usize = MAX_CONTROL_BODY as usize / 2;
 
 /// Keeps the daemon registered until `shutdown`, then tells the meta
 /// service that it leaves.
@@ -197,13 +199,13 @@ async fn session(
     memory.id = answer.daemon;
     let id = answer.daemon;
     // Removals from before the inventory are already reflected in it.
-    pool.take_removed();
+    tiers.forget_tags(&pool.take_removed());
     let inventory = tiers.inventory();
-    let batches = inventory.len().div_ceil(MAX_BATCH) as u64;
+    let batches = inventory_batches(&inventory);
     with_deadline(
         &addr,
-        deadline * (1 + batches as u32 / 64),
-        send_inventory(&mut conn, id, &inventory),
+        deadline * (1 + batches.len() as u32 / 64),
+        send_inventory(&mut conn, id, &batches),
     )
     .await?;
     tracing::info!(
@@ -222,6 +224,7 @@ async fn session(
             _ = shutdown.cancelled() => return Ok(()),
         }
         let removed = pool.take_removed();
+        tiers.forget_tags(&removed);
         let moved = tiers.take_moved();
         // Removals first: a block removed and then put again is sent as
         // removed and then moved (to the tier it is in now).
@@ -264,18 +267,39 @@ async fn session(
     }
 }
 
+/// The inventory cut into requests of at most `MAX_BATCH` blocks and
+/// `MAX_INVENTORY_TAG_BYTES` of engine tags (at least one block each), so
+/// that each fits a control frame.
+fn inventory_batches(
+    inventory: &[crate::tiers::InventoryBlock],
+) -> Vec<&[crate::tiers::InventoryBlock]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, block) in inventory.iter().enumerate() {
+        let tag = block.tag.as_deref().map_or(0, EngineTag::encoded_len);
+        if i > start && (i - start == MAX_BATCH || bytes + tag > MAX_INVENTORY_TAG_BYTES) {
+            out.push(&inventory[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += tag;
+    }
+    if start < inventory.len() {
+        out.push(&inventory[start..]);
+    }
+    out
+}
+
 /// Streams the inventory in batches, pipelined: every batch is written
 /// while the acknowledgements of earlier ones are read.
 async fn send_inventory(
     conn: &mut Connection,
     daemon: u32,
-    inventory: &[crate::tiers::InventoryBlock],
+    chunks: &[&[crate::tiers::InventoryBlock]],
 ) -> Result<(), mooncake_net::CallError> {
     let addr = conn.addr().to_string();
     let (writer, reader) = conn.split();
-    let chunks: Vec<_> = inventory.chunks(MAX_BATCH).collect();
     let write = async {
-        for chunk in &chunks {
+        for chunk in chunks {
             let items = chunk.to_vec();
             let body = InventoryRequest { daemon, items }.to_bytes();
             writer.send(Opcode::Inventory, &body, &[]).await?;
@@ -283,7 +307,7 @@ async fn send_inventory(
         writer.flush().await
     };
     let read = async {
-        for _ in &chunks {
+        for _ in chunks {
             let header = reader.next_header(Opcode::Inventory).await?;
             reader.discard(header.body_len as usize).await?;
             if header.status != 0 {

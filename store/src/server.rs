@@ -193,17 +193,24 @@ where
     }
     let mut head = [0u8; PutHead::MAX_LEN];
     rd.read_exact(&mut head[..2]).await?;
-    let rest = PutHead::rest_len(u16::from_le_bytes([head[0], head[1]]))?;
-    if body_len < 2 + rest {
-        return Err(truncated(2 + rest - body_len));
+    let mut len = 2 + PutHead::rest_len(u16::from_le_bytes([head[0], head[1]]))?;
+    if body_len < len {
+        return Err(truncated(len - body_len));
     }
-    rd.read_exact(&mut head[2..2 + rest]).await?;
-    let put = PutHead::from_bytes(&head[..2 + rest])?;
-    let value_len = body_len - 2 - rest;
+    rd.read_exact(&mut head[2..len]).await?;
+    let tag = PutHead::tag_len(head[len - 4..len].try_into().expect("4 bytes"))?;
+    if body_len < len + tag {
+        return Err(truncated(len + tag - body_len));
+    }
+    rd.read_exact(&mut head[len..len + tag]).await?;
+    len += tag;
+    let put = PutHead::from_bytes(&head[..len])?;
+    let value_len = body_len - len;
     if !who.may_use(&put.key.namespace) {
         discard(rd, value_len, cfg.put_stall_timeout).await?;
         return reply(wr, header, ErrorCode::Unauthorized, &[]).await;
     }
+    let key = put.key.clone();
     let reserved = tiers
         .reserve_put(
             put.key,
@@ -233,6 +240,7 @@ where
                 .map_or(ErrorCode::Ok, |e| e.code());
             if code == ErrorCode::Ok {
                 metrics.bytes_written.inc_by(value_len as u64);
+                tiers.set_tag(&key, put.tag);
             }
             reply(wr, header, code, &[]).await
         }

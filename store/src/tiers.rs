@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use mooncake_proto::message::Tier;
+use mooncake_proto::message::{EngineTag, Tier};
 use mooncake_proto::BlockKey;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
@@ -46,6 +46,11 @@ pub struct Tiers {
     pub hot: crate::hot::HotReads,
     /// Blocks whose fastest tier may have changed since the last report.
     moved: Mutex<Vec<BlockKey>>,
+    /// What the engine calls each block its writer tagged, while any tier
+    /// holds it, for the inventory a new meta leader rebuilds its events
+    /// from. Not kept across restarts: a block read back from a drive
+    /// after one has no tag.
+    tags: Mutex<HashMap<BlockKey, Arc<EngineTag>>>,
 }
 
 /// A block of the inventory a daemon sends the meta service.
@@ -82,6 +87,7 @@ impl Tiers {
             promotions: AtomicU64::new(0),
             hot: Default::default(),
             moved: Mutex::new(Vec::new()),
+            tags: Mutex::new(HashMap::new()),
         }
     }
 
@@ -270,6 +276,35 @@ impl Tiers {
         self.dram.contains(key) || self.on_nvme(key)
     }
 
+    /// Records what the engine calls a block just stored (`None`: its
+    /// writer attached nothing, and a tag of bytes it replaced goes).
+    pub fn set_tag(&self, key: &BlockKey, tag: Option<Arc<EngineTag>>) {
+        let mut tags = self.tags.lock();
+        match tag {
+            Some(tag) => tags.insert(key.clone(), tag),
+            None if tags.is_empty() => None,
+            None => tags.remove(key),
+        };
+    }
+
+    /// Forgets the tags of blocks reported gone, unless a tier holds the
+    /// key again (put anew since).
+    pub fn forget_tags(&self, gone: &[BlockKey]) {
+        if self.tags.lock().is_empty() {
+            return;
+        }
+        for key in gone {
+            if !self.contains(key) {
+                self.tags.lock().remove(key);
+            }
+        }
+    }
+
+    /// Tags kept, for tests of their bound.
+    pub fn tags_kept(&self) -> usize {
+        self.tags.lock().len()
+    }
+
     /// Removes a block from every tier; `false` if none held it.
     pub fn remove(&self, key: &BlockKey) -> bool {
         let in_dram = self.dram.remove(key).is_ok();
@@ -280,13 +315,16 @@ impl Tiers {
                 false
             });
         }
+        self.forget_tags(std::slice::from_ref(key));
         in_dram || on_nvme
     }
 
     /// Every block the daemon holds, with the fastest tier that holds it,
     /// a chain's blocks parent first (`parents_first`).
     pub fn inventory(&self) -> Vec<InventoryBlock> {
+        let tags = self.tags.lock().clone();
         let block = |(key, size, checksum, parent), tier| InventoryBlock {
+            tag: tags.get(&key).cloned(),
             key,
             size,
             checksum,
@@ -494,6 +532,56 @@ mod tests {
     use mooncake_proto::{BlockHash, Namespace};
 
     #[test]
+    fn a_blocks_tag_is_kept_while_a_tier_holds_it_and_reported_in_the_inventory() {
+        use crate::pool::PoolConfig;
+        let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
+        let tiers = Tiers::dram_only(pool.clone());
+        let key = |i: u8| BlockKey::new(Namespace::new("t").unwrap(), BlockHash([i; 32]));
+        let put = |i: u8| {
+            let bytes = vec![i; 4096];
+            let mut slot = pool
+                .reserve(key(i), 4096, mooncake_proto::checksum::checksum(&bytes))
+                .unwrap();
+            slot.buf_mut().copy_from_slice(&bytes);
+            slot.commit().unwrap();
+        };
+        let tag = |n: u64| {
+            Some(Arc::new(
+                EngineTag::new(
+                    Some(mooncake_proto::message::EngineHash::Int(n)),
+                    vec![1, 2],
+                )
+                .unwrap(),
+            ))
+        };
+        for i in 1..=3 {
+            put(i);
+            tiers.set_tag(&key(i), tag(u64::from(i)));
+        }
+        let inventory = tiers.inventory();
+        let of = |i: u8| {
+            inventory
+                .iter()
+                .find(|b| b.key == key(i))
+                .unwrap()
+                .tag
+                .clone()
+        };
+        assert_eq!((of(1), of(3)), (tag(1), tag(3)));
+        // A removal takes it; a report of a block gone that is held again
+        // (put anew since) does not; one of a block gone does.
+        assert!(tiers.remove(&key(1)));
+        tiers.forget_tags(&[key(2)]);
+        assert_eq!(tiers.tags_kept(), 2);
+        pool.remove(&key(2)).unwrap();
+        tiers.forget_tags(&[key(2)]);
+        assert_eq!(tiers.tags_kept(), 1);
+        // Bytes put again without a tag lose the old one.
+        tiers.set_tag(&key(3), None);
+        assert_eq!(tiers.tags_kept(), 0);
+    }
+
+    #[test]
     fn an_inventory_lists_each_block_after_the_parent_it_holds() {
         let ns = Namespace::new("t").unwrap();
         let h = |i: u8| BlockHash([i; 32]);
@@ -503,6 +591,7 @@ mod tests {
             checksum: 0,
             tier: Tier::Dram,
             parent: parent.map(h),
+            tag: None,
         };
         // Chains 1 <- 2 <- 3 <- 4 and 1 <- 5; 7 names 6, which is not held.
         let shuffled = vec![

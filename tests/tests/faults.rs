@@ -167,6 +167,7 @@ async fn a_writer_that_vanishes_mid_value_leaves_nothing_behind() {
         key: BlockKey::new(ns(), hash(7)),
         checksum: 0,
         parent: None,
+        tag: None,
     }
     .to_bytes();
     let value_len = 1 << 20;

@@ -299,6 +299,7 @@ async fn put_headers_without_values_push_out_no_stored_block() {
             ),
             checksum: 1,
             parent: None,
+            tag: None,
         };
         let head = mooncake_proto::message::Body::to_bytes(&head);
         let mut conn = TcpStream::connect(cluster.daemon_addr(0)).await.unwrap();

@@ -298,6 +298,70 @@ async fn an_overflowing_queue_resynchronizes_subscribers_with_the_index() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_leader_is_killed_tagged_blocks_keep_their_engine_names_parents_and_tokens() {
+    let mut cluster = Cluster::start_events(2, 1, "64MiB").await;
+    let client = cluster.client(Duration::from_secs(5)).await;
+    let leader = cluster.leader_index().await;
+    let (events, replay) = cluster.events.as_ref().unwrap()[leader].clone();
+    let mut sub = Subscriber::connect(&events, &replay, 0).await;
+    // Chains of 10 blocks, each named 5000 + i by its engine, 4 tokens each.
+    let value = vec![9u8; 16 << 10];
+    let tokens = |i: u64| (4 * i as u32..4 * i as u32 + 4).collect::<Vec<u32>>();
+    for chain in 0..4u64 {
+        let ids: Vec<u64> = (chain * 10..chain * 10 + 10).collect();
+        let blocks: Vec<(BlockHash, Value<'_>)> =
+            ids.iter().map(|i| (hash(*i), Value::One(&value))).collect();
+        let tags: Vec<_> = ids
+            .iter()
+            .map(|i| {
+                Some(Arc::new(
+                    EngineTag::new(Some(EngineHash::Int(5000 + i)), tokens(*i)).unwrap(),
+                ))
+            })
+            .collect();
+        let out = client
+            .put_tagged(&ns(), &blocks, Some(None), &tags, PutOptions::default())
+            .await
+            .unwrap();
+        assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    }
+    let name = |i: u64| raw(&EngineHash::Int(5000 + i));
+    let all: BTreeSet<Vec<u8>> = (0..40).map(name).collect();
+    assert!(
+        sub.follow_until(Duration::from_secs(20), |p| p.all() == all)
+            .await
+    );
+
+    cluster.metas[leader].1.kill9();
+    cluster.wait_healthy(1, Duration::from_secs(30)).await;
+    let new_leader = cluster.leader_index().await;
+    assert_ne!(new_leader, leader);
+    let (events, replay) = cluster.events.as_ref().unwrap()[new_leader].clone();
+    let cleared = sub.picture.clears;
+    sub.switch(&events, &replay).await;
+    // The new term opens with AllBlocksCleared; the daemon's inventory
+    // brings each block back under its engine's name.
+    assert!(
+        sub.follow_until(Duration::from_secs(30), |p| p.clears > cleared
+            && p.all() == all)
+            .await,
+        "after the failover the events name the blocks as before: {} of 40 names, {} in all, {} clears",
+        sub.picture.all().intersection(&all).count(),
+        sub.picture.all().len(),
+        sub.picture.clears
+    );
+    for i in 0..40u64 {
+        let parent = (i % 10 != 0).then(|| name(i - 1));
+        assert_eq!(sub.picture.parents[&name(i)], parent, "block {i}'s parent");
+        assert_eq!(
+            sub.picture.tokens[&name(i)],
+            tokens(i),
+            "block {i}'s tokens"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_leader_is_killed_a_subscriber_ends_with_exactly_the_stored_blocks() {
     // One daemon: a chain's blocks all on it (with two, placement spreads
     // a chain's blocks over both), so that its inventory's order shows.

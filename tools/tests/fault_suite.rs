@@ -194,6 +194,7 @@ async fn vanish_mid_put(cluster: &Cluster, meta: &str, id: u64) {
         key: mooncake_proto::BlockKey::new(ns(), hash(id)),
         checksum: mooncake_proto::checksum(&v),
         parent: None,
+        tag: None,
     };
     use mooncake_proto::message::Body;
     let body = head.to_bytes();

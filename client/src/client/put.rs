@@ -202,6 +202,7 @@ impl Client {
                         value: *value,
                         checksum: sums[index],
                         parent: parents[index],
+                        tag: tags[index].clone(),
                     };
                     for daemon in copies.iter() {
                         by_daemon.entry(daemon).or_default().push(item.clone());

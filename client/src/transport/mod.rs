@@ -65,6 +65,8 @@ pub struct PutItem<'v> {
     pub checksum: u64,
     /// The block whose prefix this one extends, for prefix-aware eviction.
     pub parent: Option<BlockHash>,
+    /// What the engine calls it, kept by the daemon with it.
+    pub tag: Option<std::sync::Arc<mooncake_proto::message::EngineTag>>,
 }
 
 /// What one read found, before it is told to the caller.

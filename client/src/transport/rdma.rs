@@ -496,6 +496,7 @@ impl RdmaLink {
                 len: it.value.len() as u64,
                 checksum: it.checksum,
                 parent: it.parent,
+                tag: it.tag.clone(),
             }
             .to_bytes();
             let id = lane.id();

@@ -447,6 +447,7 @@ impl ShmLink {
                     key,
                     checksum: it.checksum,
                     parent: it.parent,
+                    tag: it.tag.clone(),
                 }
                 .to_bytes();
                 let len = (head.len() + it.value.len()) as u32;
@@ -461,6 +462,7 @@ impl ShmLink {
                     len: it.value.len() as u64,
                     checksum: it.checksum,
                     parent: it.parent,
+                    tag: it.tag.clone(),
                 }
                 .to_bytes();
                 push_frame(&mut frames, Opcode::ShmPut, id, &body);

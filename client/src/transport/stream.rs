@@ -150,6 +150,7 @@ impl StreamTransport {
                     key: BlockKey::new(namespace.clone(), it.hash),
                     checksum: it.checksum,
                     parent: it.parent,
+                    tag: it.tag.clone(),
                 }
                 .to_bytes()
             })

@@ -52,7 +52,8 @@ impl Body for FetchRequest {
 /// The head of a daemon `Put` body; the value bytes follow it to the end of
 /// the frame, so that a server can read them straight into their place.
 ///
-/// Layout: `u16 namespace length, namespace, 32-byte hash, u64 checksum`.
+/// Layout: `u16 namespace length, namespace, 32-byte hash, u64 checksum,
+/// 32-byte parent, u32 tag length, tag` (`engine`: none when 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PutHead {
     pub key: BlockKey,
@@ -60,15 +61,20 @@ pub struct PutHead {
     /// The block whose prefix this one extends (same namespace), so that
     /// the daemon evicts chain tails before the blocks they need.
     pub parent: Option<BlockHash>,
+    /// What the engine calls the block, kept by the daemon with it so that
+    /// a new meta leader learns it from the daemon's inventory.
+    pub tag: Option<Arc<EngineTag>>,
 }
 
 impl PutHead {
-    /// Bytes of the head after its leading u16, given that u16's value;
-    /// refused if the namespace would be too long.
     /// The longest head on the wire: the namespace's length, the longest
-    /// namespace, the hash, the checksum and the parent.
-    pub const MAX_LEN: usize = 2 + MAX_NAMESPACE_LEN + BlockHash::LEN + 8 + BlockHash::LEN;
+    /// namespace, the hash, the checksum, the parent and the longest tag.
+    pub const MAX_LEN: usize =
+        2 + MAX_NAMESPACE_LEN + BlockHash::LEN + 8 + BlockHash::LEN + 4 + MAX_TAG_LEN;
 
+    /// Bytes of the head after its leading u16 up to its tag (the tag's
+    /// length included: the head's last 4 bytes), given that u16's value;
+    /// refused if the namespace would be too long.
     pub fn rest_len(ns_len: u16) -> Result<usize, ProtoError> {
         if ns_len as usize > MAX_NAMESPACE_LEN {
             return Err(ProtoError::Invalid {
@@ -76,11 +82,20 @@ impl PutHead {
                 why: format!("{ns_len} bytes, at most {MAX_NAMESPACE_LEN}"),
             });
         }
-        Ok(ns_len as usize + BlockHash::LEN + 8 + BlockHash::LEN)
+        Ok(ns_len as usize + BlockHash::LEN + 8 + BlockHash::LEN + 4)
     }
 
-    pub fn encoded_len(&self) -> usize {
-        2 + self.key.namespace.as_str().len() + BlockHash::LEN + 8 + BlockHash::LEN
+    /// The tag's length, from the 4 bytes `rest_len` ends with; refused
+    /// past `MAX_TAG_LEN`.
+    pub fn tag_len(len: [u8; 4]) -> Result<usize, ProtoError> {
+        let len = u32::from_le_bytes(len) as usize;
+        if len > MAX_TAG_LEN {
+            return Err(ProtoError::TooLarge {
+                len: len as u64,
+                limit: MAX_TAG_LEN as u64,
+            });
+        }
+        Ok(len)
     }
 }
 
@@ -89,12 +104,14 @@ impl Body for PutHead {
         encode_key(w, &self.key);
         w.u64(self.checksum);
         encode_parent(w, &self.parent);
+        encode_sized_tag(w, &self.tag);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         Ok(PutHead {
             key: decode_key(r)?,
             checksum: r.u64()?,
             parent: decode_parent(r)?,
+            tag: decode_sized_tag(r)?,
         })
     }
 }

@@ -14,6 +14,9 @@ pub const MAX_ENGINE_HASH_LEN: usize = 64;
 /// hold 16 tokens, SGLang pages up to 64, LMCache chunks 256.
 pub const MAX_TAG_TOKENS: usize = 1024;
 
+/// Most bytes of one tag on the wire (`encode_tag`).
+pub const MAX_TAG_LEN: usize = 1 + 1 + MAX_ENGINE_HASH_LEN + 4 + 4 * MAX_TAG_TOKENS;
+
 /// An engine's block hash, as vLLM's `ExternalBlockHash` allows: an
 /// integer or bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -54,6 +57,13 @@ impl EngineTag {
     /// Bytes it takes on the wire, at most.
     pub fn encoded_len(&self) -> usize {
         1 + 8 + MAX_ENGINE_HASH_LEN + 4 + 4 * self.token_ids.len()
+    }
+
+    /// Its bytes on the wire (`encode_tag`).
+    pub fn to_wire(tag: &Option<Arc<EngineTag>>) -> Vec<u8> {
+        let mut w = Writer::new();
+        encode_tag(&mut w, tag);
+        w.buf
     }
 }
 
@@ -112,4 +122,35 @@ pub(crate) fn decode_tag(r: &mut Reader<'_>) -> Result<Option<Arc<EngineTag>>, P
         .map(|t| u32::from_le_bytes(t.try_into().expect("4 bytes")))
         .collect();
     Ok(Some(Arc::new(EngineTag::new(hash, token_ids)?)))
+}
+
+/// A tag after its length (`u32`), 0 for none: in a put's head, whose
+/// reader must know the head's length before the value that follows.
+pub(crate) fn encode_sized_tag(w: &mut Writer, tag: &Option<Arc<EngineTag>>) {
+    if tag.is_none() {
+        w.u32(0);
+        return;
+    }
+    let at = w.buf.len();
+    w.u32(0);
+    encode_tag(w, tag);
+    let len = (w.buf.len() - at - 4) as u32;
+    w.buf[at..at + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+pub(crate) fn decode_sized_tag(r: &mut Reader<'_>) -> Result<Option<Arc<EngineTag>>, ProtoError> {
+    let len = r.u32()? as usize;
+    if len == 0 {
+        return Ok(None);
+    }
+    if len > MAX_TAG_LEN {
+        return Err(ProtoError::TooLarge {
+            len: len as u64,
+            limit: MAX_TAG_LEN as u64,
+        });
+    }
+    let mut inner = Reader::new(r.take(len)?);
+    let tag = decode_tag(&mut inner)?;
+    inner.finish()?;
+    Ok(tag)
 }

@@ -103,6 +103,8 @@ pub struct InventoryItem {
     pub tier: Tier,
     /// The block whose prefix it extends, as its writer named it.
     pub parent: Option<BlockHash>,
+    /// What the engine calls it, as its writer attached it.
+    pub tag: Option<Arc<EngineTag>>,
 }
 
 /// A batch of the blocks a daemon holds, sent after it registers, so that
@@ -123,11 +125,12 @@ impl Body for InventoryRequest {
             w.u64(it.checksum);
             it.tier.encode(w);
             encode_parent(w, &it.parent);
+            encode_tag(w, &it.tag);
         }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let daemon = r.u32()?;
-        let n = r.count(2 + 1 + 32 + 12 + 1 + 32)?;
+        let n = r.count(2 + 1 + 32 + 12 + 1 + 32 + 1)?;
         let items = (0..n)
             .map(|_| {
                 Ok(InventoryItem {
@@ -136,6 +139,7 @@ impl Body for InventoryRequest {
                     checksum: r.u64()?,
                     tier: Tier::decode(r)?,
                     parent: decode_parent(r)?,
+                    tag: decode_tag(r)?,
                 })
             })
             .collect::<Result<_, ProtoError>>()?;

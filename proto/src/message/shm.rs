@@ -111,6 +111,8 @@ pub struct ShmPutRequest {
     pub checksum: u64,
     /// As in `PutHead`.
     pub parent: Option<BlockHash>,
+    /// As in `PutHead`.
+    pub tag: Option<Arc<EngineTag>>,
 }
 
 impl Body for ShmPutRequest {
@@ -119,6 +121,7 @@ impl Body for ShmPutRequest {
         w.u64(self.len);
         w.u64(self.checksum);
         encode_parent(w, &self.parent);
+        encode_tag(w, &self.tag);
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
@@ -127,6 +130,7 @@ impl Body for ShmPutRequest {
             len: r.u64()?,
             checksum: r.u64()?,
             parent: decode_parent(r)?,
+            tag: decode_tag(r)?,
         })
     }
 }

@@ -25,16 +25,38 @@ fn every_body_round_trips_and_refuses_truncation() {
         key: BlockKey::new(ns(), h),
         checksum: 9,
         parent: Some(BlockHash([4; 32])),
+        tag: None,
+    });
+    round_trip(PutHead {
+        key: BlockKey::new(ns(), h),
+        checksum: 9,
+        parent: Some(BlockHash([4; 32])),
+        tag: Some(Arc::new(
+            EngineTag::new(Some(EngineHash::Bytes(b"k".to_vec().into())), vec![3, 4]).unwrap(),
+        )),
     });
     round_trip(PutHead {
         key: BlockKey::new(ns(), h),
         checksum: 9,
         parent: None,
+        tag: None,
     });
     round_trip(KeysRequest {
         namespace: ns(),
         hashes: vec![h, h],
     });
+    for tag in [
+        None,
+        Some(Arc::new(EngineTag::new(None, vec![9; 16]).unwrap())),
+    ] {
+        round_trip(ShmPutRequest {
+            key: BlockKey::new(ns(), h),
+            len: 4096,
+            checksum: 5,
+            parent: Some(h),
+            tag,
+        });
+    }
     round_trip(RouteRequest {
         keys: KeysRequest {
             namespace: ns(),
@@ -234,6 +256,9 @@ fn every_body_round_trips_and_refuses_truncation() {
             checksum: 6,
             tier: Tier::Nvme,
             parent: Some(BlockHash([9; 32])),
+            tag: Some(Arc::new(
+                EngineTag::new(Some(EngineHash::Int(5)), vec![1]).unwrap(),
+            )),
         }],
     });
     round_trip(HeartbeatResponse {
