@@ -282,8 +282,28 @@ fn every_body_round_trips_and_refuses_truncation() {
 #[test]
 fn put_head_refuses_long_namespace_length() {
     assert!(PutHead::rest_len(129).is_err());
-    assert_eq!(2 + PutHead::rest_len(128).unwrap(), PutHead::MAX_LEN);
-    assert_eq!(PutHead::rest_len(3).unwrap(), 3 + 32 + 8 + 32);
+    assert_eq!(
+        2 + PutHead::rest_len(128).unwrap() + MAX_TAG_LEN,
+        PutHead::MAX_LEN
+    );
+    assert_eq!(PutHead::rest_len(3).unwrap(), 3 + 32 + 8 + 32 + 4);
+    assert!(PutHead::tag_len((MAX_TAG_LEN as u32 + 1).to_le_bytes()).is_err());
+    // The longest head a writer can make fits.
+    let tag = EngineTag::new(
+        Some(EngineHash::Bytes(vec![1; MAX_ENGINE_HASH_LEN].into())),
+        vec![2; MAX_TAG_TOKENS],
+    )
+    .unwrap();
+    let head = PutHead {
+        key: BlockKey::new(
+            Namespace::new(&"n".repeat(128)).unwrap(),
+            BlockHash([1; 32]),
+        ),
+        checksum: 1,
+        parent: None,
+        tag: Some(Arc::new(tag)),
+    };
+    assert_eq!(head.to_bytes().len(), PutHead::MAX_LEN);
 }
 
 #[test]
