@@ -370,18 +370,21 @@ def main() -> None:
     print("  2 tensor-parallel ranks: a block one rank lost is a miss; 3 blocks loaded on both, bytes exact")
     for engine in (a, b, c, d, e):
         engine.close()
-    engine_events(model_dir, meta, namespace)
+    engine_events(model_dir, meta, namespace, sys.argv[2:4] if len(sys.argv) >= 4 else None)
     if os.environ.get("MOONCAKE_BIN"):
         store_restarted(model_dir, os.environ["MOONCAKE_BIN"])
     print("vLLM native connector: ok")
 
 
-def engine_events(model_dir: str, meta: str, namespace: str) -> None:
+def engine_events(model_dir: str, meta: str, namespace: str, store_ports: list[str] | None) -> None:
     """7. vLLM's KV events on, two tensor-parallel ranks: vLLM's own
     publisher sends, beside its GPU blocks, a BlockStored for each block
     both ranks wrote to the store, with its parent, tokens and size, the
-    hashes as vLLM's events carry them."""
+    hashes as vLLM's events carry them. The connector attaches the same
+    hashes and tokens to its puts, so the store's own events carry them
+    too."""
     ports = (free_port(), free_port())
+    store_sub = Subscriber(*store_ports) if store_ports else None
     h = Engine(model_dir, meta, f"{namespace}-events", tp=2, events=ports)
     sub = Subscriber(f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}")
     prompt = [(i * 41 + 7) % 1000 for i in range(100)]
@@ -406,6 +409,20 @@ def engine_events(model_dir: str, meta: str, namespace: str) -> None:
         f" once for 2 ranks, beside its own {sorted(gpu)} blocks"
     )
     sub.close()
+    if store_sub is not None:
+        # The store's own events: each rank's copy of each block, named by
+        # vLLM's hash, with its tokens and size, after its parent.
+        store_sub.follow(lambda: set(chain) <= store_sub.held)
+        by_hash: dict = {}
+        for e in store_sub.stored:
+            for j, x in enumerate(e.block_hashes):
+                by_hash.setdefault(x, []).append((e.token_ids[j * e.block_size : (j + 1) * e.block_size], e.block_size))
+        for i, x in enumerate(chain):
+            assert len(by_hash[x]) == 2, f"block {i}: one event per rank's copy, got {len(by_hash[x])}"
+            assert all(t == tokens[i * BLOCK : (i + 1) * BLOCK] and n == BLOCK for t, n in by_hash[x]), (i, by_hash[x])
+            assert store_sub.parents[x] == (chain[i - 1] if i else None), (i, store_sub.parents[x])
+        print(f"  the store's own events carry the same {stored} blocks' hashes, parents and tokens, per rank")
+        store_sub.close()
     h.close()
 
 

@@ -11,6 +11,7 @@ import time
 from typing import Any, Optional, Union
 
 import msgspec
+import pytest
 import zmq
 
 import mooncake_store
@@ -85,6 +86,7 @@ class Consumer:
         self.last: Optional[int] = None
         self.blocks: set[bytes] = set()
         self.parents: dict = {}
+        self.tokens: dict = {}
         self.seqs: list[int] = []
         self.clears = 0
         self.media: set[str] = set()
@@ -107,6 +109,10 @@ class Consumer:
                 # parent named, each next one the block before it.
                 parents = [event.parent_block_hash, *event.block_hashes[:-1]]
                 self.parents.update(zip(event.block_hashes, parents))
+                n = event.block_size
+                for i, block in enumerate(event.block_hashes):
+                    if n:
+                        self.tokens[block] = event.token_ids[i * n : (i + 1) * n]
             else:
                 self.media.add(event.medium)
                 self.blocks.difference_update(event.block_hashes)
@@ -214,5 +220,47 @@ def test_chains_are_published_with_their_parents_and_as_vllms_integer_hashes_whe
                 assert consumer.parents[as_int(key)] == want, (key, consumer.parents[as_int(key)])
             for key in apart:
                 assert consumer.parents[as_int(key)] is None, key
+        finally:
+            consumer.close()
+
+
+def test_a_writers_tags_name_blocks_by_the_engines_hashes_with_their_tokens(tmp_path):
+    events, replay = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    with single_host_store("256MiB", "--events", events, "--events-replay", replay) as meta:
+        client = mooncake_store.Client(meta, namespace="t/tags")
+        consumer = Consumer(events, replay)
+        try:
+            consumer.ask_replay(0)
+            # SGLang-style page keys; the engine's own hashes (an int, bytes)
+            # and each page's 4 tokens attached.
+            keys = [f"page-{i}" for i in range(4)]
+            tokens = [list(range(4 * i, 4 * i + 4)) for i in range(4)]
+            tags = [(7000 + i, tokens[i]) for i in range(3)] + [(b"engine-page-3", tokens[3])]
+            assert client.put_chain(keys, [bytes([i]) * 1024 for i in range(4)], tags=tags) == [0] * 4
+            # Tokens only: the event keeps the store's hash.
+            assert client.put_batch(["alone"], [b"x" * 1024], tags=[(None, [1, 2])]) == [0]
+            # No tag for one key: None.
+            assert client.put_batch(["plain", "tagged"], [b"p" * 64] * 2, tags=[None, (9, None)]) == [0, 0]
+            names = [7000, 7001, 7002, b"engine-page-3"]
+            alone = mooncake_store.opaque_hash("alone")
+            every = {*names, alone, mooncake_store.opaque_hash("plain"), 9}
+            assert consumer.follow_until(lambda c: every <= c.blocks), consumer.blocks
+            assert consumer.parents[7000] is None
+            assert [consumer.parents[n] for n in names[1:]] == names[:-1]
+            assert [consumer.tokens[n] for n in names] == tokens
+            assert consumer.tokens[alone] == [1, 2]
+            # Removed, a block leaves under its engine's name.
+            assert client.remove(["page-3"]) == [True]
+            assert consumer.follow_until(lambda c: b"engine-page-3" not in c.blocks)
+            # Bad tags are refused before anything is stored.
+            for bad, why in [
+                ([(b"x" * 65, None)], "64"),
+                ([(-1, None)], "2\\*\\*64"),
+                ([(1, [2**32])], "token_ids"),
+                ([("a", None), None], "keys and"),
+            ]:
+                with pytest.raises(ValueError, match=why):
+                    client.put_batch(["bad"], [b"b"], tags=bad)
+            assert client.exists(["bad"]) == [False]
         finally:
             consumer.close()

@@ -590,9 +590,10 @@ class _WorkerSide:
             for start in range(0, len(transfer.keys), self.staging_blocks):
                 keys = transfer.keys[start : start + self.staging_blocks]
                 ids = transfer.block_ids[start : start + self.staging_blocks]
-                codes = self._save_some(keys, ids, parent)
-                if transfer.token_ids is not None:
-                    self._stored_events(keys, codes, parent, transfer.token_ids[start * self.block_size :])
+                tokens = None if transfer.token_ids is None else transfer.token_ids[start * self.block_size :]
+                codes = self._save_some(keys, ids, parent, tokens)
+                if tokens is not None:
+                    self._stored_events(keys, codes, parent, tokens)
                 parent = keys[-1]
         if saves:
             self._count("save_seconds", time.perf_counter() - started)
@@ -620,8 +621,13 @@ class _WorkerSide:
         events, self.events = self.events, []
         return events
 
-    def _save_some(self, keys: list[Any], block_ids: list[int], parent: Any) -> list[int]:
+    def _save_some(self, keys: list[Any], block_ids: list[int], parent: Any, tokens: Optional[list[int]] = None) -> list[int]:
         n = len(keys)
+        # Each block tagged with vLLM's hash of it (and its tokens, when
+        # vLLM's KV events are on), so that the store's own events name it
+        # as vLLM's events do, whatever the store's hash form.
+        bs = self.block_size
+        tags = [(_external(k), None if tokens is None else tokens[i * bs : (i + 1) * bs]) for i, k in enumerate(keys)]
         rows = self._rows(n)
         device = self.layers[0].cache.device
         # Each layer's part gathered where the cache is, then one transfer.
@@ -638,7 +644,7 @@ class _WorkerSide:
             rows.copy_(gathered)
         ptrs, sizes = self._staged(n)
         try:
-            codes = self.client.put_from_ptrs(keys, ptrs, sizes, chain=True, parent=parent)
+            codes = self.client.put_from_ptrs(keys, ptrs, sizes, chain=True, parent=parent, tags=tags)
         except mooncake_store.StoreError as err:
             log.warning("save of %d blocks: %s", n, err)
             codes = [-1] * n
