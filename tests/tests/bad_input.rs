@@ -120,12 +120,28 @@ async fn daemon_refuses_bad_frames_and_keeps_serving() {
     w.hash(&BlockHash([1; 32]));
     w.u64(0);
     w.hash(&BlockHash([0; 32])); // no parent
+    w.u32(0); // no engine tag
     let head_len = w.buf.len();
     let mut big = Header::request(Opcode::Put, 1, (head_len + (32 << 20)) as u32)
         .encode()
         .to_vec();
     big.extend_from_slice(&w.buf);
     let (h, closed) = exchange(&daemon, &big, false).await;
+    assert_eq!(h.unwrap().status, ErrorCode::TooLarge as u16);
+    assert!(closed);
+
+    // A put whose engine tag claims more bytes than any tag has.
+    let mut w = Writer::new();
+    w.str("t/tag");
+    w.hash(&BlockHash([1; 32]));
+    w.u64(0);
+    w.hash(&BlockHash([0; 32]));
+    w.u32(mooncake_proto::message::MAX_TAG_LEN as u32 + 1);
+    let mut tagged = Header::request(Opcode::Put, 1, (w.buf.len() + (1 << 20)) as u32)
+        .encode()
+        .to_vec();
+    tagged.extend_from_slice(&w.buf);
+    let (h, closed) = exchange(&daemon, &tagged, false).await;
     assert_eq!(h.unwrap().status, ErrorCode::TooLarge as u16);
     assert!(closed);
 

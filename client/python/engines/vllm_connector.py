@@ -412,11 +412,15 @@ def engine_events(model_dir: str, meta: str, namespace: str, store_ports: list[s
     if store_sub is not None:
         # The store's own events: each rank's copy of each block, named by
         # vLLM's hash, with its tokens and size, after its parent.
-        store_sub.follow(lambda: set(chain) <= store_sub.held)
-        by_hash: dict = {}
-        for e in store_sub.stored:
-            for j, x in enumerate(e.block_hashes):
-                by_hash.setdefault(x, []).append((e.token_ids[j * e.block_size : (j + 1) * e.block_size], e.block_size))
+        def copies() -> dict:
+            by_hash: dict = {}
+            for e in store_sub.stored:
+                for j, x in enumerate(e.block_hashes):
+                    by_hash.setdefault(x, []).append((e.token_ids[j * e.block_size : (j + 1) * e.block_size], e.block_size))
+            return by_hash
+
+        store_sub.follow(lambda: all(len(copies().get(x, [])) >= 2 for x in chain))
+        by_hash = copies()
         for i, x in enumerate(chain):
             assert len(by_hash[x]) == 2, f"block {i}: one event per rank's copy, got {len(by_hash[x])}"
             assert all(t == tokens[i * BLOCK : (i + 1) * BLOCK] and n == BLOCK for t, n in by_hash[x]), (i, by_hash[x])
