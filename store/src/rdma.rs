@@ -274,6 +274,7 @@ mod tests {
                 value: v.as_slice().into(),
                 checksum: checksum(v),
                 parent: None,
+                tag: None,
             })
             .collect();
         let codes = link.put(&ns, &puts).await.unwrap();
@@ -316,6 +317,7 @@ mod tests {
             value: value.into(),
             checksum: sum,
             parent: None,
+            tag: None,
         }];
         assert_eq!(direct.put(&ns, &put).await.unwrap(), vec![ErrorCode::Ok]);
         let expected = memory[..1 << 20].to_vec();

@@ -295,10 +295,7 @@ fn put_head_refuses_long_namespace_length() {
     )
     .unwrap();
     let head = PutHead {
-        key: BlockKey::new(
-            Namespace::new(&"n".repeat(128)).unwrap(),
-            BlockHash([1; 32]),
-        ),
+        key: BlockKey::new(Namespace::new("n".repeat(128)).unwrap(), BlockHash([1; 32])),
         checksum: 1,
         parent: None,
         tag: Some(Arc::new(tag)),
