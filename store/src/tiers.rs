@@ -51,6 +51,9 @@ pub struct Tiers {
     /// from. Not kept across restarts: a block read back from a drive
     /// after one has no tag.
     tags: Mutex<HashMap<BlockKey, Arc<EngineTag>>>,
+    /// Whether any block was ever tagged: untagged puts then skip the
+    /// lock above.
+    tagged: std::sync::atomic::AtomicBool,
 }
 
 /// A block of the inventory a daemon sends the meta service.
@@ -88,6 +91,7 @@ impl Tiers {
             hot: Default::default(),
             moved: Mutex::new(Vec::new()),
             tags: Mutex::new(HashMap::new()),
+            tagged: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -279,18 +283,22 @@ impl Tiers {
     /// Records what the engine calls a block just stored (`None`: its
     /// writer attached nothing, and a tag of bytes it replaced goes).
     pub fn set_tag(&self, key: &BlockKey, tag: Option<Arc<EngineTag>>) {
-        let mut tags = self.tags.lock();
         match tag {
-            Some(tag) => tags.insert(key.clone(), tag),
-            None if tags.is_empty() => None,
-            None => tags.remove(key),
-        };
+            Some(tag) => {
+                self.tagged.store(true, Ordering::Relaxed);
+                self.tags.lock().insert(key.clone(), tag);
+            }
+            None if !self.tagged.load(Ordering::Relaxed) => {}
+            None => {
+                self.tags.lock().remove(key);
+            }
+        }
     }
 
     /// Forgets the tags of blocks reported gone, unless a tier holds the
     /// key again (put anew since).
     pub fn forget_tags(&self, gone: &[BlockKey]) {
-        if self.tags.lock().is_empty() {
+        if !self.tagged.load(Ordering::Relaxed) {
             return;
         }
         for key in gone {

@@ -114,36 +114,35 @@ async fn daemon_refuses_bad_frames_and_keeps_serving() {
     assert_eq!(h.unwrap().status, ErrorCode::Malformed as u16);
     assert!(closed);
 
-    // A value larger than the whole pool.
-    let mut w = Writer::new();
-    w.str("t/big");
-    w.hash(&BlockHash([1; 32]));
-    w.u64(0);
-    w.hash(&BlockHash([0; 32])); // no parent
-    w.u32(0); // no engine tag
-    let head_len = w.buf.len();
-    let mut big = Header::request(Opcode::Put, 1, (head_len + (32 << 20)) as u32)
-        .encode()
-        .to_vec();
-    big.extend_from_slice(&w.buf);
-    let (h, closed) = exchange(&daemon, &big, false).await;
-    assert_eq!(h.unwrap().status, ErrorCode::TooLarge as u16);
-    assert!(closed);
-
-    // A put whose engine tag claims more bytes than any tag has.
-    let mut w = Writer::new();
-    w.str("t/tag");
-    w.hash(&BlockHash([1; 32]));
-    w.u64(0);
-    w.hash(&BlockHash([0; 32]));
-    w.u32(mooncake_proto::message::MAX_TAG_LEN as u32 + 1);
-    let mut tagged = Header::request(Opcode::Put, 1, (w.buf.len() + (1 << 20)) as u32)
-        .encode()
-        .to_vec();
-    tagged.extend_from_slice(&w.buf);
-    let (h, closed) = exchange(&daemon, &tagged, false).await;
-    assert_eq!(h.unwrap().status, ErrorCode::TooLarge as u16);
-    assert!(closed);
+    // A put head of namespace `ns` (no parent) whose tag claims `tag_len`
+    // bytes, in a frame announcing `value` bytes after it.
+    let put_frame = |ns: &str, tag_len: u32, value: usize| {
+        let mut w = Writer::new();
+        w.str(ns);
+        w.hash(&BlockHash([1; 32]));
+        w.u64(0);
+        w.hash(&BlockHash([0; 32])); // no parent
+        w.u32(tag_len);
+        let mut frame = Header::request(Opcode::Put, 1, (w.buf.len() + value) as u32)
+            .encode()
+            .to_vec();
+        frame.extend_from_slice(&w.buf);
+        frame
+    };
+    // A value larger than the whole pool (no engine tag), and a head whose
+    // engine tag claims more bytes than any tag has.
+    for frame in [
+        put_frame("t/big", 0, 32 << 20),
+        put_frame(
+            "t/tag",
+            mooncake_proto::message::MAX_TAG_LEN as u32 + 1,
+            1 << 20,
+        ),
+    ] {
+        let (h, closed) = exchange(&daemon, &frame, false).await;
+        assert_eq!(h.unwrap().status, ErrorCode::TooLarge as u16);
+        assert!(closed);
+    }
 
     // A meta-service opcode sent to a daemon.
     let (h, closed) = exchange(&daemon, &frame(Opcode::ClusterStat, &[]), false).await;
