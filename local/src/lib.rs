@@ -18,13 +18,14 @@ use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Why a local store could not start.
+/// Why a local store could not start. The inner errors are part of the
+/// message, not its source, so that an error chain prints them once.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
     #[error("meta service: {0}")]
-    Meta(#[from] MetaError),
+    Meta(MetaError),
     #[error("daemon: {0}")]
-    Daemon(#[from] DaemonError),
+    Daemon(DaemonError),
     #[error(
         "the daemon on {addr} did not register with the meta service at {meta} within {within:?}"
     )]
@@ -33,6 +34,18 @@ pub enum LocalError {
         meta: String,
         within: Duration,
     },
+}
+
+impl From<MetaError> for LocalError {
+    fn from(e: MetaError) -> Self {
+        LocalError::Meta(e)
+    }
+}
+
+impl From<DaemonError> for LocalError {
+    fn from(e: DaemonError) -> Self {
+        LocalError::Daemon(e)
+    }
 }
 
 /// A daemon of this process, and what stops it.

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 struct Store {
     child: Child,
     meta: String,
+    /// The addresses that stood for [`FRESH`] in `up`'s arguments.
+    fresh: Vec<String>,
+    /// Its stderr, shown when it fails to start.
+    log: std::path::PathBuf,
 }
 
 impl Store {
@@ -29,10 +33,40 @@ impl Store {
     }
 
     /// `up` with more arguments, ready once a client with `client`'s
-    /// arguments sees its daemon.
+    /// arguments sees its daemon. An argument [`FRESH`] becomes a loopback
+    /// address on a free port (in `Store::fresh`, in order); a start that
+    /// lost one of its ports to another process is retried on new ones.
     fn launch(dram: &str, extra: &[&str], client: &[&str]) -> Store {
-        let meta = format!("127.0.0.1:{}", free_port());
-        let daemon = format!("127.0.0.1:{}", free_port());
+        for _ in 0..3 {
+            match Store::try_launch(dram, extra, client) {
+                Ok(store) => return store,
+                Err(why) if why.contains("in use") => continue,
+                Err(why) => panic!("{why}"),
+            }
+        }
+        panic!("up found a port taken three times over");
+    }
+
+    fn try_launch(dram: &str, extra: &[&str], client: &[&str]) -> Result<Store, String> {
+        let address = || format!("127.0.0.1:{}", free_port());
+        let (meta, daemon) = (address(), address());
+        let mut fresh = Vec::new();
+        let extra: Vec<String> = extra
+            .iter()
+            .map(|arg| {
+                if *arg == FRESH {
+                    fresh.push(address());
+                    fresh.last().unwrap().clone()
+                } else {
+                    arg.to_string()
+                }
+            })
+            .collect();
+        static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log_path =
+            std::env::temp_dir().join(format!("mooncake-cli-up-{}-{n}.log", std::process::id()));
+        let log = std::fs::File::create(&log_path).unwrap();
         let child = Command::new(BIN)
             .args([
                 "up",
@@ -45,24 +79,27 @@ impl Store {
                 "--admin",
                 "",
             ])
-            .args(extra)
+            .args(&extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         // Owned at once, so that any failure below still stops the process.
         let mut store = Store {
             child,
             meta: meta.clone(),
+            fresh,
+            log: log_path,
         };
         let mut line = String::new();
         BufReader::new(store.child.stdout.as_mut().unwrap())
             .read_line(&mut line)
             .unwrap();
-        assert!(
-            line.starts_with("mooncake-store up:"),
-            "unexpected banner {line:?}"
-        );
+        if !line.starts_with("mooncake-store up:") {
+            let _ = store.child.wait();
+            let log = std::fs::read_to_string(&store.log).unwrap_or_default();
+            return Err(format!("unexpected banner {line:?}; stderr: {log}"));
+        }
         assert!(line.contains(&meta) && line.contains(&daemon));
         // The daemon registers right after the banner.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -71,18 +108,23 @@ impl Store {
             if out.status.success()
                 && String::from_utf8_lossy(&out.stdout).contains("\"alive\":true")
             {
-                return store;
+                return Ok(store);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("store did not come up");
+        let log = std::fs::read_to_string(&store.log).unwrap_or_default();
+        panic!("store did not come up; stderr: {log}");
     }
 }
+
+/// In `Store::launch`'s arguments: a loopback address on a free port.
+const FRESH: &str = "<fresh address>";
 
 impl Drop for Store {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -701,7 +743,6 @@ fn round_trips(meta: &str, key: &str, client: &[&str]) {
 #[test]
 fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
     let (dir, certs) = dev_certs("quic");
-    let quic = format!("127.0.0.1:{}", free_port());
     let (cert, key, ca) = (
         format!("{certs}/daemon.pem"),
         format!("{certs}/daemon.key"),
@@ -709,7 +750,7 @@ fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
     );
     let store = Store::up_with(&[
         "--quic-listen",
-        &quic,
+        FRESH,
         "--tls-cert",
         &cert,
         "--tls-key",
@@ -717,6 +758,7 @@ fn the_readme_quic_commands_work_and_mutual_tls_refuses_strangers() {
         "--tls-client-ca",
         &ca,
     ]);
+    let quic = store.fresh[0].clone();
     let (client_cert, client_key) = (format!("{certs}/client.pem"), format!("{certs}/client.key"));
     let with_cert = [
         "--quic-ca",
@@ -959,18 +1001,15 @@ fn route_sim_compares_policies_on_a_trace_with_exact_hits_and_times() {
 
 #[test]
 fn events_follows_the_store_events_from_the_terms_start() {
-    let (events, replay) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let store = Store::up_with(&["--events", &events, "--events-replay", &replay]);
+    let store = Store::up_with(&["--events", FRESH, "--events-replay", FRESH]);
+    let (events, replay) = (&store.fresh[0], &store.fresh[1]);
     succeeded(&run(
         &store.meta,
         &["put", "-n", "t/events", "k1"],
         Some(b"v"),
     ));
     let out = Command::new(BIN)
-        .args(["events", "--events", &events, "--replay", &replay])
+        .args(["events", "--events", events, "--replay", replay])
         .args(["--from-start", "--count", "2", "--keys", "--json"])
         .output()
         .unwrap();
