@@ -7,6 +7,14 @@ use mooncake_proto::units::{ByteSize, HumanDuration};
 use mooncake_server::{Deadlines, Limits, TlsFiles};
 use serde::{Deserialize, Serialize};
 
+/// Whose format store events are published in (`events_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventsFormat {
+    Vllm,
+    Mooncake,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetaConfig {
@@ -107,6 +115,27 @@ pub struct MetaConfig {
     /// (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`), so that a router reading
     /// both matches them. Default false: the 32 bytes.
     pub events_int_hashes: bool,
+    /// Whose format events are published in: `vllm` (vLLM's KV events) or
+    /// `mooncake` (Mooncake's master's, which Mooncake's Conductor and
+    /// Dynamo's shared-cache router read; `docs/events.md`). Default
+    /// `vllm`.
+    pub events_format: EventsFormat,
+    /// In Mooncake's format, every event's `backend_id`: the store's name
+    /// to its subscribers. Default `mooncake-store`.
+    pub events_backend_id: String,
+    /// In Mooncake's format, the `model_name` of blocks whose key names
+    /// none. Default "": `nil`.
+    pub events_model_name: String,
+    /// In Mooncake's format, the `block_size` (tokens) of blocks whose
+    /// writer attached no tokens. Default 0: `nil`.
+    pub events_block_size: u32,
+    /// In Mooncake's format, every event's `lora_name`. Default "": `nil`.
+    pub events_lora_name: String,
+    /// In Mooncake's format, every event's `additional_salt`. Default "":
+    /// `nil`.
+    pub events_additional_salt: String,
+    /// In Mooncake's format, every event's and batch's `dp_rank`. Default 0.
+    pub events_dp_rank: u32,
     /// How long the publisher gathers changes into one batch after the
     /// first arrives: longer windows make fewer, larger batches (less work
     /// per block for the service and its subscribers), and delay events
@@ -179,6 +208,13 @@ impl Default for MetaConfig {
             events_replay_batches: 10_000,
             events_int_hashes: false,
             events_window: HumanDuration(Duration::from_millis(1)),
+            events_format: EventsFormat::Vllm,
+            events_backend_id: "mooncake-store".into(),
+            events_model_name: String::new(),
+            events_block_size: 0,
+            events_lora_name: String::new(),
+            events_additional_salt: String::new(),
+            events_dp_rank: 0,
             events_queue: 65_536,
             instances: Default::default(),
             replicas: Default::default(),
@@ -252,6 +288,9 @@ impl MetaConfig {
         }
         if self.events_listen.is_empty() && !self.events_replay_listen.is_empty() {
             return Err("events_replay_listen needs events_listen".into());
+        }
+        if self.events_format == EventsFormat::Mooncake && self.events_backend_id.is_empty() {
+            return Err("events_backend_id must not be empty in Mooncake's event format".into());
         }
         if self.events_queue == 0 || self.events_replay_batches == 0 {
             return Err("events_queue and events_replay_batches must be at least 1".into());

@@ -578,6 +578,7 @@ impl Index {
         (size, checksum): (u32, u64),
         (parent, tag): (Option<BlockHash>, Option<Arc<EngineTag>>),
     ) {
+        let tag = self.events.kept(tag);
         let key = IdxKey {
             ns: self.namespaces.acquire(&block.namespace),
             hash: block.hash,
@@ -706,7 +707,7 @@ impl Index {
             if self.events.is_on() {
                 let named = Named {
                     parent: item.parent,
-                    tag: item.tag.clone(),
+                    tag: self.events.kept(item.tag.clone()),
                     parent_hash: self.engine_hash(ns, item.parent),
                 };
                 shard.set_named(key, &named);

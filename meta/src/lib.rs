@@ -117,7 +117,19 @@ fn bind_events(config: &MetaConfig) -> Result<Option<events::Sockets>, MetaError
         publish: bind("events_listen", &config.events_listen)?,
         replay,
         topic: config.events_topic.clone(),
-        int_hashes: config.events_int_hashes,
+        format: match config.events_format {
+            config::EventsFormat::Vllm => events::Format::Vllm {
+                int_hashes: config.events_int_hashes,
+            },
+            config::EventsFormat::Mooncake => events::Format::Mooncake(events::mooncake::Context {
+                backend_id: config.events_backend_id.clone(),
+                model_name: config.events_model_name.clone(),
+                block_size: config.events_block_size,
+                lora_name: config.events_lora_name.clone(),
+                additional_salt: config.events_additional_salt.clone(),
+                dp_rank: config.events_dp_rank,
+            }),
+        },
         keep: config.events_replay_batches,
         window: config.events_window.0,
     }))
@@ -158,7 +170,8 @@ pub fn serve(
     let events = bind_events(&config)?;
     let (index_events, feed) = match &events {
         Some(_) => {
-            let (events, feed) = Events::new(config.events_queue, metrics.events.clone());
+            let keys = config.events_format == config::EventsFormat::Mooncake;
+            let (events, feed) = Events::new(config.events_queue, metrics.events.clone(), keys);
             (events, Some(feed))
         }
         None => (Events::default(), None),

@@ -622,6 +622,7 @@ async fn dispatch(
             RegisterResponse {
                 daemon,
                 revision: state.revision,
+                keep_tags: state.events.keep_tags(),
             }
             .to_bytes()
         }

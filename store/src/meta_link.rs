@@ -198,6 +198,7 @@ async fn session(
     memory.revision = answer.revision;
     memory.id = answer.daemon;
     let id = answer.daemon;
+    tiers.keep_tags(answer.keep_tags);
     // Removals from before the inventory are already reflected in it.
     tiers.forget_tags(&pool.take_removed());
     let inventory = tiers.inventory();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use mooncake_proto::message::{EngineTag, Tier};
+use mooncake_proto::message::{EngineTag, KeepTags, Tier};
 use mooncake_proto::BlockKey;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
@@ -54,6 +54,10 @@ pub struct Tiers {
     /// Whether any block was ever tagged: untagged puts then skip the
     /// lock above.
     tagged: std::sync::atomic::AtomicBool,
+    /// What of the tags is kept (`KeepTags` as a number): what the meta
+    /// service's events use (its answer to each registration says), so
+    /// that a cluster without events spends no memory on them.
+    keep_tags: std::sync::atomic::AtomicU8,
 }
 
 /// A block of the inventory a daemon sends the meta service.
@@ -92,6 +96,7 @@ impl Tiers {
             moved: Mutex::new(Vec::new()),
             tags: Mutex::new(HashMap::new()),
             tagged: std::sync::atomic::AtomicBool::new(false),
+            keep_tags: std::sync::atomic::AtomicU8::new(KeepTags::WithKeys as u8),
         }
     }
 
@@ -283,6 +288,12 @@ impl Tiers {
     /// Records what the engine calls a block just stored (`None`: its
     /// writer attached nothing, and a tag of bytes it replaced goes).
     pub fn set_tag(&self, key: &BlockKey, tag: Option<Arc<EngineTag>>) {
+        let keep = self.keep_tags.load(Ordering::Relaxed);
+        let tag = match tag {
+            Some(_) if keep == KeepTags::No as u8 => return,
+            Some(tag) if keep == KeepTags::WithoutKeys as u8 => EngineTag::without_key(tag),
+            tag => tag,
+        };
         match tag {
             Some(tag) => {
                 self.tagged.store(true, Ordering::Relaxed);
@@ -305,6 +316,26 @@ impl Tiers {
             if !self.contains(key) {
                 self.tags.lock().remove(key);
             }
+        }
+    }
+
+    /// Keeps as much of the tags from now on as `keep` says, dropping
+    /// what is kept beyond it.
+    pub fn keep_tags(&self, keep: KeepTags) {
+        let was = self.keep_tags.swap(keep as u8, Ordering::Relaxed);
+        if keep as u8 >= was || !self.tagged.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut tags = self.tags.lock();
+        match keep {
+            KeepTags::No => tags.clear(),
+            _ => tags.retain(|_, tag| match EngineTag::without_key(tag.clone()) {
+                Some(bare) => {
+                    *tag = bare;
+                    true
+                }
+                None => false,
+            }),
         }
     }
 
@@ -586,6 +617,39 @@ mod tests {
         assert_eq!(tiers.tags_kept(), 1);
         // Bytes put again without a tag lose the old one.
         tiers.set_tag(&key(3), None);
+        assert_eq!(tiers.tags_kept(), 0);
+    }
+
+    #[test]
+    fn tags_are_kept_as_far_as_the_leaders_events_use_them() {
+        use crate::pool::PoolConfig;
+        let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
+        let tiers = Tiers::dram_only(pool);
+        let key = |i: u8| BlockKey::new(Namespace::new("t").unwrap(), BlockHash([i; 32]));
+        let hashed = EngineTag::new(Some(mooncake_proto::message::EngineHash::Int(7)), vec![])
+            .unwrap()
+            .with_key("k-1")
+            .unwrap();
+        let key_only = EngineTag::default().with_key("k-2").unwrap();
+        let kept = |i: u8| tiers.tags.lock().get(&key(i)).cloned();
+        tiers.set_tag(&key(1), Some(Arc::new(hashed.clone())));
+        tiers.set_tag(&key(2), Some(Arc::new(key_only.clone())));
+        assert_eq!(tiers.tags_kept(), 2, "whole tags before any leader said");
+        // vLLM's format: keys go, and a tag that was only a key with them.
+        tiers.keep_tags(KeepTags::WithoutKeys);
+        assert_eq!(tiers.tags_kept(), 1);
+        assert_eq!(kept(1).unwrap().key, None);
+        assert_eq!(kept(1).unwrap().hash, hashed.hash);
+        tiers.set_tag(&key(2), Some(Arc::new(key_only.clone())));
+        assert_eq!(tiers.tags_kept(), 1, "a key alone is not kept");
+        // Mooncake's: whole tags again.
+        tiers.keep_tags(KeepTags::WithKeys);
+        tiers.set_tag(&key(2), Some(Arc::new(key_only)));
+        assert_eq!(kept(2).unwrap().key.as_deref(), Some("k-2"));
+        // Events off: nothing, now or later.
+        tiers.keep_tags(KeepTags::No);
+        assert_eq!(tiers.tags_kept(), 0);
+        tiers.set_tag(&key(1), Some(Arc::new(hashed)));
         assert_eq!(tiers.tags_kept(), 0);
     }
 

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use mooncake_client::{Client, ClientConfig, PutOptions, PutOutcome};
+use mooncake_client::{Client, ClientConfig, PutOptions, PutOutcome, Value};
 use mooncake_coord::{leader_address, EtcdConfig, EtcdCoordinator};
-use mooncake_proto::message::{ListRequest, Tier};
+use mooncake_proto::message::{EngineTag, ListRequest, Tier};
 use mooncake_proto::units::ByteSize;
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
 use serde_json::json;
@@ -186,9 +186,17 @@ pub async fn put(args: PutArgs) -> Result<(), Failure> {
     let opts = PutOptions {
         replicas: args.replicas,
     };
+    // A key typed as text names the block in Mooncake's event format, as
+    // a Python `str` key does.
+    let opaque = key.hash == BlockHash::from_opaque(args.key.as_bytes());
+    let tag = EngineTag::default()
+        .with_key(&args.key)
+        .ok()
+        .filter(|_| opaque)
+        .map(Arc::new);
     let outcome = client(&args.target)
         .await?
-        .put_with(&ns, &[(key.hash, &value)], opts)
+        .put_tagged(&ns, &[(key.hash, Value::One(&value))], None, &[tag], opts)
         .await?[0];
     let (word, copies) = match outcome {
         PutOutcome::Stored => ("stored", None),

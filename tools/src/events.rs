@@ -1,10 +1,12 @@
 //! `events`: follow the store events as a router would (`docs/events.md`),
 //! one line a batch: its number, topic, and what it stored and removed,
-//! with the gaps in the numbers said (and, with `--replay`, filled).
+//! with the gaps in the numbers said (and, with `--replay`, filled). Both
+//! of the meta service's formats are read: vLLM's and Mooncake's.
 
 use std::time::Duration;
 
 use bytes::Bytes;
+use mooncake_meta::events::mooncake::{self, EventType, Record};
 use mooncake_meta::events::{decode_batch, medium, Event};
 use mooncake_proto::message::EngineHash;
 use serde_json::json;
@@ -47,8 +49,15 @@ pub struct EventsArgs {
 struct Batch {
     topic: String,
     seq: u64,
+    /// Seconds since the epoch.
     ts: f64,
-    events: Vec<Event>,
+    events: Events,
+}
+
+/// A batch's events, in the format the meta service publishes.
+enum Events {
+    Vllm(Vec<Event>),
+    Mooncake(Vec<Record>),
 }
 
 pub async fn run(args: EventsArgs) -> Result<(), Failure> {
@@ -119,8 +128,24 @@ fn parse(frames: &[Bytes]) -> Result<Batch, Failure> {
     let seq = <[u8; 8]>::try_from(&seq[..])
         .map(u64::from_be_bytes)
         .map_err(|_| Failure::other(anyhow::anyhow!("a batch number of {} bytes", seq.len())))?;
-    let (ts, events) =
-        decode_batch(payload).map_err(|e| Failure::other(anyhow::anyhow!("batch {seq}: {e}")))?;
+    // Mooncake's batch opens with an integer of milliseconds and its
+    // events name their `event_type`; vLLM's opens with a float of
+    // seconds. vLLM's decoder would take Mooncake's legacy `type` fields,
+    // so Mooncake's is tried first.
+    let (ts, events) = match mooncake::decode_batch(payload) {
+        Ok(batch) => (
+            batch.timestamp_ms as f64 / 1e3,
+            Events::Mooncake(batch.events),
+        ),
+        Err(theirs) => match decode_batch(payload) {
+            Ok((ts, events)) => (ts, Events::Vllm(events)),
+            Err(vllm) => {
+                return Err(Failure::other(anyhow::anyhow!(
+                    "batch {seq} is in neither format: as vLLM's, {vllm}; as Mooncake's, {theirs}"
+                )))
+            }
+        },
+    };
     Ok(Batch {
         topic: String::from_utf8_lossy(topic).into_owned(),
         seq,
@@ -169,9 +194,12 @@ async fn replay(args: &EventsArgs, from: u64) -> Result<Vec<Batch>, Failure> {
 
 fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
     *last = Some(batch.seq);
+    let events = match &batch.events {
+        Events::Vllm(events) => events,
+        Events::Mooncake(records) => return show_mooncake(args, batch, records),
+    };
     if args.json {
-        let events: Vec<_> = batch
-            .events
+        let events: Vec<_> = events
             .iter()
             .map(|e| match e {
                 Event::Stored(s) => json!({"type": "BlockStored", "blocks": s.hashes.len(), "medium": medium(s.tier),
@@ -190,7 +218,7 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
         return;
     }
     let (mut stored, mut removed, mut cleared) = (0, 0, false);
-    for e in &batch.events {
+    for e in events {
         match e {
             Event::Stored(s) => stored += s.hashes.len(),
             Event::Removed(h, _) => removed += h.len(),
@@ -204,7 +232,7 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
     };
     println!("{:>20}  {:<40} {what}", batch.seq, batch.topic);
     if args.keys {
-        for e in &batch.events {
+        for e in events {
             match e {
                 Event::Stored(s) => {
                     let parents =
@@ -226,6 +254,55 @@ fn show(args: &EventsArgs, batch: &Batch, last: &mut Option<u64>) {
                     .for_each(|h| println!("    - {}  {}", name_text(h), medium(*t))),
                 Event::AllCleared => {}
             }
+        }
+    }
+}
+
+/// A batch in Mooncake's format: one line a batch, and with `--keys` one
+/// a block (its tenant, medium and object key).
+fn show_mooncake(args: &EventsArgs, batch: &Batch, records: &[Record]) {
+    let what = |r: &Record| match r.event_type {
+        EventType::Stored => "stored",
+        EventType::Removed => "removed",
+        EventType::Cleared => "cleared",
+    };
+    if args.json {
+        let events: Vec<_> = records
+            .iter()
+            .map(|r| {
+                json!({"type": what(r), "event_id": r.event_id, "tenant_id": r.tenant_id,
+                    "medium": r.medium, "model_name": r.model_name, "block_size": r.block_size,
+                    "object_key": args.keys.then_some(r.object_key.as_ref()).flatten(),
+                    "seq_hash": args.keys.then_some(r.seq_hash).flatten()})
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"seq": batch.seq, "format": "mooncake", "ts": batch.ts, "events": events})
+        );
+        return;
+    }
+    let count = |t: EventType| records.iter().filter(|r| r.event_type == t).count();
+    let cleared = count(EventType::Cleared);
+    let mut line = format!(
+        "stored {:>5}  removed {:>5}",
+        count(EventType::Stored),
+        count(EventType::Removed)
+    );
+    if cleared > 0 {
+        line += &format!("  cleared {cleared} tenant(s)");
+    }
+    println!("{:>20}  {:<40} {line}", batch.seq, "(mooncake)");
+    if args.keys {
+        for r in records {
+            let sign = match r.event_type {
+                EventType::Stored => '+',
+                EventType::Removed => '-',
+                EventType::Cleared => '*',
+            };
+            let key = r.object_key.as_deref().unwrap_or("(all)");
+            let medium = r.medium.as_deref().unwrap_or("");
+            println!("    {sign} {}  {key}  {medium}", r.tenant_id);
         }
     }
 }

@@ -5,7 +5,7 @@
 
 mod common;
 use common::cluster::{scratch_dir, Cluster};
-use common::events::{raw, Subscriber};
+use common::events::{listed, raw, Subscriber};
 use common::up::{metric, up};
 
 use std::collections::BTreeSet;
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooncake_client::{Client, ClientConfig, PutOptions, PutOutcome, Value};
-use mooncake_proto::message::{EngineHash, EngineTag, ListRequest, Tier};
+use mooncake_proto::message::{EngineHash, EngineTag, Tier};
 use mooncake_proto::{BlockHash, ErrorCode, Namespace};
 
 fn ns() -> Namespace {
@@ -30,25 +30,8 @@ fn client(meta: &str) -> Client {
 
 /// The hashes the store's index holds in the test's namespace.
 async fn stored(client: &Client) -> BTreeSet<Vec<u8>> {
-    let mut out = BTreeSet::new();
-    let mut after = None;
-    loop {
-        let page = client
-            .list(&ListRequest {
-                namespace: Some(ns()),
-                after: after.clone(),
-                prefix: Vec::new(),
-                daemon: 0,
-                limit: 1000,
-            })
-            .await
-            .unwrap();
-        after = page.entries.last().map(|e| e.key.clone());
-        out.extend(page.entries.iter().map(|e| e.key.hash.0.to_vec()));
-        if !page.more {
-            return out;
-        }
-    }
+    let held = listed(client, &ns()).await;
+    held.iter().map(|h| h.0.to_vec()).collect()
 }
 
 /// Follows `sub` until its picture is what the store holds (read again
@@ -266,7 +249,7 @@ async fn a_subscriber_that_fell_behind_recovers_through_the_replay_port() {
     put_range(&client, 0..40, 4096).await;
     // A subscriber whose last batch is long gone (a router that restarted
     // with the number it had saved): the first live batch shows the gap.
-    let mut sub = Subscriber::resume(&store.events, &store.replay, 0).await;
+    let mut sub = Subscriber::resume(&store.events, &store.replay, Some(0)).await;
     put_range(&client, 40..48, 4096).await;
     let held = converge(&mut sub, &client, Duration::from_secs(20)).await;
     assert_eq!(held.len(), 48);

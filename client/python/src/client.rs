@@ -20,7 +20,7 @@ use crate::buffers::{overlapping, Region, Registered};
 use crate::codes;
 use crate::keys::{hash_of, hashes_of};
 use crate::pieces::Pieces;
-use crate::tags::tags_of;
+use crate::tags::{tags_of, with_keys};
 use crate::{StoreError, StoreUnavailable};
 use mooncake_client::ClientError;
 use mooncake_proto::message::EngineTag;
@@ -312,12 +312,17 @@ impl Client {
     ) -> PyResult<()> {
         let hash = hash_of(key)?;
         let region = Region::of_object(value, false)?;
+        let tags = with_keys(
+            Vec::new(),
+            pyo3::types::PyTuple::new(py, [key])?.as_any(),
+            1,
+        )?;
         let (client, ns) = (&self.inner, &self.namespace);
         // SAFETY: the held buffer stays valid for the call.
         let out = py
             .detach(|| {
-                let block = [(hash, unsafe { region.as_slice() })];
-                self.run(client.put_with(ns, &block, PutOptions { replicas }))
+                let block = [(hash, Value::One(unsafe { region.as_slice() }))];
+                self.run(client.put_tagged(ns, &block, None, &tags, PutOptions { replicas }))
             })
             .map_err(codes::to_py)?;
         match codes::of_put(out[0]) {
@@ -392,7 +397,7 @@ impl Client {
         let hashes = hashes_of(keys)?;
         let regions = regions_of(values, false)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
-        let tags = tags_of(tags, hashes.len())?;
+        let tags = with_keys(tags_of(tags, hashes.len())?, keys, hashes.len())?;
         Ok(self.put_regions(py, (hashes, regions), None, &tags, PutOptions { replicas }))
     }
 
@@ -415,7 +420,7 @@ impl Client {
         let regions = regions_of(values, false)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
         let parent = parent.map(hash_of).transpose()?;
-        let tags = tags_of(tags, hashes.len())?;
+        let tags = with_keys(tags_of(tags, hashes.len())?, keys, hashes.len())?;
         let opts = PutOptions { replicas };
         Ok(self.put_regions(py, (hashes, regions), Some(parent), &tags, opts))
     }
@@ -485,7 +490,7 @@ impl Client {
         tags: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let chain = chain_of(chain, parent)?;
-        let mut tags = tags_of(tags, ptrs.len())?;
+        let mut tags = with_keys(tags_of(tags, ptrs.len())?, keys, ptrs.len())?;
         if !tags.is_empty() {
             // Those of blocks outside every registered buffer go with them.
             let mut ranges = ptrs.iter().zip(&sizes);
@@ -523,7 +528,7 @@ impl Client {
     ) -> PyResult<Vec<i64>> {
         let (hashes, pieces) = Pieces::of(keys, ptr_lists, size_lists)?;
         let chain = chain_of(chain, parent)?;
-        let tags = tags_of(tags, hashes.len())?;
+        let tags = with_keys(tags_of(tags, hashes.len())?, keys, hashes.len())?;
         let outside: Vec<bool> = (0..hashes.len())
             .map(|i| !pieces.registered(i, &self.registered))
             .collect();

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use mooncake_proto::message::{EngineHash, EngineTag};
+use mooncake_proto::message::{EngineHash, EngineTag, MAX_OBJECT_KEY_LEN};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyString};
@@ -67,4 +67,36 @@ fn tag_of(tag: &Bound<'_, PyAny>) -> PyResult<Option<Arc<EngineTag>>> {
     EngineTag::new(hash, token_ids)
         .map(|t| Some(Arc::new(t)))
         .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// `tags` (one per key, or none) with the text of each `str` key attached
+/// (`EngineTag::key`): Mooncake's event format names blocks by the key
+/// they were stored under. A key past `MAX_OBJECT_KEY_LEN` bytes goes
+/// without (its events name it by the store's hash).
+pub fn with_keys(
+    tags: Vec<Option<Arc<EngineTag>>>,
+    keys: &Bound<'_, PyAny>,
+    count: usize,
+) -> PyResult<Vec<Option<Arc<EngineTag>>>> {
+    let mut out = tags;
+    for (i, key) in keys.try_iter()?.enumerate() {
+        let key = key?;
+        let Ok(text) = key.cast::<PyString>() else {
+            continue;
+        };
+        let text = text.to_str()?;
+        if text.len() > MAX_OBJECT_KEY_LEN {
+            continue;
+        }
+        if out.is_empty() {
+            out = vec![None; count];
+        }
+        let Some(slot) = out.get_mut(i) else { break };
+        let tag = slot.as_deref().cloned().unwrap_or_default();
+        let tag = tag
+            .with_key(text)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        *slot = Some(Arc::new(tag));
+    }
+    Ok(out)
 }

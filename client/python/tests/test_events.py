@@ -264,3 +264,70 @@ def test_a_writers_tags_name_blocks_by_the_engines_hashes_with_their_tokens(tmp_
             assert client.exists(["bad"]) == [False]
         finally:
             consumer.close()
+
+
+def mooncake_batches(sub, until, timeout: float = 20.0) -> list[dict]:
+    """Mooncake-format events from `sub` until `until(events)` holds of all
+    seen so far; each batch `[timestamp_ms, [maps], dp_rank]` on the empty
+    topic, decoded as a plain msgpack value (as Conductor's decoder reads
+    it)."""
+    seen: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while not until(seen):
+        assert time.monotonic() < deadline, f"no such events within {timeout} s: {seen[-5:]}"
+        if not sub.poll(timeout=100):
+            continue
+        topic, _seq, payload = sub.recv_multipart()
+        assert topic == b""
+        at_ms, events, dp_rank = msgspec.msgpack.decode(payload)
+        assert isinstance(at_ms, int) and dp_rank == 0
+        seen.extend(events)
+    return seen
+
+
+def test_mooncakes_format_names_blocks_by_the_keys_vllms_connector_wrote(tmp_path):
+    from mooncake.store import MooncakeDistributedStore
+
+    config = tmp_path / "store.toml"
+    config.write_text('[meta]\nevents_format = "mooncake"\n')
+    events, replay = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    args = ("--events", events, "--events-replay", replay, "--config", str(config))
+    with single_host_store("256MiB", *args) as meta:
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.connect(f"tcp://{events}")
+        sub.setsockopt_string(zmq.SUBSCRIBE, "")
+        store = MooncakeDistributedStore()
+        try:
+            assert store.setup("localhost", "", 0, 64 << 20, "tcp", "", meta) == 0
+            # vLLM's Mooncake connector's keys: model, ranks, block hash.
+            hashes = [f"{i:02x}" * 32 for i in range(1, 4)]
+            keys = [f"Qwen/Qwen3-8B@tp_rank:0@pcp0@dcp0@pp_rank:0@{h}" for h in hashes]
+            # SUB joins in the background: put until the first event arrives.
+            for attempt in range(100):
+                assert store.put(f"warm-up-{attempt}", b"w") == 0
+                if sub.poll(timeout=100):
+                    break
+            else:
+                raise AssertionError("no event reached the subscriber")
+            values = [bytes([i]) * 4096 for i in range(3)]
+            assert store.put_batch(keys, values) == 0
+            stored = lambda seen: {e.get("object_key") for e in seen if e["event_type"] == "stored"}
+            seen = mooncake_batches(sub, lambda s: set(keys) <= stored(s))
+            by_key = {e["object_key"]: e for e in seen if e.get("object_key") in keys}
+            for key, h in zip(keys, hashes):
+                e = by_key[key]
+                assert e["type"] == "BlockStored" and e["medium"] == "cpu"
+                assert e["model_name"] == "Qwen/Qwen3-8B"
+                assert e["tenant_id"] == "default" and e["backend_id"] == "mooncake-store"
+                assert e["connector_block_hash"] == h
+                assert e["tp_rank"] == 0 and e["pp_rank"] == 0
+                assert e["seq_hashes"] == [int(h[-16:], 16)]
+            assert store.remove(keys[0]) == 0
+            seen = mooncake_batches(
+                sub,
+                lambda s: any(e["event_type"] == "removed" and e.get("object_key") == keys[0] for e in s),
+            )
+        finally:
+            store.close()
+            ctx.destroy(linger=0)

@@ -20,16 +20,17 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use mooncake_proto::message::{EngineHash, EngineTag, Tier};
+use mooncake_proto::message::{EngineHash, EngineTag, KeepTags, Tier};
 use mooncake_proto::{BlockHash, Namespace};
 use parking_lot::RwLock;
 use prometheus::IntCounter;
 use tokio::sync::mpsc;
 
+pub mod mooncake;
 mod publisher;
 mod wire;
 
-pub use publisher::{run, Snapshot, Sockets};
+pub use publisher::{run, Format, Snapshot, Sockets};
 pub use wire::{decode_batch, medium, store_hash, Event};
 
 /// A copy the index holds, as a resync republishes it: (daemon, tier),
@@ -112,6 +113,9 @@ struct Shared {
     /// Daemon ids to the node (host) names they registered with; kept
     /// after a daemon left, for the removals that follow.
     nodes: RwLock<HashMap<u32, Arc<str>>>,
+    /// Whether events name blocks by their object keys (Mooncake's
+    /// format): the index keeps a tag's key only then.
+    object_keys: bool,
 }
 
 /// The publisher's end of the queue.
@@ -121,14 +125,16 @@ pub struct Feed {
 }
 
 impl Events {
-    /// Events on, with a queue of `queue` changes.
-    pub fn new(queue: usize, counters: EventCounters) -> (Events, Feed) {
+    /// Events on, with a queue of `queue` changes; `object_keys`: events
+    /// name blocks by their writers' keys.
+    pub fn new(queue: usize, counters: EventCounters, object_keys: bool) -> (Events, Feed) {
         let (tx, rx) = mpsc::channel(queue.max(1));
         let shared = Arc::new(Shared {
             tx,
             state: AtomicU64::new(0),
             counters,
             nodes: RwLock::default(),
+            object_keys,
         });
         (Events(Some(shared.clone())), Feed { rx, shared })
     }
@@ -136,6 +142,28 @@ impl Events {
     /// Whether events are published (the index skips their work if not).
     pub fn is_on(&self) -> bool {
         self.0.is_some()
+    }
+
+    /// What of a writer's tag the index keeps: nothing with events off;
+    /// without its object key unless events name blocks by it (a tag that
+    /// held only the key is then none).
+    pub fn kept(&self, tag: Option<Arc<EngineTag>>) -> Option<Arc<EngineTag>> {
+        let s = self.0.as_ref()?;
+        let tag = tag?;
+        if s.object_keys {
+            return Some(tag);
+        }
+        EngineTag::without_key(tag)
+    }
+
+    /// What daemons keep of their blocks' tags for the next leader: what
+    /// these events use.
+    pub fn keep_tags(&self) -> KeepTags {
+        match &self.0 {
+            None => KeepTags::No,
+            Some(s) if s.object_keys => KeepTags::WithKeys,
+            Some(_) => KeepTags::WithoutKeys,
+        }
     }
 
     /// Remembers which node (host) a daemon runs on.
@@ -203,7 +231,7 @@ impl Feed {
             resyncs: c("r"),
             replays: c("p"),
         };
-        Events::new(queue, counters)
+        Events::new(queue, counters, true)
     }
 
     /// The changes queued so far: (kind, block hash, what was said of it).
@@ -317,5 +345,37 @@ mod tests {
         events.stored((1, Tier::Dram), &ns, BlockHash([0; 32]), &Named::default());
         events.set_node(1, "host");
         assert!(events.0.is_none());
+    }
+
+    #[test]
+    fn a_tags_object_key_is_kept_only_where_events_name_blocks_by_it() {
+        let counters = || {
+            let c = |n: &str| IntCounter::new(n, n).unwrap();
+            EventCounters {
+                batches: c("b"),
+                dropped: c("d"),
+                resyncs: c("r"),
+                replays: c("p"),
+            }
+        };
+        let keyed = |hash: Option<EngineHash>| {
+            let tag = EngineTag::new(hash, vec![1])
+                .unwrap()
+                .with_key("k")
+                .unwrap();
+            Some(Arc::new(tag))
+        };
+        let key_only = Some(Arc::new(EngineTag::default().with_key("k").unwrap()));
+        let (mooncake, _feed) = Events::new(4, counters(), true);
+        assert_eq!(mooncake.kept(keyed(None)), keyed(None));
+        let (vllm, _feed) = Events::new(4, counters(), false);
+        assert_eq!(vllm.kept(key_only.clone()), None, "a key alone is no tag");
+        let kept = vllm.kept(keyed(Some(EngineHash::Int(5)))).unwrap();
+        assert_eq!((kept.key.as_deref(), &kept.token_ids[..]), (None, &[1][..]));
+        assert_eq!(kept.hash, Some(EngineHash::Int(5)));
+        assert_eq!(Events::default().kept(key_only), None, "events off");
+        assert_eq!(mooncake.keep_tags(), KeepTags::WithKeys);
+        assert_eq!(vllm.keep_tags(), KeepTags::WithoutKeys);
+        assert_eq!(Events::default().keep_tags(), KeepTags::No);
     }
 }

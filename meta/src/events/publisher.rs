@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
+use super::mooncake::{self, Availability};
 use super::wire::{encode_batch, Event, HashForm, Stored};
 use super::{now_us, Change, EventCounters, Feed, Held, Kind, Named, Shared};
 use mooncake_proto::message::{EngineHash, Tier};
@@ -45,12 +46,22 @@ pub struct Sockets {
     pub replay: Option<std::net::TcpListener>,
     /// The topic prefix.
     pub topic: String,
-    /// Block hashes as vLLM's default 64-bit integers (`wire::HashForm`).
-    pub int_hashes: bool,
+    /// Whose event format, and its settings.
+    pub format: Format,
     /// Batches kept for replay.
     pub keep: usize,
     /// How long changes are gathered after the first arrives.
     pub window: Duration,
+}
+
+/// The format events are published in.
+#[derive(Debug, Clone)]
+pub enum Format {
+    /// vLLM's (`wire`); `int_hashes`: block hashes as vLLM's default
+    /// 64-bit integers (`wire::HashForm`).
+    Vllm { int_hashes: bool },
+    /// Mooncake's master's (`mooncake`), on an empty topic.
+    Mooncake(mooncake::Context),
 }
 
 /// The visible blocks of one shard of the index (daemon, namespace,
@@ -84,10 +95,17 @@ pub async fn run(feed: Feed, sockets: Sockets, snapshot: Snapshot, stop: Cancell
         kept,
         keep: sockets.keep.max(1),
         prefix: sockets.topic,
-        form: if sockets.int_hashes {
-            HashForm::Int
-        } else {
-            HashForm::Bytes
+        form: match sockets.format {
+            Format::Vllm { int_hashes: true } => HashForm::Int,
+            _ => HashForm::Bytes,
+        },
+        mooncake: match sockets.format {
+            Format::Mooncake(ctx) => Some(MooncakeOut {
+                ctx,
+                availability: Availability::default(),
+                event_id: now_us(),
+            }),
+            Format::Vllm { .. } => None,
         },
         counters: shared.counters.clone(),
     };
@@ -136,13 +154,39 @@ struct Out {
     keep: usize,
     prefix: String,
     form: HashForm,
+    /// Set when events are in Mooncake's format.
+    mooncake: Option<MooncakeOut>,
     counters: EventCounters,
 }
 
+/// What Mooncake's format keeps between batches.
+struct MooncakeOut {
+    ctx: mooncake::Context,
+    availability: Availability,
+    /// The next event's number: from the term's start time in
+    /// microseconds, so that numbers grow across leaders.
+    event_id: u64,
+}
+
 impl Out {
+    /// `AllBlocksCleared`; in Mooncake's format, `cleared` for each tenant
+    /// published so far (none at a term's start: each tenant is cleared
+    /// before its first event).
     async fn cleared(&mut self) {
-        let topic = self.prefix.clone();
-        self.publish(topic, &[Event::AllCleared], now_us()).await;
+        let Some(m) = &mut self.mooncake else {
+            let topic = self.prefix.clone();
+            self.publish(topic, &[Event::AllCleared], now_us()).await;
+            return;
+        };
+        let cleared: Vec<mooncake::Event> = m
+            .availability
+            .reset()
+            .into_iter()
+            .map(mooncake::Event::Cleared)
+            .collect();
+        for chunk in cleared.chunks(MAX_BATCH_BLOCKS) {
+            self.publish_mooncake(chunk, now_us()).await;
+        }
     }
 
     /// `AllBlocksCleared`, then every visible block.
@@ -150,6 +194,19 @@ impl Out {
         self.counters.resyncs.inc();
         tracing::warn!("events: the queue overflowed; subscribers are resynchronized");
         self.cleared().await;
+        if self.mooncake.is_some() {
+            let mut shard = 0;
+            while let Some(blocks) = snapshot(shard) {
+                let at = now_us();
+                let copies = blocks
+                    .into_iter()
+                    .map(|((_, tier), ns, hash, named)| (Kind::Stored, tier, ns, hash, named, at));
+                self.mooncake_changes(copies).await;
+                shard += 1;
+                tokio::task::yield_now().await;
+            }
+            return;
+        }
         let mut shard = 0;
         while let Some(blocks) = snapshot(shard) {
             let mut by_topic: HashMap<(u32, Namespace), Vec<Event>> = HashMap::new();
@@ -176,6 +233,12 @@ impl Out {
     /// run of stored blocks is also one chain, each block extending the
     /// one before, as a `BlockStored`'s blocks are read.
     async fn changes(&mut self, shared: &Shared, changes: Vec<Change>) {
+        if self.mooncake.is_some() {
+            let copies = changes
+                .into_iter()
+                .map(|c| (c.kind, c.tier, c.ns, c.hash, c.named, c.at_us));
+            return self.mooncake_changes(copies).await;
+        }
         let mut current: Option<(u32, Namespace)> = None;
         let mut events: Vec<Event> = Vec::new();
         let (mut blocks, mut oldest) = (0, u64::MAX);
@@ -226,6 +289,45 @@ impl Out {
         }
     }
 
+    /// Copies' changes, in Mooncake's format: an event where a block's
+    /// availability in a medium changed, after its tenant's `cleared` if
+    /// that is still due; batches of at most `MAX_BATCH_BLOCKS` events.
+    async fn mooncake_changes(
+        &mut self,
+        copies: impl IntoIterator<Item = (Kind, Tier, Namespace, BlockHash, Named, u64)>,
+    ) {
+        let m = self.mooncake.as_mut().expect("Mooncake's format");
+        let mut events = Vec::new();
+        let mut oldest = u64::MAX;
+        for (kind, tier, ns, hash, named, at) in copies {
+            if m.availability.clear_first(&ns) {
+                events.push(mooncake::Event::Cleared(ns.clone()));
+            }
+            if m.availability.apply(kind, tier, &ns, hash) {
+                oldest = oldest.min(at);
+                events.push(mooncake::Event::Block {
+                    kind,
+                    tier,
+                    ns,
+                    hash,
+                    named,
+                });
+            }
+        }
+        let at = if oldest == u64::MAX { now_us() } else { oldest };
+        for chunk in events.chunks(MAX_BATCH_BLOCKS) {
+            self.publish_mooncake(chunk, at).await;
+        }
+    }
+
+    /// Publishes one batch in Mooncake's format, on the empty topic.
+    async fn publish_mooncake(&mut self, events: &[mooncake::Event], at_us: u64) {
+        let m = self.mooncake.as_mut().expect("Mooncake's format");
+        let payload = mooncake::encode_batch(&m.ctx, (at_us / 1000) as i64, m.event_id, events);
+        m.event_id += events.len() as u64;
+        self.send(Bytes::new(), Bytes::from(payload)).await;
+    }
+
     /// What an event calls a block: the engine's hash its writer
     /// attached, or the store's.
     fn name(&self, hash: &BlockHash, named: &Named) -> EngineHash {
@@ -262,9 +364,14 @@ impl Out {
     /// epoch).
     async fn publish(&mut self, topic: String, events: &[Event], at_us: u64) {
         let payload = Bytes::from(encode_batch(at_us as f64 / 1e6, events));
+        self.send(Bytes::from(topic), payload).await;
+    }
+
+    /// Sends one batch under the next sequence number, and keeps it for
+    /// replays.
+    async fn send(&mut self, topic: Bytes, payload: Bytes) {
         let seq = self.seq;
         self.seq += 1;
-        let topic = Bytes::from(topic);
         let frames = vec![
             topic.clone(),
             Bytes::copy_from_slice(&seq.to_be_bytes()),

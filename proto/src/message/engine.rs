@@ -14,8 +14,13 @@ pub const MAX_ENGINE_HASH_LEN: usize = 64;
 /// hold 16 tokens, SGLang pages up to 64, LMCache chunks 256.
 pub const MAX_TAG_TOKENS: usize = 1024;
 
+/// Longest object key a tag carries, in bytes (vLLM's connector keys, a
+/// model name, ranks and a 64-character hash, take about 150).
+pub const MAX_OBJECT_KEY_LEN: usize = 512;
+
 /// Most bytes of one tag on the wire (`encode_tag`).
-pub const MAX_TAG_LEN: usize = 1 + 1 + MAX_ENGINE_HASH_LEN + 4 + 4 * MAX_TAG_TOKENS;
+pub const MAX_TAG_LEN: usize =
+    1 + 1 + MAX_ENGINE_HASH_LEN + 4 + 4 * MAX_TAG_TOKENS + 2 + MAX_OBJECT_KEY_LEN;
 
 /// An engine's block hash, as vLLM's `ExternalBlockHash` allows: an
 /// integer or bytes.
@@ -32,6 +37,10 @@ pub struct EngineTag {
     pub hash: Option<EngineHash>,
     /// The tokens the block holds (vLLM's `token_ids` of `BlockStored`).
     pub token_ids: Vec<u32>,
+    /// The key its writer stored it under, when that was a string (a
+    /// Mooncake object key such as vLLM's connector builds): Mooncake's
+    /// event format names blocks by it.
+    pub key: Option<Box<str>>,
 }
 
 impl EngineTag {
@@ -51,12 +60,46 @@ impl EngineTag {
                 why: format!("{} in one block, at most {MAX_TAG_TOKENS}", token_ids.len()),
             });
         }
-        Ok(EngineTag { hash, token_ids })
+        Ok(EngineTag {
+            hash,
+            token_ids,
+            key: None,
+        })
+    }
+
+    /// The same tag, naming the key its block was stored under; refused
+    /// past `MAX_OBJECT_KEY_LEN` bytes.
+    pub fn with_key(mut self, key: &str) -> Result<Self, ProtoError> {
+        if key.len() > MAX_OBJECT_KEY_LEN {
+            return Err(ProtoError::Invalid {
+                field: "object key",
+                why: format!("{} bytes, at most {MAX_OBJECT_KEY_LEN}", key.len()),
+            });
+        }
+        self.key = (!key.is_empty()).then(|| key.into());
+        Ok(self)
+    }
+
+    /// The tag without its object key; none if the key was all it held.
+    pub fn without_key(tag: Arc<EngineTag>) -> Option<Arc<EngineTag>> {
+        if tag.key.is_none() {
+            return Some(tag);
+        }
+        if tag.hash.is_none() && tag.token_ids.is_empty() {
+            return None;
+        }
+        let mut bare = EngineTag::clone(&tag);
+        bare.key = None;
+        Some(Arc::new(bare))
     }
 
     /// Bytes it takes on the wire, at most.
     pub fn encoded_len(&self) -> usize {
-        1 + 8 + MAX_ENGINE_HASH_LEN + 4 + 4 * self.token_ids.len()
+        1 + 8 + MAX_ENGINE_HASH_LEN + 4 + 4 * self.token_ids.len() + 2 + self.key_len()
+    }
+
+    fn key_len(&self) -> usize {
+        self.key.as_ref().map_or(0, |k| k.len())
     }
 
     /// Its bytes on the wire (`encode_tag`).
@@ -69,7 +112,8 @@ impl EngineTag {
 
 /// An optional tag on the wire: `u8` 0 (none), 1 (no hash), 2 (an integer
 /// hash, `u64`) or 3 (a bytes hash, `u8` length and bytes); then, unless
-/// none, `u32` token count and the tokens.
+/// none, `u32` token count and the tokens, and the object key (`u16`
+/// length, 0 for none, and its UTF-8 bytes).
 pub(crate) fn encode_tag(w: &mut Writer, tag: &Option<Arc<EngineTag>>) {
     let Some(tag) = tag else {
         w.u8(0);
@@ -91,6 +135,9 @@ pub(crate) fn encode_tag(w: &mut Writer, tag: &Option<Arc<EngineTag>>) {
     for t in &tag.token_ids {
         w.u32(*t);
     }
+    let key = tag.key.as_deref().unwrap_or("");
+    w.u16(key.len() as u16);
+    w.buf.extend_from_slice(key.as_bytes());
 }
 
 pub(crate) fn decode_tag(r: &mut Reader<'_>) -> Result<Option<Arc<EngineTag>>, ProtoError> {
@@ -121,7 +168,20 @@ pub(crate) fn decode_tag(r: &mut Reader<'_>) -> Result<Option<Arc<EngineTag>>, P
         .chunks_exact(4)
         .map(|t| u32::from_le_bytes(t.try_into().expect("4 bytes")))
         .collect();
-    Ok(Some(Arc::new(EngineTag::new(hash, token_ids)?)))
+    let len = r.u16()? as usize;
+    if len > MAX_OBJECT_KEY_LEN {
+        return Err(ProtoError::TooLarge {
+            len: len as u64,
+            limit: MAX_OBJECT_KEY_LEN as u64,
+        });
+    }
+    let key = std::str::from_utf8(r.take(len)?).map_err(|_| ProtoError::Invalid {
+        field: "object key",
+        why: "not UTF-8".into(),
+    })?;
+    Ok(Some(Arc::new(
+        EngineTag::new(hash, token_ids)?.with_key(key)?,
+    )))
 }
 
 /// A tag after its length (`u32`), 0 for none: in a put's head, whose

@@ -72,23 +72,56 @@ impl Body for RegisterRequest {
     }
 }
 
+/// What of its blocks' engine tags a daemon keeps, to report them to the
+/// next leader: as much as the leader's store events use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeepTags {
+    /// Events are off: no tags.
+    No = 0,
+    /// Tags without their object keys (vLLM's event format).
+    WithoutKeys = 1,
+    /// Whole tags (Mooncake's format names blocks by their keys).
+    WithKeys = 2,
+}
+
+impl KeepTags {
+    fn from_u8(v: u8) -> Result<Self, ProtoError> {
+        Ok(match v {
+            0 => KeepTags::No,
+            1 => KeepTags::WithoutKeys,
+            2 => KeepTags::WithKeys,
+            _ => {
+                return Err(ProtoError::Invalid {
+                    field: "keep_tags",
+                    why: format!("unknown value {v}"),
+                })
+            }
+        })
+    }
+}
+
 /// The id the meta service gave a daemon, and the leader's election
 /// revision: a daemon refuses a leader older than one it has seen.
+/// `keep_tags`: what of its blocks' engine tags the daemon keeps for the
+/// next leader.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegisterResponse {
     pub daemon: u32,
     pub revision: u64,
+    pub keep_tags: KeepTags,
 }
 
 impl Body for RegisterResponse {
     fn encode(&self, w: &mut Writer) {
         w.u32(self.daemon);
         w.u64(self.revision);
+        w.u8(self.keep_tags as u8);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         Ok(RegisterResponse {
             daemon: r.u32()?,
             revision: r.u64()?,
+            keep_tags: KeepTags::from_u8(r.u8()?)?,
         })
     }
 }

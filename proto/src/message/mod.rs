@@ -28,7 +28,9 @@ pub use admin::*;
 pub use copies::*;
 pub use data::*;
 use engine::{decode_sized_tag, decode_tag, encode_sized_tag, encode_tag};
-pub use engine::{EngineHash, EngineTag, MAX_ENGINE_HASH_LEN, MAX_TAG_LEN, MAX_TAG_TOKENS};
+pub use engine::{
+    EngineHash, EngineTag, MAX_ENGINE_HASH_LEN, MAX_OBJECT_KEY_LEN, MAX_TAG_LEN, MAX_TAG_TOKENS,
+};
 pub use membership::*;
 pub use placement::*;
 pub use rdma::*;

@@ -39,6 +39,17 @@ fn every_body_round_trips_and_refuses_truncation() {
         key: BlockKey::new(ns(), h),
         checksum: 9,
         parent: None,
+        tag: Some(Arc::new(
+            EngineTag::new(None, vec![])
+                .unwrap()
+                .with_key("model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@ab")
+                .unwrap(),
+        )),
+    });
+    round_trip(PutHead {
+        key: BlockKey::new(ns(), h),
+        checksum: 9,
+        parent: None,
         tag: None,
     });
     round_trip(KeysRequest {
@@ -247,7 +258,12 @@ fn every_body_round_trips_and_refuses_truncation() {
     round_trip(RegisterResponse {
         daemon: 3,
         revision: 77,
+        keep_tags: KeepTags::WithKeys,
     });
+    assert!(
+        RegisterResponse::from_bytes(&[3, 0, 0, 0, 77, 0, 0, 0, 0, 0, 0, 0, 9]).is_err(),
+        "an unknown keep_tags"
+    );
     round_trip(InventoryRequest {
         daemon: 3,
         items: vec![InventoryItem {
@@ -293,6 +309,8 @@ fn put_head_refuses_long_namespace_length() {
         Some(EngineHash::Bytes(vec![1; MAX_ENGINE_HASH_LEN].into())),
         vec![2; MAX_TAG_TOKENS],
     )
+    .unwrap()
+    .with_key(&"k".repeat(MAX_OBJECT_KEY_LEN))
     .unwrap();
     let head = PutHead {
         key: BlockKey::new(Namespace::new("n".repeat(128)).unwrap(), BlockHash([1; 32])),
@@ -320,6 +338,16 @@ fn an_engine_tag_past_its_limits_is_refused_on_both_ends() {
     .is_err());
     assert!(EngineTag::new(Some(EngineHash::Bytes(Vec::new().into())), vec![]).is_err());
     assert!(EngineTag::new(None, vec![0; MAX_TAG_TOKENS + 1]).is_err());
+    let no_key = EngineTag::new(None, vec![]).unwrap();
+    assert!(no_key
+        .clone()
+        .with_key(&"k".repeat(MAX_OBJECT_KEY_LEN + 1))
+        .is_err());
+    assert_eq!(
+        no_key.with_key("").unwrap().key,
+        None,
+        "an empty key is none"
+    );
     // Forged on the wire: a commit whose tag claims too many tokens, a
     // hash of 65 bytes, or an unknown kind.
     let item = |tag: &[u8]| {
@@ -342,6 +370,21 @@ fn an_engine_tag_past_its_limits_is_refused_on_both_ends() {
     long_hash.extend_from_slice(&[9; 65]);
     long_hash.extend_from_slice(&0u32.to_le_bytes());
     assert!(item(&long_hash).is_err());
+    // An object key past its limit, or not UTF-8.
+    let with_key = |len: u16, bytes: &[u8]| {
+        let mut tag = vec![1u8];
+        tag.extend_from_slice(&0u32.to_le_bytes());
+        tag.extend_from_slice(&len.to_le_bytes());
+        tag.extend_from_slice(bytes);
+        tag
+    };
+    let long = vec![b'k'; MAX_OBJECT_KEY_LEN + 1];
+    assert!(matches!(
+        item(&with_key(long.len() as u16, &long)),
+        Err(ProtoError::TooLarge { .. })
+    ));
+    assert!(item(&with_key(2, &[0xff, 0xfe])).is_err());
+    assert!(item(&with_key(2, b"ok")).is_ok());
     assert!(matches!(
         item(&[9]),
         Err(ProtoError::Invalid {

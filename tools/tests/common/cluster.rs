@@ -170,6 +170,17 @@ impl Cluster {
         Self::launch(metas, daemons, dram, "2s", false, true).await
     }
 
+    /// As `start_events`, the meta replicas reading `meta_toml` (the body
+    /// of their `[meta]` table).
+    pub async fn start_events_with(
+        metas: usize,
+        daemons: usize,
+        dram: &str,
+        meta_toml: &str,
+    ) -> Cluster {
+        Self::launch_with(metas, daemons, dram, "2s", (false, true), meta_toml).await
+    }
+
     /// As `start_sized`, with TLS on every TCP port: clients, daemons and
     /// meta replicas all speak TLS to each other (mutual TLS between the
     /// servers), with a development CA.

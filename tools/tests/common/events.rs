@@ -8,8 +8,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use mooncake_client::Client;
 use mooncake_meta::events::{decode_batch, store_hash, Event};
-use mooncake_proto::message::{EngineHash, Tier};
+use mooncake_proto::message::{EngineHash, ListRequest, Tier};
+use mooncake_proto::{BlockHash, Namespace};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 #[derive(Debug, Clone)]
@@ -32,6 +34,16 @@ fn batch_of(frames: &[bytes::Bytes]) -> Batch {
 
 /// Asks `replay` for the kept batches from `from` on.
 pub async fn replay(replay: &str, from: u64) -> Vec<Batch> {
+    replay_frames(replay, from)
+        .await
+        .iter()
+        .map(|frames| batch_of(frames))
+        .collect()
+}
+
+/// The kept batches from `from` on, each as its (topic, number, payload)
+/// frames, whichever format.
+pub async fn replay_frames(replay: &str, from: u64) -> Vec<Vec<bytes::Bytes>> {
     let mut socket = DealerSocket::new();
     tokio::time::timeout(
         Duration::from_secs(5),
@@ -50,7 +62,7 @@ pub async fn replay(replay: &str, from: u64) -> Vec<Batch> {
         .unwrap();
     let mut out = Vec::new();
     loop {
-        let frames = tokio::time::timeout(Duration::from_secs(5), socket.recv())
+        let mut frames = tokio::time::timeout(Duration::from_secs(5), socket.recv())
             .await
             .expect("replay answers within 5 s")
             .expect("replay frame")
@@ -60,7 +72,8 @@ pub async fn replay(replay: &str, from: u64) -> Vec<Batch> {
         if i64::from_be_bytes(frames[2][..].try_into().unwrap()) == -1 {
             return out;
         }
-        out.push(batch_of(&frames[1..]));
+        frames.remove(0);
+        out.push(frames);
     }
 }
 
@@ -95,7 +108,22 @@ pub fn raw(name: &EngineHash) -> Vec<u8> {
     }
 }
 
-impl Picture {
+/// What a subscriber keeps of the batches: how it decodes one and
+/// applies it.
+pub trait View: Default {
+    type Batch;
+    /// A batch's number and events, from its (topic, number, payload).
+    fn decode(frames: &[bytes::Bytes]) -> (u64, Self::Batch);
+    fn apply(&mut self, batch: &Self::Batch);
+}
+
+impl View for Picture {
+    type Batch = Batch;
+    fn decode(frames: &[bytes::Bytes]) -> (u64, Batch) {
+        let batch = batch_of(frames);
+        (batch.seq, batch)
+    }
+
     fn apply(&mut self, batch: &Batch) {
         self.seqs.push(batch.seq);
         for event in &batch.events {
@@ -139,14 +167,17 @@ impl Picture {
             }
         }
     }
+}
 
+impl Picture {
     /// Every block held, whichever host.
     pub fn all(&self) -> BTreeSet<Vec<u8>> {
         self.blocks.values().flatten().cloned().collect()
     }
 }
 
-async fn sub_socket(publish: &str) -> SubSocket {
+/// A SUB socket on `publish`, subscribed to every topic.
+pub async fn sub_socket(publish: &str) -> SubSocket {
     let mut sub = SubSocket::new();
     tokio::time::timeout(
         Duration::from_secs(5),
@@ -159,38 +190,36 @@ async fn sub_socket(publish: &str) -> SubSocket {
     sub
 }
 
-pub struct Subscriber {
+/// A subscriber to vLLM's format.
+pub type Subscriber = Follower<Picture>;
+
+/// A subscriber keeping a `View` of the batches.
+pub struct Follower<V: View> {
     sub: SubSocket,
     replay: String,
-    pub picture: Picture,
+    pub picture: V,
     last: Option<u64>,
     /// Batches that arrived after a gap, and were filled by a replay.
     pub gaps: usize,
 }
 
-impl Subscriber {
+impl<V: View> Follower<V> {
     /// Subscribes to every topic at `publish`, then catches up from the
     /// replay port: from `from` (0: everything kept).
-    pub async fn connect(publish: &str, replay: &str, from: u64) -> Subscriber {
-        let mut s = Subscriber {
-            sub: sub_socket(publish).await,
-            replay: replay.to_string(),
-            picture: Picture::default(),
-            last: None,
-            gaps: 0,
-        };
+    pub async fn connect(publish: &str, replay: &str, from: u64) -> Self {
+        let mut s = Self::resume(publish, replay, None).await;
         s.catch_up(from).await;
         s
     }
 
     /// Subscribes as one that last applied batch `last`, without catching
     /// up first: the first live batch shows the gap.
-    pub async fn resume(publish: &str, replay: &str, last: u64) -> Subscriber {
-        Subscriber {
+    pub async fn resume(publish: &str, replay: &str, last: Option<u64>) -> Self {
+        Follower {
             sub: sub_socket(publish).await,
             replay: replay.to_string(),
-            picture: Picture::default(),
-            last: Some(last),
+            picture: V::default(),
+            last,
             gaps: 0,
         }
     }
@@ -204,16 +233,16 @@ impl Subscriber {
     }
 
     async fn catch_up(&mut self, from: u64) {
-        for batch in replay(&self.replay, from).await {
-            self.take(batch);
+        for frames in replay_frames(&self.replay, from).await {
+            self.take(V::decode(&frames));
         }
     }
 
-    fn take(&mut self, batch: Batch) {
-        if self.last.is_some_and(|last| batch.seq <= last) {
+    fn take(&mut self, (seq, batch): (u64, V::Batch)) {
+        if self.last.is_some_and(|last| seq <= last) {
             return;
         }
-        self.last = Some(batch.seq);
+        self.last = Some(seq);
         self.picture.apply(&batch);
     }
 
@@ -222,7 +251,7 @@ impl Subscriber {
     pub async fn follow_until(
         &mut self,
         within: Duration,
-        mut done: impl FnMut(&Picture) -> bool,
+        mut done: impl FnMut(&V) -> bool,
     ) -> bool {
         let start = Instant::now();
         while !done(&self.picture) {
@@ -234,16 +263,39 @@ impl Subscriber {
             let Ok(message) = tokio::time::timeout(wait, self.sub.recv()).await else {
                 continue;
             };
-            let batch = batch_of(&message.expect("live frame").into_vec());
+            let (seq, batch) = V::decode(&message.expect("live frame").into_vec());
             match self.last {
-                Some(last) if batch.seq > last + 1 => {
+                Some(last) if seq > last + 1 => {
                     self.gaps += 1;
                     self.catch_up(last + 1).await;
-                    self.take(batch);
+                    self.take((seq, batch));
                 }
-                _ => self.take(batch),
+                _ => self.take((seq, batch)),
             }
         }
         true
+    }
+}
+
+/// The hashes the store's index holds in `ns`, every page of them.
+pub async fn listed(client: &Client, ns: &Namespace) -> Vec<BlockHash> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let page = client
+            .list(&ListRequest {
+                namespace: Some(ns.clone()),
+                after: after.clone(),
+                prefix: Vec::new(),
+                daemon: 0,
+                limit: 1000,
+            })
+            .await
+            .unwrap();
+        after = page.entries.last().map(|e| e.key.clone());
+        out.extend(page.entries.iter().map(|e| e.key.hash));
+        if !page.more {
+            return out;
+        }
     }
 }
