@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use mooncake_proto::message::Body;
 use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{
+    AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+};
 use tokio::net::TcpStream;
 
 use crate::error::{CallError, ErrorSource};
@@ -246,7 +248,22 @@ impl FrameReader {
 
     /// Reads exactly `buf.len()` bytes into the caller's buffer.
     pub async fn read_into(&mut self, buf: &mut [u8]) -> Result<(), CallError> {
-        self.rd.read_exact(buf).await.map_err(|e| self.io(e))?;
+        self.read_direct(buf).await.map_err(|e| self.io(e))
+    }
+
+    /// Fills `buf` with what the read buffer holds, then straight from the
+    /// stream: a value's bytes land in the caller's buffer in one copy (the
+    /// kernel's), not two (the kernel's into the read buffer, then ours
+    /// out of it), and in reads as large as the socket has ready.
+    async fn read_direct(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        let held = self.rd.buffer();
+        let n = held.len().min(buf.len());
+        buf[..n].copy_from_slice(&held[..n]);
+        std::pin::Pin::new(&mut self.rd).consume(n);
+        if n < buf.len() {
+            // The read buffer is empty now: reading past it keeps order.
+            self.rd.get_mut().read_exact(&mut buf[n..]).await?;
+        }
         Ok(())
     }
 
@@ -265,7 +282,7 @@ impl FrameReader {
         let mut running = mooncake_proto::checksum::Running::default();
         for piece in pieces {
             for step in piece.chunks_mut(mooncake_proto::checksum::CHUNK) {
-                self.rd.read_exact(step).await.map_err(|e| self.io(e))?;
+                self.read_direct(step).await.map_err(|e| self.io(e))?;
                 running.update(step);
             }
         }

@@ -9,6 +9,10 @@
 # own CPU time per put is measured too (from /proc): on a small machine the
 # subscribers' CPU competes with the store's and the load's, and the
 # throughput then shows the machine's share more than the store's cost.
+# The row "8 subs, SCHED_IDLE" runs the same eight subscribers at the
+# lowest CPU priority there is (`chrt --idle 0`: they run only on a core
+# nothing else wants), to tell the machine's share from the scheduler's:
+# the blocks column says whether they still saw every event.
 # Usage: tools/bench/events.sh [ROUNDS] [OPS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +26,8 @@ release_and_python
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# One run: a fresh store, $1 subscribers ("off": no events port); prints
+# One run: a fresh store, $1 subscribers ("off": no events port; "8n":
+# eight under SCHED_IDLE); prints
 # "ops_per_sec p99_us batches blocks gaps delay_p50 delay_p99 store_us_per_put
 # subscribers_cpu_s".
 run() {
@@ -33,17 +38,21 @@ run() {
         --dram 2GiB "${extra[@]}" >"$tmp/up.log" 2>&1 &
     local up=$!
     until "$BIN" stat --meta "$meta" --json 2>/dev/null | grep -q '"alive":true'; do sleep 0.1; done
-    local sp=() n=0
-    [[ $subs == off ]] || n=$subs
+    local sp=() n=0 prio=() settle=0.5
+    case $subs in
+        off) ;;
+        8n) n=8 prio=(chrt --idle 0) settle=5 ;;
+        *) n=$subs ;;
+    esac
     for ((i = 0; i < n; i++)); do
-        "$VENV/bin/python" tools/bench/events_subscriber.py "$events" >"$tmp/sub-$i.json" &
+        "${prio[@]}" "$VENV/bin/python" tools/bench/events_subscriber.py "$events" >"$tmp/sub-$i.json" &
         sp+=($!)
     done
     sleep 1 # the subscribers' connections are up
     local cpu0; cpu0=$(cpu_ticks "$up")
     "$BIN" bench --meta "$meta" --sizes 4KiB --ops "$OPS" --batch 1 --concurrency 16 \
         --working-set $((OPS * 4))KiB --json >"$tmp/bench.json"
-    sleep 0.5 # the last batches arrive
+    sleep "$settle" # the last batches arrive
     local store_ticks=$(( $(cpu_ticks "$up") - cpu0 )) sub_ticks=0
     for p in "${sp[@]}"; do sub_ticks=$((sub_ticks + $(cpu_ticks "$p"))); done
     for p in "${sp[@]}"; do kill -TERM "$p"; done
@@ -70,7 +79,7 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 declare -A results
 for ((r = 1; r <= ROUNDS; r++)); do
-    for subs in off 0 1 8; do
+    for subs in off 0 1 8 8n; do
         line=$(run "$subs")
         echo "round $r, subscribers $subs: $line" >&2
         results[$subs]+="$line"$'\n'
@@ -81,8 +90,12 @@ echo
 echo "puts of 4 KiB blocks, one per request, 16 in flight, $OPS per run; median of $ROUNDS runs (by puts/s)"
 echo "blocks: stored and removed events seen by the slowest subscriber; store us/block: the store's CPU per block put, read back and removed"
 printf "%-18s %9s %8s %9s %9s %5s %10s %10s %14s %12s\n" "events" "puts/s" "p99 us" "batches" "blocks" "gaps" "delay p50" "delay p99" "store us/block" "subs CPU s"
-for subs in off 0 1 8; do
-    label=$([[ $subs == off ]] && echo "no events port" || echo "$subs subscribers")
+for subs in off 0 1 8 8n; do
+    case $subs in
+        off) label="no events port" ;;
+        8n) label="8 subs, SCHED_IDLE" ;;
+        *) label="$subs subscribers" ;;
+    esac
     printf '%s' "${results[$subs]}" | python3 -c '
 import sys, statistics
 rows = [list(map(float, l.split())) for l in sys.stdin if l.strip()]
