@@ -275,3 +275,109 @@ fn the_decoder_reads_back_what_the_encoder_wrote_and_refuses_other_batches() {
     let good = encode_batch(&ctx(), 99, 7, &events);
     assert!(decode_batch(&good[..good.len() / 2]).is_err());
 }
+
+/// The rules Mooncake Conductor's decoder holds every event to: the
+/// fields it requires, each event's `timestamp` equal to its batch's,
+/// `block_hashes` equal to `seq_hashes`, `parent_block_hash` to
+/// `parent_hash`, no object field in `cleared` and no stored-only field
+/// in `removed`.
+#[test]
+fn every_event_keeps_the_rules_of_mooncake_conductors_decoder() {
+    let ns = Namespace::new("tenant-d").unwrap();
+    let key = format!("m@tp_rank:0@pcp0@dcp0@pp_rank:0@{HASH}");
+    let parent = Named {
+        parent: Some(BlockHash([3; 32])),
+        ..Named::default()
+    };
+    let block = |kind, named: Named| Event::Block {
+        kind,
+        tier: Tier::Dram,
+        ns: ns.clone(),
+        hash: BlockHash([4; 32]),
+        named,
+    };
+    let events = [
+        Event::Cleared(ns.clone()),
+        block(Kind::Stored, keyed(&key, vec![1, 2])),
+        block(Kind::Stored, parent.clone()),
+        block(Kind::Removed, keyed(&key, vec![])),
+        block(Kind::Removed, parent),
+    ];
+    let (at, events, _) = decode(&encode_batch(&ctx(), 1_700_000_000_999, 1, &events));
+    let common = [
+        "event_id",
+        "timestamp",
+        "model_name",
+        "block_size",
+        "additional_salt",
+        "lora_name",
+        "tenant_id",
+        "backend_id",
+        "medium",
+        "dp_rank",
+    ];
+    let object = ["group_id", "seq_hashes", "base_block_idx"];
+    let object_only = [
+        "group_id",
+        "object_key",
+        "connector_block_hash",
+        "cache_prefix",
+        "tp_rank",
+        "head_or_tp_rank",
+        "pcp_rank",
+        "dcp_rank",
+        "pp_rank",
+        "layer_id",
+        "seq_hashes",
+        "block_hashes",
+        "base_block_idx",
+        "parent_hash",
+        "token_ids",
+        "parent_block_hash",
+    ];
+    let stored_only = ["parent_hash", "token_ids", "parent_block_hash"];
+    for (i, e) in events.iter().enumerate() {
+        for name in common {
+            assert!(field(e, name).is_some(), "event {i} lacks {name}");
+        }
+        assert_eq!(
+            field(e, "timestamp").unwrap().as_i64(),
+            Some(at),
+            "event {i}"
+        );
+        match field(e, "event_type").unwrap().as_str().unwrap() {
+            "cleared" => {
+                for name in object_only {
+                    assert!(field(e, name).is_none(), "cleared event {i} has {name}");
+                }
+            }
+            kind => {
+                for name in object {
+                    assert!(field(e, name).is_some(), "event {i} lacks {name}");
+                }
+                assert_eq!(
+                    field(e, "block_hashes"),
+                    field(e, "seq_hashes"),
+                    "event {i}"
+                );
+                if kind == "removed" {
+                    for name in stored_only {
+                        assert!(field(e, name).is_none(), "removed event {i} has {name}");
+                    }
+                } else {
+                    assert!(field(e, "parent_hash").is_some() && field(e, "token_ids").is_some());
+                    assert_eq!(
+                        field(e, "parent_block_hash"),
+                        field(e, "parent_hash"),
+                        "event {i}"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(
+        field(&events[2], "parent_hash").unwrap().as_u64(),
+        Some(0x0303030303030303),
+        "an unkeyed block names its parent"
+    );
+}
