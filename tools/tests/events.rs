@@ -34,25 +34,9 @@ async fn stored(client: &Client) -> BTreeSet<Vec<u8>> {
     held.iter().map(|h| h.0.to_vec()).collect()
 }
 
-/// Follows `sub` until its picture is what the store holds (read again
-/// each round, as evictions reports land), for at most `within`.
+/// Follows `sub` until its picture is what the store holds.
 async fn converge(sub: &mut Subscriber, client: &Client, within: Duration) -> BTreeSet<Vec<u8>> {
-    let deadline = Instant::now() + within;
-    loop {
-        let truth = stored(client).await;
-        if sub
-            .follow_until(Duration::from_millis(500), |p| p.all() == truth)
-            .await
-        {
-            return truth;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the events never showed what the store holds: {} blocks held, {} in the picture",
-            truth.len(),
-            sub.picture.all().len()
-        );
-    }
+    common::events::converge(sub, within, async || stored(client).await, |p| p.all()).await
 }
 
 /// Puts `range` as chains of `chain` blocks (each chain's first block

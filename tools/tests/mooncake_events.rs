@@ -13,7 +13,7 @@ use common::up::up;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mooncake_client::{Client, ClientConfig, PutOptions, PutOutcome, Value};
 use mooncake_meta::events::mooncake::EventType;
@@ -56,25 +56,10 @@ async fn stored(client: &Client) -> BTreeSet<String> {
     held.iter().map(BlockHash::to_hex).collect()
 }
 
-/// Follows `sub` until its objects are what the store holds (read again
-/// each round), for at most `within`.
+/// Follows `sub` until its objects are what the store holds.
 async fn converge(sub: &mut Subscriber, client: &Client, within: Duration) -> BTreeSet<String> {
-    let deadline = Instant::now() + within;
-    loop {
-        let truth = stored(client).await;
-        if sub
-            .follow_until(Duration::from_millis(500), |p| p.objects(TENANT) == truth)
-            .await
-        {
-            return truth;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the events never showed what the store holds: {} held, {} in the picture",
-            truth.len(),
-            sub.picture.objects(TENANT).len()
-        );
-    }
+    let objects = |p: &common::mooncake_events::Picture| p.objects(TENANT);
+    common::events::converge(sub, within, async || stored(client).await, objects).await
 }
 
 async fn put_plain(client: &Client, range: std::ops::Range<u64>, replicas: u8) {

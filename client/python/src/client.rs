@@ -20,7 +20,7 @@ use crate::buffers::{overlapping, Region, Registered};
 use crate::codes;
 use crate::keys::{hash_of, hashes_of};
 use crate::pieces::Pieces;
-use crate::tags::{tags_of, with_keys};
+use crate::tags::{tags_of, with_key, with_keys};
 use crate::{StoreError, StoreUnavailable};
 use mooncake_client::ClientError;
 use mooncake_proto::message::EngineTag;
@@ -312,11 +312,7 @@ impl Client {
     ) -> PyResult<()> {
         let hash = hash_of(key)?;
         let region = Region::of_object(value, false)?;
-        let tags = with_keys(
-            Vec::new(),
-            pyo3::types::PyTuple::new(py, [key])?.as_any(),
-            1,
-        )?;
+        let tags = [with_key(None, key)?];
         let (client, ns) = (&self.inner, &self.namespace);
         // SAFETY: the held buffer stays valid for the call.
         let out = py

@@ -81,22 +81,39 @@ pub fn with_keys(
     let mut out = tags;
     for (i, key) in keys.try_iter()?.enumerate() {
         let key = key?;
-        let Ok(text) = key.cast::<PyString>() else {
-            continue;
-        };
-        let text = text.to_str()?;
-        if text.len() > MAX_OBJECT_KEY_LEN {
+        if !key_fits(&key) {
             continue;
         }
         if out.is_empty() {
             out = vec![None; count];
         }
         let Some(slot) = out.get_mut(i) else { break };
-        let tag = slot.as_deref().cloned().unwrap_or_default();
-        let tag = tag
-            .with_key(text)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        *slot = Some(Arc::new(tag));
+        *slot = with_key(slot.take(), &key)?;
     }
     Ok(out)
+}
+
+/// Whether `key` is text a tag can carry.
+fn key_fits(key: &Bound<'_, PyAny>) -> bool {
+    key.cast::<PyString>()
+        .ok()
+        .and_then(|s| s.to_str().ok())
+        .is_some_and(|s| s.len() <= MAX_OBJECT_KEY_LEN)
+}
+
+/// `tag` (or an empty one) naming `key`, if `key` is text a tag can
+/// carry; `tag` as it was otherwise.
+pub fn with_key(
+    tag: Option<Arc<EngineTag>>,
+    key: &Bound<'_, PyAny>,
+) -> PyResult<Option<Arc<EngineTag>>> {
+    if !key_fits(key) {
+        return Ok(tag);
+    }
+    let text = key.cast::<PyString>()?.to_str()?;
+    let bare = tag.as_deref().cloned().unwrap_or_default();
+    let tagged = bare
+        .with_key(text)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(Some(Arc::new(tagged)))
 }

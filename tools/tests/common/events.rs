@@ -277,6 +277,33 @@ impl<V: View> Follower<V> {
     }
 }
 
+/// Follows `sub` until what `seen` reads from its picture is what `truth`
+/// reads from the store (read again each round, as eviction reports
+/// land), for at most `within`; the store's set then.
+pub async fn converge<V: View, K: Ord>(
+    sub: &mut Follower<V>,
+    within: Duration,
+    truth: impl AsyncFn() -> BTreeSet<K>,
+    seen: impl Fn(&V) -> BTreeSet<K>,
+) -> BTreeSet<K> {
+    let deadline = Instant::now() + within;
+    loop {
+        let held = truth().await;
+        if sub
+            .follow_until(Duration::from_millis(500), |p| seen(p) == held)
+            .await
+        {
+            return held;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the events never showed what the store holds: {} held, {} in the picture",
+            held.len(),
+            seen(&sub.picture).len()
+        );
+    }
+}
+
 /// The hashes the store's index holds in `ns`, every page of them.
 pub async fn listed(client: &Client, ns: &Namespace) -> Vec<BlockHash> {
     let mut out = Vec::new();
