@@ -8,6 +8,7 @@
 pub mod bindings;
 mod client;
 mod coalesce;
+pub mod device;
 mod locations;
 mod metrics;
 pub mod pieces;

@@ -3,6 +3,7 @@
 //! errors end as one line on stderr and a distinct exit code.
 
 mod bench;
+mod bench_gpu;
 mod bench_io;
 mod bench_memcpy;
 mod bench_meta;
@@ -172,6 +173,9 @@ enum Command {
     BenchIo(bench_io::BenchIoArgs),
     /// One core copying blocks: the same-host ceiling for a get.
     BenchMemcpy(bench_memcpy::BenchMemcpyArgs),
+    /// KV blocks put from and read into GPU memory, beside the GPU's own
+    /// pinned copies of the same bytes (checked byte for byte).
+    BenchGpu(bench_gpu::BenchGpuArgs),
     /// What each DRAM eviction order costs: pool operations per second
     /// over a trace.
     BenchPool(bench_pool::BenchPoolArgs),
@@ -233,6 +237,7 @@ fn main() {
             Command::BenchIo(a) => bench_io::run(a).await,
             Command::BenchPeer(a) => bench_peer::run(a).await,
             Command::BenchMemcpy(a) => bench_memcpy::run(a),
+            Command::BenchGpu(a) => bench_gpu::run(a).await,
             Command::BenchPool(a) => bench_pool::run(a),
             Command::Replay(a) => replay::run(a).await,
             Command::RouteSim(a) => route_sim::run(a).await,

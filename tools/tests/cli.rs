@@ -1089,3 +1089,22 @@ fn a_meta_replica_whose_port_is_taken_stops_at_start_not_at_a_failover() {
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     assert!(err.contains(&addr) && err.contains("meta service"), "{err}");
 }
+
+#[test]
+fn bench_gpu_says_in_one_line_that_this_host_has_no_gpu() {
+    if mooncake_client::device::cuda::Cuda::load().is_ok() {
+        // A GPU host: `tools/gpu-check.sh` runs the command there.
+        return;
+    }
+    let out = Command::new(BIN)
+        .args(["bench-gpu", "--meta", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("no GPU") && err.contains("libcuda.so.1"),
+        "{err}"
+    );
+}

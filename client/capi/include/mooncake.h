@@ -81,8 +81,9 @@ int64_t mc_block_hashes(const uint32_t *tokens,
                         size_t cap);
 
 // Stores `n` blocks: key `i` is the `i`-th 32-byte hash of `keys`, its
-// value the `lens[i]` bytes at `values[i]`; `results[i]` gets 0 or a
-// negative status.
+// value the `lens[i]` bytes at `values[i]`, in host memory or in a GPU's
+// (CUDA device memory, copied down through pinned staging); `results[i]`
+// gets 0 or a negative status.
 //
 // # Safety
 // `client` is live; the arrays hold `n` entries; each value is readable
@@ -94,8 +95,10 @@ int64_t mc_put(const struct McClient *client,
                size_t n,
                int64_t *results);
 
-// Reads `n` blocks straight into caller buffers: `bufs[i]` has room for
-// `caps[i]` bytes; `results[i]` gets the bytes read or a negative status
+// Reads `n` blocks straight into caller buffers, in host memory or in a
+// GPU's (CUDA device memory, reached through pinned staging): `bufs[i]`
+// has room for `caps[i]` bytes; `results[i]` gets the bytes read or a
+// negative status
 // (`MC_OBJECT_NOT_FOUND` for a miss, `MC_INVALID_PARAMS` for a buffer
 // that is too small or overlaps another of the call).
 //

@@ -15,7 +15,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 use mooncake_client::bindings::{block_on, except, overlapping, status};
-use mooncake_client::{Client, ClientConfig};
+use mooncake_client::device::Span;
+use mooncake_client::{Client, ClientConfig, PutOptions};
 use mooncake_proto::{BlockHash, Namespace, PrefixHasher};
 
 pub const MC_OK: i64 = 0;
@@ -211,8 +212,9 @@ pub unsafe extern "C" fn mc_block_hashes(
 }
 
 /// Stores `n` blocks: key `i` is the `i`-th 32-byte hash of `keys`, its
-/// value the `lens[i]` bytes at `values[i]`; `results[i]` gets 0 or a
-/// negative status.
+/// value the `lens[i]` bytes at `values[i]`, in host memory or in a GPU's
+/// (CUDA device memory, copied down through pinned staging); `results[i]`
+/// gets 0 or a negative status.
 ///
 /// # Safety
 /// `client` is live; the arrays hold `n` entries; each value is readable
@@ -242,13 +244,16 @@ pub unsafe extern "C" fn mc_put(
         if values.iter().zip(lens).any(|(v, l)| v.is_null() && *l > 0) {
             return status::INVALID_PARAMS;
         }
-        let blocks: Vec<(BlockHash, &[u8])> = hashes
+        let blocks: Vec<(BlockHash, Vec<Span>)> = hashes
             .iter()
             .zip(values.iter().zip(lens))
-            // SAFETY: each value is readable for its length.
-            .map(|(h, (v, l))| (*h, unsafe { slice(*v, *l) }.unwrap_or_default()))
+            .map(|(h, (v, l))| (*h, vec![Span::new(*v as usize, *l)]))
             .collect();
-        let out = match block_on(c.client.put(&c.namespace, &blocks)) {
+        let opts = PutOptions::default();
+        // SAFETY: each value is readable (host or GPU memory) for its
+        // length, for the call.
+        let put = unsafe { c.client.put_spans(&c.namespace, &blocks, None, &[], opts) };
+        let out = match block_on(put) {
             Ok(outcomes) => outcomes.into_iter().map(status::of_put).collect(),
             Err(e) => {
                 set_error(e.to_string());
@@ -260,8 +265,10 @@ pub unsafe extern "C" fn mc_put(
     })
 }
 
-/// Reads `n` blocks straight into caller buffers: `bufs[i]` has room for
-/// `caps[i]` bytes; `results[i]` gets the bytes read or a negative status
+/// Reads `n` blocks straight into caller buffers, in host memory or in a
+/// GPU's (CUDA device memory, reached through pinned staging): `bufs[i]`
+/// has room for `caps[i]` bytes; `results[i]` gets the bytes read or a
+/// negative status
 /// (`MC_OBJECT_NOT_FOUND` for a miss, `MC_INVALID_PARAMS` for a buffer
 /// that is too small or overlaps another of the call).
 ///
@@ -303,16 +310,14 @@ pub unsafe extern "C" fn mc_get_into(
         let items: Vec<(BlockHash, (usize, usize))> = hashes.into_iter().zip(spans).collect();
         let out = except(items, &refused, status::INVALID_PARAMS, |items| {
             let hashes: Vec<BlockHash> = items.iter().map(|(h, _)| *h).collect();
-            let mut dest: Vec<&mut [u8]> = items
+            let dest: Vec<Vec<Span>> = items
                 .iter()
-                .map(|(_, (at, len))| match len {
-                    0 => &mut [][..],
-                    // SAFETY: writable for its capacity, and overlaps no
-                    // other destination of the call.
-                    _ => unsafe { std::slice::from_raw_parts_mut(*at as *mut u8, *len) },
-                })
+                .map(|(_, (at, len))| vec![Span::new(*at, *len)])
                 .collect();
-            match block_on(c.client.get_into(&c.namespace, &hashes, &mut dest)) {
+            // SAFETY: each buffer is writable (host or GPU memory) for its
+            // capacity, and overlaps no other destination of the call.
+            let get = unsafe { c.client.get_into_spans(&c.namespace, &hashes, &dest) };
+            match block_on(get) {
                 Ok(outcomes) => outcomes.into_iter().map(status::of_get).collect(),
                 Err(e) => {
                     set_error(e.to_string());

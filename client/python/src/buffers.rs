@@ -1,8 +1,11 @@
 //! Memory the client reads blocks into or writes them from: Python objects
-//! with the buffer protocol (held for the call), or address ranges of
-//! buffers registered once (`register_buffer`), as GPU workers use them.
+//! with the buffer protocol (held for the call), CUDA tensors, or address
+//! ranges of buffers registered once (`register_buffer`), host or GPU
+//! memory, as GPU workers use them.
 
 use std::collections::BTreeMap;
+
+use mooncake_client::device::{Memory, Span};
 
 use parking_lot::Mutex;
 use pyo3::buffer::PyUntypedBuffer;
@@ -13,13 +16,31 @@ use pyo3::prelude::*;
 pub struct Region {
     pub ptr: usize,
     pub len: usize,
-    /// The Python buffer the range belongs to, released after the call.
-    _held: Option<PyUntypedBuffer>,
+    /// The Python object the range belongs to (its buffer, or a tensor),
+    /// released after the call.
+    _held: Option<Held>,
+}
+
+enum Held {
+    Buffer(#[allow(dead_code)] PyUntypedBuffer),
+    Tensor(#[allow(dead_code)] Py<PyAny>),
 }
 
 impl Region {
-    /// A buffer-protocol object's bytes; `writable` for destinations.
-    pub fn of_object(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Region> {
+    /// A buffer-protocol object's bytes, or a contiguous CUDA tensor's
+    /// (on a host whose GPU `client` can reach); `writable` for
+    /// destinations.
+    pub fn of_object(
+        obj: &Bound<'_, PyAny>,
+        writable: bool,
+        client: &mooncake_client::Client,
+    ) -> PyResult<Region> {
+        if obj
+            .getattr("is_cuda")
+            .is_ok_and(|c| c.is_truthy().unwrap_or(false))
+        {
+            return Region::of_cuda_tensor(obj, client);
+        }
         let buf = PyUntypedBuffer::get(obj)?;
         if writable && buf.readonly() {
             return Err(PyBufferError::new_err(
@@ -32,8 +53,35 @@ impl Region {
         Ok(Region {
             ptr: buf.buf_ptr() as usize,
             len: buf.len_bytes(),
-            _held: Some(buf),
+            _held: Some(Held::Buffer(buf)),
         })
+    }
+
+    /// A CUDA tensor's bytes: refused unless contiguous and in memory of
+    /// a GPU that this client's CUDA driver knows (never read as host
+    /// memory).
+    fn of_cuda_tensor(
+        obj: &Bound<'_, PyAny>,
+        client: &mooncake_client::Client,
+    ) -> PyResult<Region> {
+        if !obj.call_method0("is_contiguous")?.is_truthy()? {
+            return Err(PyBufferError::new_err("the CUDA tensor is not contiguous"));
+        }
+        let ptr: usize = obj.call_method0("data_ptr")?.extract()?;
+        let numel: usize = obj.call_method0("numel")?.extract()?;
+        let size: usize = obj.call_method0("element_size")?.extract()?;
+        let len = numel * size;
+        gpu_memory(client, ptr, len)?;
+        Ok(Region {
+            ptr,
+            len,
+            _held: Some(Held::Tensor(obj.clone().unbind())),
+        })
+    }
+
+    /// The range as a span (for the client's calls by address).
+    pub fn span(&self) -> Span {
+        Span::new(self.ptr, self.len)
     }
 
     /// An address range inside a registered buffer.
@@ -43,27 +91,6 @@ impl Region {
             len,
             _held: None,
         }
-    }
-
-    /// # Safety
-    /// The range must be valid for reads for the life of the slice.
-    pub unsafe fn as_slice<'a>(&self) -> &'a [u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: the caller's promise.
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
-    }
-
-    /// # Safety
-    /// The range must be valid for writes for the life of the slice and
-    /// not overlap any other slice in use.
-    pub unsafe fn as_mut_slice<'a>(&self) -> &'a mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: the caller's promise.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
     }
 }
 
@@ -112,6 +139,24 @@ fn host_memory(ptr: usize, len: usize) -> bool {
     false
 }
 
+/// Checks that `[ptr, ptr + len)` lies in one GPU's memory, as the
+/// client's CUDA driver says; the error says why not, in one line.
+pub fn gpu_memory(client: &mooncake_client::Client, ptr: usize, len: usize) -> PyResult<i32> {
+    let Some(device) = client.device() else {
+        return Err(PyValueError::new_err(format!(
+            "{len} bytes at {ptr:#x} are GPU memory, but this client has no GPU support (no CUDA driver on this host: libcuda.so.1 not found)"
+        )));
+    };
+    let last = ptr + len.max(1) - 1;
+    match (device.classify(ptr), device.classify(last)) {
+        (Memory::Device(a), Memory::Device(b)) if a == b => Ok(a),
+        _ => Err(PyValueError::new_err(format!(
+            "{len} bytes at {ptr:#x} are not memory of one GPU, as {} tells",
+            device.name()
+        ))),
+    }
+}
+
 /// Buffers registered by address: (start -> length).
 #[derive(Default)]
 pub struct Registered {
@@ -119,17 +164,32 @@ pub struct Registered {
 }
 
 impl Registered {
-    pub fn register(&self, ptr: usize, len: usize) -> PyResult<()> {
+    /// Registers host memory, or a GPU's memory (as `client`'s CUDA
+    /// driver tells); anything else is refused, never read.
+    pub fn register(
+        &self,
+        ptr: usize,
+        len: usize,
+        client: &mooncake_client::Client,
+    ) -> PyResult<Memory> {
         if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
             return Err(PyValueError::new_err(format!(
                 "cannot register {len} bytes at {ptr:#x}"
             )));
         }
-        if !host_memory(ptr, len) {
-            return Err(PyValueError::new_err(format!(
-                "{len} bytes at {ptr:#x} are not readable and writable host memory of this process (a GPU pointer? GPU memory cannot be registered yet)"
-            )));
-        }
+        let memory = match client.memory_of(ptr) {
+            Memory::Device(_) => Memory::Device(gpu_memory(client, ptr, len)?),
+            Memory::Host if host_memory(ptr, len) => Memory::Host,
+            Memory::Host => {
+                let why = match client.device() {
+                    Some(device) => format!("nor GPU memory, as {} tells", device.name()),
+                    None => "and this client has no GPU support (no CUDA driver on this host: libcuda.so.1 not found)".to_string(),
+                };
+                return Err(PyValueError::new_err(format!(
+                    "{len} bytes at {ptr:#x} are not readable and writable host memory of this process, {why}"
+                )));
+            }
+        };
         let mut ranges = self.ranges.lock();
         let before = ranges.range(..ptr + len).next_back();
         if before.is_some_and(|(&start, &l)| start + l > ptr) {
@@ -138,7 +198,7 @@ impl Registered {
             )));
         }
         ranges.insert(ptr, len);
-        Ok(())
+        Ok(memory)
     }
 
     pub fn unregister(&self, ptr: usize) -> bool {

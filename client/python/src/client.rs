@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooncake_client::{ClientConfig, Dest, GetOutcome, PutOptions, Value};
+use mooncake_client::device::Span;
+use mooncake_client::{ClientConfig, GetOutcome, PutOptions};
 use mooncake_proto::message::{ListRequest, RouteCandidate, Tier};
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use pyo3::exceptions::PyValueError;
@@ -67,14 +68,12 @@ impl Client {
             let (client, ns) = (&self.inner, &self.namespace);
             let result = py.detach(|| {
                 let hashes: Vec<BlockHash> = items.iter().map(|(h, _)| *h).collect();
-                // SAFETY: every region is writable memory that stays valid
-                // for the call (a held Python buffer, or a registered
-                // range), and none of these overlaps another.
-                let mut bufs: Vec<&mut [u8]> = items
-                    .iter()
-                    .map(|(_, r)| unsafe { r.as_mut_slice() })
-                    .collect();
-                self.run(client.get_into(ns, &hashes, &mut bufs))
+                let blocks: Vec<Vec<Span>> = items.iter().map(|(_, r)| vec![r.span()]).collect();
+                // SAFETY: every region is writable memory (host, or a
+                // GPU's as the client's driver tells) that stays valid for
+                // the call (a held Python object, or a registered range),
+                // and none of these overlaps another.
+                self.run(unsafe { client.get_into_spans(ns, &hashes, &blocks) })
             });
             match result {
                 Ok(outcomes) => outcomes.into_iter().map(codes::of_get).collect(),
@@ -97,14 +96,14 @@ impl Client {
         let n = regions.len();
         let (client, ns) = (&self.inner, &self.namespace);
         let result = py.detach(|| {
-            // SAFETY: every region is readable memory that stays valid for
-            // the call.
-            let blocks: Vec<(BlockHash, Value<'_>)> = hashes
+            let blocks: Vec<(BlockHash, Vec<Span>)> = hashes
                 .iter()
                 .zip(&regions)
-                .map(|(h, r)| (*h, Value::One(unsafe { r.as_slice() })))
+                .map(|(h, r)| (*h, vec![r.span()]))
                 .collect();
-            self.run(client.put_tagged(ns, &blocks, chain, tags, opts))
+            // SAFETY: every region is readable memory (host, or a GPU's)
+            // that stays valid for the call.
+            self.run(unsafe { client.put_spans(ns, &blocks, chain, tags, opts) })
         });
         match result {
             Ok(outcomes) => outcomes.into_iter().map(codes::of_put).collect(),
@@ -311,14 +310,15 @@ impl Client {
         replicas: u8,
     ) -> PyResult<()> {
         let hash = hash_of(key)?;
-        let region = Region::of_object(value, false)?;
+        let region = Region::of_object(value, false, &self.inner)?;
         let tags = [with_key(None, key)?];
         let (client, ns) = (&self.inner, &self.namespace);
-        // SAFETY: the held buffer stays valid for the call.
         let out = py
             .detach(|| {
-                let block = [(hash, Value::One(unsafe { region.as_slice() }))];
-                self.run(client.put_tagged(ns, &block, None, &tags, PutOptions { replicas }))
+                let block = [(hash, vec![region.span()])];
+                let opts = PutOptions { replicas };
+                // SAFETY: the held object's memory stays valid for the call.
+                self.run(unsafe { client.put_spans(ns, &block, None, &tags, opts) })
             })
             .map_err(codes::to_py)?;
         match codes::of_put(out[0]) {
@@ -355,13 +355,14 @@ impl Client {
         buffer: &Bound<'_, PyAny>,
     ) -> PyResult<Option<usize>> {
         let hash = hash_of(key)?;
-        let region = Region::of_object(buffer, true)?;
+        let region = Region::of_object(buffer, true, &self.inner)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let out = py
             .detach(|| {
-                // SAFETY: the held buffer is writable, valid for the call, alone.
-                let mut bufs = [unsafe { region.as_mut_slice() }];
-                self.run(client.get_into(ns, &[hash], &mut bufs))
+                let blocks = [vec![region.span()]];
+                // SAFETY: the held object's memory is writable, valid for
+                // the call, alone.
+                self.run(unsafe { client.get_into_spans(ns, &[hash], &blocks) })
             })
             .map_err(codes::to_py)?;
         match out[0] {
@@ -391,7 +392,7 @@ impl Client {
         tags: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let hashes = hashes_of(keys)?;
-        let regions = regions_of(values, false)?;
+        let regions = regions_of(values, false, &self.inner)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
         let tags = with_keys(tags_of(tags, hashes.len())?, keys, hashes.len())?;
         Ok(self.put_regions(py, (hashes, regions), None, &tags, PutOptions { replicas }))
@@ -413,7 +414,7 @@ impl Client {
         tags: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
         let hashes = hashes_of(keys)?;
-        let regions = regions_of(values, false)?;
+        let regions = regions_of(values, false, &self.inner)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
         let parent = parent.map(hash_of).transpose()?;
         let tags = with_keys(tags_of(tags, hashes.len())?, keys, hashes.len())?;
@@ -430,19 +431,20 @@ impl Client {
         buffers: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<i64>> {
         let hashes = hashes_of(keys)?;
-        let regions = regions_of(buffers, true)?;
+        let regions = regions_of(buffers, true, &self.inner)?;
         check_lengths(hashes.len(), regions.len(), "buffers")?;
         Ok(self.get_regions(py, hashes, regions))
     }
 
     /// Registers `size` bytes at address `ptr` (a NumPy array's
-    /// `ctypes.data`, a tensor's `data_ptr()`) for `get_into_ptrs` and
-    /// `put_from_ptrs`. The memory must stay allocated until unregistered.
-    /// With RDMA (a client built with the `rdma` feature), the memory is
-    /// also registered with the NIC: blocks then move straight between it
-    /// and the daemons' pools.
+    /// `ctypes.data`, a tensor's `data_ptr()`, on the CPU or on a GPU) for
+    /// `get_into_ptrs` and `put_from_ptrs`. The memory must stay allocated
+    /// until unregistered. With RDMA (a client built with the `rdma`
+    /// feature), host memory is also registered with the NIC: blocks then
+    /// move straight between it and the daemons' pools. GPU memory goes
+    /// through pinned staging (`docs/gpu.md`).
     fn register_buffer(&self, ptr: usize, size: usize) -> PyResult<()> {
-        self.registered.register(ptr, size)?;
+        self.registered.register(ptr, size, &self.inner)?;
         // SAFETY: the caller keeps the memory allocated until it
         // unregisters it (this method's contract, as in Mooncake's API).
         unsafe { self.inner.register_memory(ptr as *mut u8, size) }
@@ -531,24 +533,18 @@ impl Client {
         let items: Vec<(BlockHash, usize)> = hashes.into_iter().zip(0..).collect();
         Ok(except(items, &outside, codes::INVALID_PARAMS, |items| {
             let n = items.len();
-            // SAFETY: every piece lies in a registered buffer, which stays
-            // allocated while registered.
-            let slices: Vec<Vec<&[u8]>> = items
-                .iter()
-                .map(|(_, i)| unsafe { pieces.slices(*i) })
-                .collect();
-            let blocks: Vec<(BlockHash, Value<'_>)> = items
-                .iter()
-                .zip(&slices)
-                .map(|((h, _), s)| (*h, Value::Pieces(s)))
-                .collect();
+            let blocks: Vec<(BlockHash, Vec<Span>)> =
+                items.iter().map(|(h, i)| (*h, pieces.spans(*i))).collect();
             let (client, ns) = (&self.inner, &self.namespace);
             let opts = PutOptions { replicas };
             let tags: Vec<_> = match tags.is_empty() {
                 true => Vec::new(),
                 false => items.iter().map(|(_, i)| tags[*i].clone()).collect(),
             };
-            let result = py.detach(|| self.run(client.put_tagged(ns, &blocks, chain, &tags, opts)));
+            // SAFETY: every piece lies in a registered buffer (host or GPU
+            // memory), which stays allocated while registered.
+            let result = py
+                .detach(|| self.run(unsafe { client.put_spans(ns, &blocks, chain, &tags, opts) }));
             match result {
                 Ok(outcomes) => outcomes.into_iter().map(codes::of_put).collect(),
                 Err(err) => vec![codes::of_error(&err); n],
@@ -575,16 +571,12 @@ impl Client {
             let n = items.len();
             let hashes: Vec<BlockHash> = items.iter().map(|(h, _)| *h).collect();
             let (client, ns) = (&self.inner, &self.namespace);
-            let result = py.detach(|| {
-                // SAFETY: every piece lies in a registered buffer, which
-                // stays allocated while registered, and no piece overlaps
-                // another (checked above).
-                let mut dests: Vec<Dest<'_>> = items
-                    .iter()
-                    .map(|(_, i)| Dest::Pieces(unsafe { pieces.slices_mut(*i) }))
-                    .collect();
-                self.run(client.get_into_pieces(ns, &hashes, &mut dests))
-            });
+            let blocks: Vec<Vec<Span>> = items.iter().map(|(_, i)| pieces.spans(*i)).collect();
+            // SAFETY: every piece lies in a registered buffer (host or GPU
+            // memory), which stays allocated while registered, and no
+            // piece overlaps another (checked above).
+            let result =
+                py.detach(|| self.run(unsafe { client.get_into_spans(ns, &hashes, &blocks) }));
             match result {
                 Ok(outcomes) => outcomes.into_iter().map(codes::of_get).collect(),
                 Err(err) => vec![codes::of_error(&err); n],
@@ -852,11 +844,16 @@ fn chain_of(chain: bool, parent: Option<&Bound<'_, PyAny>>) -> PyResult<Option<O
     }
 }
 
-/// The memory of each object of an iterable with the buffer protocol.
-fn regions_of(objects: &Bound<'_, PyAny>, writable: bool) -> PyResult<Vec<Region>> {
+/// The memory of each object of an iterable with the buffer protocol (or
+/// CUDA tensors).
+fn regions_of(
+    objects: &Bound<'_, PyAny>,
+    writable: bool,
+    client: &mooncake_client::Client,
+) -> PyResult<Vec<Region>> {
     objects
         .try_iter()?
-        .map(|o| Region::of_object(&o?, writable))
+        .map(|o| Region::of_object(&o?, writable, client))
         .collect()
 }
 

@@ -7,8 +7,9 @@ use mooncake_proto::BlockHash;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::buffers::{Region, Registered};
+use crate::buffers::Registered;
 use crate::keys::hashes_of;
+use mooncake_client::device::Span;
 
 /// Blocks made of pieces: for each key, address ranges of registered
 /// buffers that make its bytes in order (K and V, or one per layer).
@@ -76,30 +77,12 @@ impl Pieces {
             .collect()
     }
 
-    /// Block `i`'s pieces, in order, to write the block from.
-    ///
-    /// # Safety
-    /// Every piece must stay readable while the slices live.
-    pub(crate) unsafe fn slices<'a>(&self, i: usize) -> Vec<&'a [u8]> {
+    /// Block `i`'s pieces, in order, as spans of memory.
+    pub(crate) fn spans(&self, i: usize) -> Vec<Span> {
         self.ptrs[i]
             .iter()
             .zip(&self.sizes[i])
-            // SAFETY: the caller's promise.
-            .map(|(&p, &n)| unsafe { Region::registered(p, n).as_slice() })
-            .collect()
-    }
-
-    /// Block `i`'s pieces, in order, to read the block into.
-    ///
-    /// # Safety
-    /// Every piece must stay writable while the slices live, and no piece
-    /// of any block may overlap another.
-    pub(crate) unsafe fn slices_mut<'a>(&self, i: usize) -> Vec<&'a mut [u8]> {
-        self.ptrs[i]
-            .iter()
-            .zip(&self.sizes[i])
-            // SAFETY: the caller's promise.
-            .map(|(&p, &n)| unsafe { Region::registered(p, n).as_mut_slice() })
+            .map(|(&p, &n)| Span::new(p, n))
             .collect()
     }
 }

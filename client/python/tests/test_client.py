@@ -201,3 +201,38 @@ def test_rdma_asked_for_where_no_daemon_serves_it_moves_blocks_over_tcp(store):
     assert s.get("over-rdma-or-tcp") == b"either way"
     s.remove_all()
     assert s.close() == 0
+
+
+class _CudaTensorLike:
+    """What the client reads of a torch tensor on a GPU: an address it
+    must never read as host memory (here an unmapped one)."""
+
+    is_cuda = True
+
+    def is_contiguous(self):
+        return True
+
+    def data_ptr(self):
+        return 0x7F00_0000_0000 - (1 << 30)
+
+    def numel(self):
+        return 4096
+
+    def element_size(self):
+        return 2
+
+
+def test_gpu_memory_is_refused_in_one_line_where_no_gpu_claims_it(client):
+    # On a host without the CUDA driver (or where it does not know the
+    # address) a device pointer is refused, never read; the store keeps
+    # serving.
+    client.put("gpu-refusal", b"x" * 16)
+    with pytest.raises(ValueError, match="GPU") as refused:
+        client.get_into("gpu-refusal", _CudaTensorLike())
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="GPU"):
+        client.put("gpu-refusal-2", _CudaTensorLike())
+    with pytest.raises(ValueError, match="GPU"):
+        client.register_buffer(_CudaTensorLike().data_ptr(), 1 << 20)
+    assert client.get("gpu-refusal") == b"x" * 16
+    assert not client.exists(["gpu-refusal-2"])[0]

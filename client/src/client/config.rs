@@ -13,6 +13,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("tls", &self.tls.is_some())
             .field("quic", &self.quic.is_some())
             .field("rdma", &self.rdma)
+            .field("device", &self.device)
             .finish()
     }
 }
@@ -85,6 +86,14 @@ pub struct ClientConfig {
     /// 0: the meta service's default for the namespace (1 unless its
     /// `[meta.replicas]` says otherwise).
     pub replicas: u8,
+    /// Which GPU support moves blocks to and from device memory. Default
+    /// NVIDIA's CUDA driver where the host has one; without it every
+    /// address is host memory.
+    pub device: crate::device::DeviceChoice,
+    /// Pinned bytes of each of a call's two staging buffers for GPU
+    /// memory: a batch goes up (or down) in chunks of this much, each
+    /// copied while the next is read (or put). Default 32 MiB.
+    pub device_staging: usize,
 }
 
 impl ClientConfig {
@@ -110,6 +119,8 @@ impl ClientConfig {
             rdma_gid_index: None,
             stripes: 4,
             replicas: 0,
+            device: Default::default(),
+            device_staging: 32 << 20,
         }
     }
 

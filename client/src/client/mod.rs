@@ -5,6 +5,7 @@
 //! - `put`, `get`: the data calls (meta service for placement and
 //!   locations, then straight to the daemons);
 //! - `control`: the other calls to the meta service, and leader following;
+//! - `device`: blocks to and from GPU memory, through pinned staging;
 //! - `paths`: which data path (shared memory, RDMA, QUIC, TCP) reaches
 //!   each daemon.
 
@@ -45,6 +46,7 @@ use crate::MetaResolver;
 
 mod config;
 mod control;
+mod device;
 mod get;
 mod paths;
 mod put;
@@ -140,6 +142,13 @@ pub struct Client {
     /// one request asks one number for all its blocks.
     reservations: [Coalescer<(BlockHash, u32), Slot, Vec<DaemonAddr>>; MAX_COPIES + 1],
     commits: Coalescer<CommitItem, ErrorCode, ()>,
+    /// The GPU support, loaded on first use (`None`: no GPU).
+    device: std::sync::OnceLock<Option<Arc<dyn crate::device::Device>>>,
+    /// Pinned staging buffers for GPU memory, kept between calls.
+    stages: crate::device::Stages,
+    /// Memory registered with `register_memory`: start -> (length, which
+    /// memory), so that calls on it need not ask the GPU driver.
+    memory_ranges: RwLock<std::collections::BTreeMap<usize, (usize, crate::device::Memory)>>,
 }
 
 /// How this client reaches one daemon.
@@ -214,6 +223,9 @@ impl Client {
             reservations: Default::default(),
             commits: Coalescer::weighed(MAX_BATCH, MAX_COMMIT_TAG_BYTES, commit_tag_bytes),
             leader_revision: AtomicU64::new(0),
+            device: std::sync::OnceLock::new(),
+            stages: Default::default(),
+            memory_ranges: Default::default(),
             #[cfg(feature = "rdma")]
             nic: std::sync::OnceLock::new(),
             #[cfg(feature = "rdma")]

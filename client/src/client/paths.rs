@@ -150,21 +150,31 @@ impl Client {
             .clone()
     }
 
-    /// Registers `len` bytes at `ptr` with this host's RDMA NIC, once, so
-    /// that blocks read into them (`get_into`) or written from them (`put`)
-    /// move by RDMA straight between them and a daemon's pool, with no
-    /// copy here. True if registered; false where this client moves
-    /// blocks otherwise (`rdma` not configured, no NIC, a build without
-    /// the feature): the memory then works as any other, through copies.
-    /// Host memory only: every block read is checked by this CPU where it
-    /// lands, so GPU memory (GPUDirect) cannot be registered here; load
-    /// into GPU memory through pinned host buffers.
+    /// Registers `len` bytes at `ptr`, once: the client remembers which
+    /// memory they are (host or a GPU's, asked of the driver once rather
+    /// than at every call), and registers host memory with this host's
+    /// RDMA NIC, so that blocks read into it (`get_into`) or written from
+    /// it (`put`) move by RDMA straight between it and a daemon's pool,
+    /// with no copy here. True if registered with the NIC; false where
+    /// this client moves blocks otherwise (`rdma` not configured, no NIC,
+    /// a build without the feature, GPU memory): the memory then works as
+    /// any other, through copies. GPU memory is not registered with the
+    /// NIC (no GPUDirect yet): every block read is checked by this CPU
+    /// where it lands, so blocks bound for GPU memory go through pinned
+    /// staging (`get_into_spans`, `put_spans`; `docs/gpu.md`).
     ///
     /// # Safety
     ///
     /// The bytes must stay allocated until `unregister_memory(ptr)` and
     /// until every call using them has returned.
     pub unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> Result<bool, ClientError> {
+        let memory = self.memory_of(ptr as usize);
+        self.memory_ranges
+            .write()
+            .insert(ptr as usize, (len, memory));
+        if memory != crate::device::Memory::Host {
+            return Ok(false);
+        }
         #[cfg(feature = "rdma")]
         if self.cfg.rdma {
             let Ok(nic) = self.nic() else {
@@ -181,6 +191,7 @@ impl Client {
     /// Ends a registration made with `register_memory`; false if `ptr`
     /// had none.
     pub fn unregister_memory(&self, ptr: *const u8) -> bool {
+        self.memory_ranges.write().remove(&(ptr as usize));
         #[cfg(feature = "rdma")]
         return self.registered.remove(ptr);
         #[cfg(not(feature = "rdma"))]

@@ -80,17 +80,7 @@ impl Client {
         tags: &[Option<Arc<EngineTag>>],
         opts: PutOptions,
     ) -> Result<Vec<PutOutcome>, ClientError> {
-        if !tags.is_empty() && tags.len() != blocks.len() {
-            return Err(ClientError::Invalid(format!(
-                "{} engine tags for {} blocks",
-                tags.len(),
-                blocks.len()
-            )));
-        }
-        let parents = match chain {
-            Some(parent) => chained(parent, blocks.iter().map(|(h, _)| *h)),
-            None => vec![None; blocks.len()],
-        };
+        let parents = parents_of(chain, blocks.iter().map(|(h, _)| *h), tags.len())?;
         let tags = match tags.is_empty() {
             true => vec![None; blocks.len()],
             false => tags.to_vec(),
@@ -113,7 +103,7 @@ impl Client {
             .await
     }
 
-    async fn put_values(
+    pub(super) async fn put_values(
         &self,
         namespace: &Namespace,
         blocks: &[(BlockHash, Value<'_>)],
@@ -370,6 +360,26 @@ fn chunk_end(tags: &[Option<Arc<EngineTag>>], start: usize) -> usize {
 
 /// Each block's parent in a chain of `hashes` that extends `parent`: the
 /// one before it.
+/// Each block's parent: with `chain: Some(parent)`, the blocks `hashes`
+/// are consecutive blocks of one chain extending `parent`; else none has
+/// one. Refused: `tags` engine tags (0: none) for another number of blocks.
+pub(super) fn parents_of(
+    chain: Option<Option<BlockHash>>,
+    hashes: impl ExactSizeIterator<Item = BlockHash>,
+    tags: usize,
+) -> Result<Vec<Option<BlockHash>>, ClientError> {
+    let n = hashes.len();
+    if tags != 0 && tags != n {
+        return Err(ClientError::Invalid(format!(
+            "{tags} engine tags for {n} blocks"
+        )));
+    }
+    Ok(match chain {
+        Some(parent) => chained(parent, hashes),
+        None => vec![None; n],
+    })
+}
+
 fn chained(
     parent: Option<BlockHash>,
     hashes: impl ExactSizeIterator<Item = BlockHash>,

@@ -33,8 +33,10 @@ How the two models map (see ``client/python/README.md``):
   ``AttributeError``, as there.
 - ``register_buffer`` is enforced: ``get_into`` / ``put_from`` on memory
   outside a registered buffer answer ``-600`` and touch nothing (Mooncake's
-  behaviour there is undefined). Only host memory can be registered: a GPU
-  pointer is refused with ``-600`` and a log line.
+  behaviour there is undefined). GPU memory can be registered where the
+  CUDA driver is present (blocks then move through pinned staging,
+  ``docs/gpu.md``); elsewhere a GPU pointer is refused with ``-600`` and a
+  log line.
 """
 
 from __future__ import annotations

@@ -1,0 +1,428 @@
+//! Blocks put from and read into device (GPU) memory, with a GPU played in
+//! host memory by `HostStandIn` behind the same trait as CUDA's: its
+//! copies run only when their lane is waited on (so staging reused too
+//! early shows as wrong bytes), it refuses copies from memory that is not
+//! pinned, and it fails the copy it is told to. Over TCP and through the
+//! same-host shared pool; byte for byte at sizes and splits that do not
+//! line up with anything; a failed copy fails its blocks, never leaves a
+//! partial block stored or reported read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooncake_client::device::{DeviceChoice, HostStandIn, Memory, Span};
+use mooncake_client::{Client, ClientConfig, GetOutcome, PutOptions, PutOutcome};
+use mooncake_proto::{BlockHash, ErrorCode, Namespace};
+use mooncake_tests::{block_bytes, daemon_config, fast_meta, TestCluster};
+
+fn ns() -> Namespace {
+    Namespace::new("t/device").unwrap()
+}
+
+fn hash(i: u64) -> BlockHash {
+    BlockHash::from_opaque(&i.to_le_bytes())
+}
+
+/// A client whose GPU is `gpu`, with stages of `staging` bytes (small, so
+/// that a batch takes several turns of both stages).
+fn client_on(
+    meta: &str,
+    gpu: &HostStandIn,
+    staging: usize,
+    shm: Option<&std::path::Path>,
+) -> Client {
+    let mut cfg = ClientConfig::new(meta.to_string()).with_timeout(Duration::from_secs(10));
+    cfg.device = DeviceChoice::Given(Arc::new(gpu.clone()));
+    cfg.device_staging = staging;
+    cfg.shm_socket = shm.map(|p| p.to_path_buf());
+    Client::new(cfg)
+}
+
+/// Block sizes that line up with no page, chunk or stage size.
+const SIZES: [usize; 7] = [1, 4095, 65_537, 200_003, 31, 300_001, 12_288];
+
+/// For each size, a device region holding `block_bytes(seed + i, n)`,
+/// and the block as pieces of it: split in two unequal halves (K and V)
+/// for even `i`, whole for odd.
+fn device_blocks(gpu: &HostStandIn, seed: u64) -> (Vec<usize>, Vec<Vec<Span>>) {
+    let mut regions = Vec::new();
+    let mut blocks = Vec::new();
+    for (i, &n) in SIZES.iter().enumerate() {
+        let addr = gpu.alloc(n);
+        gpu.write(addr, &block_bytes(seed + i as u64, n));
+        regions.push(addr);
+        blocks.push(match i % 2 {
+            0 => {
+                let k = n / 3;
+                vec![Span::new(addr, k), Span::new(addr + k, n - k)]
+            }
+            _ => vec![Span::new(addr, n)],
+        });
+    }
+    (regions, blocks)
+}
+
+/// Empty device regions shaped as `device_blocks`' (the halves split at
+/// other points, for gets).
+fn empty_device_blocks(gpu: &HostStandIn) -> (Vec<usize>, Vec<Vec<Span>>) {
+    let mut regions = Vec::new();
+    let mut blocks = Vec::new();
+    for (i, &n) in SIZES.iter().enumerate() {
+        let addr = gpu.alloc(n);
+        regions.push(addr);
+        blocks.push(match i % 2 {
+            0 => vec![Span::new(addr, n)],
+            _ => {
+                let k = n / 2 + 1;
+                vec![
+                    Span::new(addr, k.min(n)),
+                    Span::new(addr + k.min(n), n - k.min(n)),
+                ]
+            }
+        });
+    }
+    (regions, blocks)
+}
+
+async fn round_trip(client: &Client, gpu: &HostStandIn) {
+    let (_, from) = device_blocks(gpu, 100);
+    assert_eq!(client.memory_of(from[0][0].addr), Memory::Device(0));
+    let blocks: Vec<(BlockHash, Vec<Span>)> = from
+        .iter()
+        .enumerate()
+        .map(|(i, spans)| (hash(i as u64), spans.clone()))
+        .collect();
+    // SAFETY: the stand-in's regions live as long as `gpu`.
+    let put = unsafe {
+        client
+            .put_spans(&ns(), &blocks, Some(None), &[], PutOptions::default())
+            .await
+    }
+    .unwrap();
+    assert!(put.iter().all(|o| *o == PutOutcome::Stored), "{put:?}");
+
+    // What the store holds is what the device held.
+    for (i, &n) in SIZES.iter().enumerate() {
+        let key = mooncake_proto::BlockKey::new(ns(), hash(i as u64));
+        let bytes = client.get(&key).await.unwrap().expect("stored");
+        assert_eq!(bytes, block_bytes(100 + i as u64, n), "block {i} as stored");
+    }
+
+    let (to_regions, to) = empty_device_blocks(gpu);
+    let hashes: Vec<BlockHash> = (0..SIZES.len() as u64).map(hash).collect();
+    // SAFETY: as above; the regions are apart.
+    let got = unsafe { client.get_into_spans(&ns(), &hashes, &to).await }.unwrap();
+    for (i, &n) in SIZES.iter().enumerate() {
+        assert_eq!(got[i], GetOutcome::Hit(n), "block {i}");
+        assert_eq!(
+            gpu.read(to_regions[i], n),
+            block_bytes(100 + i as u64, n),
+            "block {i} on the device"
+        );
+    }
+    let (uploads, downloads) = gpu.copies();
+    assert!(uploads >= SIZES.len() as u64 && downloads >= SIZES.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_go_from_device_memory_to_the_store_and_back_byte_for_byte() {
+    let cluster = TestCluster::start(64 << 20).await;
+    let gpu = HostStandIn::new();
+    // Stages of 256 KiB: the batch of 600 KiB takes both stages, twice.
+    let client = client_on(&cluster.meta_addr, &gpu, 256 << 10, None);
+    round_trip(&client, &gpu).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_go_between_device_memory_and_the_same_host_pool_byte_for_byte() {
+    let dir = std::env::temp_dir().join(format!("mooncake-device-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("daemon.sock");
+    let mut cfg = daemon_config(64 << 20);
+    cfg.shm_socket = Some(socket.clone());
+    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let gpu = HostStandIn::new();
+    let client = client_on(&cluster.meta_addr, &gpu, 128 << 10, Some(&socket));
+    round_trip(&client, &gpu).await;
+    assert!(
+        client.shm_reads() > 0,
+        "the gets went through the shared pool"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_from_the_device_that_fails_stores_none_of_its_chunk() {
+    let cluster = TestCluster::start(64 << 20).await;
+    let gpu = HostStandIn::new();
+    // One block a chunk: each stage holds one 200 KB block.
+    let client = client_on(&cluster.meta_addr, &gpu, 100_000, None);
+    let n = 200_000;
+    let regions: Vec<usize> = (0..6)
+        .map(|i| {
+            let addr = gpu.alloc(n);
+            gpu.write(addr, &block_bytes(i, n));
+            addr
+        })
+        .collect();
+    let blocks: Vec<(BlockHash, Vec<Span>)> = regions
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| (hash(50 + i as u64), vec![Span::new(a, n)]))
+        .collect();
+    // The third copy down (block 2's) fails.
+    gpu.fail_copy(3);
+    // SAFETY: the stand-in's regions live as long as `gpu`.
+    let put = unsafe {
+        client
+            .put_spans(&ns(), &blocks, None, &[], PutOptions::default())
+            .await
+    }
+    .unwrap();
+    for (i, outcome) in put.iter().enumerate() {
+        match i {
+            2 => assert_eq!(
+                *outcome,
+                PutOutcome::Failed(ErrorCode::Internal),
+                "block {i}"
+            ),
+            _ => assert_eq!(*outcome, PutOutcome::Stored, "block {i}"),
+        }
+    }
+    let stored = client
+        .exists(&ns(), &blocks.iter().map(|b| b.0).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(stored, vec![true, true, false, true, true, true]);
+    for i in [0u64, 1, 3, 4, 5] {
+        let key = mooncake_proto::BlockKey::new(ns(), hash(50 + i));
+        assert_eq!(
+            client.get(&key).await.unwrap().unwrap(),
+            block_bytes(i, n),
+            "block {i}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_to_the_device_that_fails_is_never_reported_read() {
+    let cluster = TestCluster::start(64 << 20).await;
+    let host = cluster.client();
+    let n = 150_000;
+    let values: Vec<Vec<u8>> = (0..6).map(|i| block_bytes(i, n)).collect();
+    let blocks: Vec<(BlockHash, &[u8])> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (hash(70 + i as u64), &v[..]))
+        .collect();
+    assert!(host
+        .put(&ns(), &blocks)
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| *o == PutOutcome::Stored));
+
+    let gpu = HostStandIn::new();
+    // Two blocks a chunk.
+    let client = client_on(&cluster.meta_addr, &gpu, 2 * n, None);
+    let regions: Vec<usize> = (0..6).map(|_| gpu.alloc(n)).collect();
+    let to: Vec<Vec<Span>> = regions.iter().map(|&a| vec![Span::new(a, n)]).collect();
+    let hashes: Vec<BlockHash> = blocks.iter().map(|b| b.0).collect();
+    // The fourth copy up (block 3's, in the second chunk) fails: its
+    // chunk's lane reports the error for both of its blocks.
+    gpu.fail_copy(4);
+    // SAFETY: as above; the regions are apart.
+    let got = unsafe { client.get_into_spans(&ns(), &hashes, &to).await }.unwrap();
+    for (i, outcome) in got.iter().enumerate() {
+        match i {
+            2 | 3 => assert_eq!(
+                *outcome,
+                GetOutcome::Failed(ErrorCode::Internal),
+                "block {i}"
+            ),
+            _ => {
+                assert_eq!(*outcome, GetOutcome::Hit(n), "block {i}");
+                assert_eq!(gpu.read(regions[i], n), values[i], "block {i}");
+            }
+        }
+    }
+    // The same call again, with nothing failing, reads every block.
+    let got = unsafe { client.get_into_spans(&ns(), &hashes, &to).await }.unwrap();
+    assert_eq!(got, vec![GetOutcome::Hit(n); 6]);
+    for (i, v) in values.iter().enumerate() {
+        assert_eq!(&gpu.read(regions[i], n), v, "block {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_and_device_blocks_share_a_batch_and_a_block_of_both_is_refused() {
+    let cluster = TestCluster::start(64 << 20).await;
+    let gpu = HostStandIn::new();
+    let client = client_on(&cluster.meta_addr, &gpu, 1 << 20, None);
+    let n = 10_000;
+    let on_gpu = gpu.alloc(n);
+    gpu.write(on_gpu, &block_bytes(1, n));
+    let on_host = block_bytes(2, n);
+    let half = gpu.alloc(n / 2);
+    let blocks = vec![
+        (hash(90), vec![Span::new(on_gpu, n)]),
+        (hash(91), vec![Span::new(on_host.as_ptr() as usize, n)]),
+        (
+            hash(92),
+            vec![
+                Span::new(half, n / 2),
+                Span::new(on_host.as_ptr() as usize, n / 2),
+            ],
+        ),
+    ];
+    assert_eq!(client.memory_of(on_host.as_ptr() as usize), Memory::Host);
+    // SAFETY: live device regions and a live host vector.
+    let put = unsafe {
+        client
+            .put_spans(&ns(), &blocks, None, &[], PutOptions::default())
+            .await
+    }
+    .unwrap();
+    assert_eq!(
+        put,
+        vec![
+            PutOutcome::Stored,
+            PutOutcome::Stored,
+            PutOutcome::Failed(ErrorCode::Malformed)
+        ]
+    );
+    // Each read into the other kind of memory.
+    let mut into_host = vec![0u8; n];
+    let into_gpu = gpu.alloc(n);
+    let to = vec![
+        vec![Span::new(into_host.as_mut_ptr() as usize, n)],
+        vec![Span::new(into_gpu, n)],
+    ];
+    // SAFETY: as above, apart.
+    let got = unsafe {
+        client
+            .get_into_spans(&ns(), &[hash(90), hash(91)], &to)
+            .await
+    }
+    .unwrap();
+    assert_eq!(got, vec![GetOutcome::Hit(n), GetOutcome::Hit(n)]);
+    assert_eq!(into_host, block_bytes(1, n));
+    assert_eq!(gpu.read(into_gpu, n), block_bytes(2, n));
+    assert!(!client.exists(&ns(), &[hash(92)]).await.unwrap()[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_larger_than_its_device_buffer_is_refused_and_nothing_is_copied() {
+    let cluster = TestCluster::start(64 << 20).await;
+    let host = cluster.client();
+    let n = 50_000;
+    let value = block_bytes(7, n);
+    host.put(&ns(), &[(hash(95), &value[..])]).await.unwrap();
+    let gpu = HostStandIn::new();
+    let client = client_on(&cluster.meta_addr, &gpu, 1 << 20, None);
+    let small = gpu.alloc(n - 1);
+    // SAFETY: a live device region.
+    let got = unsafe {
+        client
+            .get_into_spans(
+                &ns(),
+                &[hash(95), hash(96)],
+                &[vec![Span::new(small, n - 1)], vec![Span::new(small, 0)]],
+            )
+            .await
+    }
+    .unwrap();
+    assert_eq!(
+        got,
+        vec![GetOutcome::Failed(ErrorCode::TooLarge), GetOutcome::Miss]
+    );
+    assert_eq!(gpu.copies(), (0, 0));
+    assert_eq!(gpu.read(small, n - 1), vec![0u8; n - 1]);
+}
+
+#[test]
+fn without_gpu_support_every_address_is_host_memory() {
+    let off = {
+        let mut cfg = ClientConfig::new("127.0.0.1:1");
+        cfg.device = DeviceChoice::Off;
+        Client::new(cfg)
+    };
+    let bytes = [0u8; 64];
+    assert!(off.device().is_none());
+    assert_eq!(off.memory_of(bytes.as_ptr() as usize), Memory::Host);
+    // The default loads CUDA's driver where there is one: a host address
+    // is host memory either way, and without a driver there is no device.
+    let default = Client::new(ClientConfig::new("127.0.0.1:1"));
+    assert_eq!(default.memory_of(bytes.as_ptr() as usize), Memory::Host);
+    let driver = mooncake_client::device::cuda::Cuda::load();
+    assert_eq!(default.device().is_some(), driver.is_ok());
+    if let Err(why) = driver {
+        assert!(why.to_string().contains("CUDA"), "{why}");
+    }
+}
+
+/// `n` bytes cut at random places into 1 to 4 pieces: their lengths.
+fn cuts(rng: &mut impl rand::Rng, n: usize) -> Vec<usize> {
+    let pieces = rng.gen_range(1..=4usize).min(n.max(1));
+    let mut at: Vec<usize> = (1..pieces).map(|_| rng.gen_range(0..=n)).collect();
+    at.push(0);
+    at.push(n);
+    at.sort_unstable();
+    at.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_sizes_splits_and_stages_come_back_byte_for_byte() {
+    use rand::{Rng, SeedableRng};
+    let cluster = TestCluster::start(128 << 20).await;
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for round in 0..4u64 {
+        let gpu = HostStandIn::new();
+        let staging = rng.gen_range(1..=600_000);
+        let client = client_on(&cluster.meta_addr, &gpu, staging, None);
+        let sizes: Vec<usize> = (0..rng.gen_range(1..=24))
+            .map(|_| rng.gen_range(0..=400_000))
+            .collect();
+        let mut from = Vec::new();
+        let mut into = Vec::new();
+        let mut regions = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let (src, dst) = (gpu.alloc(n), gpu.alloc(n));
+            gpu.write(src, &block_bytes(seed ^ (round << 32) ^ i as u64, n));
+            let split = |addr: usize, lens: Vec<usize>| {
+                let mut at = addr;
+                lens.into_iter()
+                    .map(|len| {
+                        at += len;
+                        Span::new(at - len, len)
+                    })
+                    .collect::<Vec<Span>>()
+            };
+            let key = BlockHash::from_opaque(format!("{seed}-{round}-{i}").as_bytes());
+            from.push((key, split(src, cuts(&mut rng, n))));
+            into.push(split(dst, cuts(&mut rng, n)));
+            regions.push(dst);
+        }
+        // SAFETY: live stand-in regions, apart.
+        let put = unsafe {
+            client
+                .put_spans(&ns(), &from, None, &[], PutOptions::default())
+                .await
+        }
+        .unwrap();
+        let keys: Vec<BlockHash> = from.iter().map(|b| b.0).collect();
+        let got = unsafe { client.get_into_spans(&ns(), &keys, &into).await }.unwrap();
+        for (i, &n) in sizes.iter().enumerate() {
+            let why =
+                format!("seed {seed} round {round} block {i} of {n} bytes, stages of {staging}");
+            assert_eq!(put[i], PutOutcome::Stored, "{why}");
+            assert_eq!(got[i], GetOutcome::Hit(n), "{why}");
+            assert_eq!(
+                gpu.read(regions[i], n),
+                block_bytes(seed ^ (round << 32) ^ i as u64, n),
+                "{why}"
+            );
+        }
+    }
+}
