@@ -4,8 +4,9 @@
 //! early shows as wrong bytes), it refuses copies from memory that is not
 //! pinned, and it fails the copy it is told to. Over TCP and through the
 //! same-host shared pool; byte for byte at sizes and splits that do not
-//! line up with anything; a failed copy fails its blocks, never leaves a
-//! partial block stored or reported read.
+//! line up with anything (through the shared pool, gets copy straight from
+//! the pool, registered with the GPU); a failed copy fails its blocks,
+//! never leaves a partial block stored or reported read.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,10 +145,14 @@ async fn blocks_go_between_device_memory_and_the_same_host_pool_byte_for_byte() 
     let gpu = HostStandIn::new();
     let client = client_on(&cluster.meta_addr, &gpu, 128 << 10, Some(&socket));
     round_trip(&client, &gpu).await;
-    assert!(
-        client.shm_reads() > 0,
-        "the gets went through the shared pool"
-    );
+    // Every block was read straight from the pool, registered with the
+    // GPU once (the round trip also reads each block to the host once).
+    assert!(gpu.registered_bytes() >= 64 << 20, "the pool is registered");
+    // One upload a piece of each block (odd blocks land in two pieces).
+    let pieces = SIZES.len() + SIZES.len() / 2;
+    assert_eq!(gpu.uploads_from_registered(), pieces as u64);
+    drop(client);
+    assert_eq!(gpu.registered_bytes(), 0, "and unregistered with its link");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -361,10 +366,18 @@ fn without_gpu_support_every_address_is_host_memory() {
     }
 }
 
-/// `n` bytes cut at random places into 1 to 4 pieces: their lengths.
+/// `n` bytes cut at random places into 1 to 4 pieces: their lengths
+/// (empty pieces among them, at times: a cut at the start, the end, or
+/// twice in one place).
 fn cuts(rng: &mut impl rand::Rng, n: usize) -> Vec<usize> {
-    let pieces = rng.gen_range(1..=4usize).min(n.max(1));
-    let mut at: Vec<usize> = (1..pieces).map(|_| rng.gen_range(0..=n)).collect();
+    let pieces = rng.gen_range(1..=4usize);
+    let mut at: Vec<usize> = (1..pieces)
+        .map(|_| match rng.gen_range(0..4) {
+            0 => 0,
+            1 => n,
+            _ => rng.gen_range(0..=n),
+        })
+        .collect();
     at.push(0);
     at.push(n);
     at.sort_unstable();
@@ -374,13 +387,20 @@ fn cuts(rng: &mut impl rand::Rng, n: usize) -> Vec<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_sizes_splits_and_stages_come_back_byte_for_byte() {
     use rand::{Rng, SeedableRng};
-    let cluster = TestCluster::start(128 << 20).await;
+    let dir = std::env::temp_dir().join(format!("mooncake-device-random-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("daemon.sock");
+    let mut cfg = daemon_config(128 << 20);
+    cfg.shm_socket = Some(socket.clone());
+    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for round in 0..4u64 {
+    for round in 0..6u64 {
         let gpu = HostStandIn::new();
         let staging = rng.gen_range(1..=600_000);
-        let client = client_on(&cluster.meta_addr, &gpu, staging, None);
+        // Odd rounds through the shared pool (gets straight from it).
+        let shm = (round % 2 == 1).then_some(socket.as_path());
+        let client = client_on(&cluster.meta_addr, &gpu, staging, shm);
         let sizes: Vec<usize> = (0..rng.gen_range(1..=24))
             .map(|_| rng.gen_range(0..=400_000))
             .collect();
@@ -425,4 +445,5 @@ async fn random_sizes_splits_and_stages_come_back_byte_for_byte() {
             );
         }
     }
+    let _ = std::fs::remove_dir_all(dir);
 }

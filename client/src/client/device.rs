@@ -10,7 +10,8 @@
 
 use super::*;
 use crate::device::cuda::Cuda;
-use crate::device::{Device, DeviceChoice, Memory, Span, Stage};
+use crate::device::{up, Device, DeviceChoice, Memory, Span, Stage};
+use crate::transport::shm::Direct;
 
 /// Per-block outcome of a device copy that failed.
 const COPY_FAILED: ErrorCode = ErrorCode::Internal;
@@ -92,8 +93,14 @@ impl Client {
                 }
                 // SAFETY: the caller's promise, passed on.
                 Some(Memory::Device(ordinal)) => unsafe {
-                    self.get_staged(namespace, ordinal, &idx, hashes, blocks)
-                        .await?
+                    self.get_staged(Gets {
+                        namespace,
+                        ordinal,
+                        idx: &idx,
+                        hashes,
+                        blocks,
+                    })
+                    .await?
                 },
             };
             for (i, outcome) in idx.into_iter().zip(got) {
@@ -239,15 +246,103 @@ impl Client {
         Ok(slot.as_mut().expect("made above"))
     }
 
-    /// `get_into_spans` of the blocks `idx`, all on GPU `ordinal`.
-    async unsafe fn get_staged(
+    /// `get_into_spans` of the blocks `idx`, all on GPU `ordinal`: those
+    /// the same-host daemon holds straight from its pool, the rest
+    /// through staging.
+    async unsafe fn get_staged(&self, gets: Gets<'_>) -> Result<Vec<GetOutcome>, ClientError> {
+        // SAFETY: the caller's promise, passed on.
+        let mut out = unsafe { self.get_from_pool(gets) }
+            .await
+            .unwrap_or_else(|| vec![None; gets.idx.len()]);
+        let rest: Vec<usize> = (0..out.len()).filter(|&j| out[j].is_none()).collect();
+        if !rest.is_empty() {
+            let idx: Vec<usize> = rest.iter().map(|&j| gets.idx[j]).collect();
+            let rest_gets = Gets { idx: &idx, ..gets };
+            // SAFETY: as above.
+            let got = unsafe { self.get_through_staging(rest_gets) }.await?;
+            for (j, outcome) in rest.into_iter().zip(got) {
+                out[j] = Some(outcome);
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| o.expect("every block answered"))
+            .collect())
+    }
+
+    /// Of the blocks `idx`, those the same-host daemon holds in DRAM, read
+    /// straight from its pool into GPU memory (`transport::shm::device`):
+    /// an outcome for each block read (or failed) so, `None` for the rest.
+    /// `None` without a same-host link whose pool the GPU reaches.
+    async unsafe fn get_from_pool(&self, gets: Gets<'_>) -> Option<Vec<Option<GetOutcome>>> {
+        let Gets {
+            namespace,
+            ordinal,
+            idx,
+            hashes,
+            blocks,
+        } = gets;
+        let device = self.device()?;
+        let link = self.shm_connect(None)?;
+        if !link.on_device(device.as_ref()) {
+            return None;
+        }
+        let mut slot = None;
+        let stage = self
+            .stage(&mut slot, ordinal, 1)
+            .inspect_err(|err| tracing::warn!(%err, "no GPU lane"))
+            .ok()?;
+        let hs: Vec<BlockHash> = idx.iter().map(|&i| hashes[i]).collect();
+        let spans: Vec<&[Span]> = idx.iter().map(|&i| &blocks[i][..]).collect();
+        // SAFETY: the caller's promise, passed on.
+        let (direct, copied) =
+            match unsafe { link.get_to_device(namespace, &hs, &spans, stage) }.await {
+                Ok(answer) => answer,
+                Err(err) => {
+                    tracing::debug!(%err, "same-host pool unreachable; reading through staging");
+                    // Dropping the stage waits for what it queued, before any
+                    // other copy into the same memory.
+                    drop(slot);
+                    return None;
+                }
+            };
+        if let Err(err) = &copied {
+            tracing::warn!(%err, "blocks could not be copied to the GPU from the same-host pool");
+            slot = None;
+        }
+        let mut hits = 0;
+        let out = direct
+            .into_iter()
+            .map(|d| match d {
+                Direct::Hit(n) if copied.is_ok() => {
+                    hits += 1;
+                    Some(GetOutcome::Hit(n))
+                }
+                Direct::Hit(_) => Some(GetOutcome::Failed(COPY_FAILED)),
+                Direct::TooLarge => Some(GetOutcome::Failed(ErrorCode::TooLarge)),
+                Direct::Elsewhere => None,
+            })
+            .collect();
+        self.transports.read(TransportKind::Shm, hits);
+        if let Some(stage) = slot {
+            self.stages.give(stage);
+        }
+        Some(out)
+    }
+
+    /// `get_into_spans` of the blocks `idx`, all on GPU `ordinal`, through
+    /// pinned staging.
+    async unsafe fn get_through_staging(
         &self,
-        namespace: &Namespace,
-        ordinal: i32,
-        idx: &[usize],
-        hashes: &[BlockHash],
-        blocks: &[Vec<Span>],
+        gets: Gets<'_>,
     ) -> Result<Vec<GetOutcome>, ClientError> {
+        let Gets {
+            namespace,
+            ordinal,
+            idx,
+            hashes,
+            blocks,
+        } = gets;
         let sizes: Vec<usize> = idx.iter().map(|&i| total(&blocks[i])).collect();
         let mut out = vec![GetOutcome::Miss; idx.len()];
         let mut stages: [Option<Stage>; 2] = [None, None];
@@ -404,6 +499,17 @@ impl Client {
     }
 }
 
+/// What `get_staged` reads: the blocks `idx` of `blocks` (their hashes in
+/// `hashes`), all on GPU `ordinal`.
+#[derive(Clone, Copy)]
+struct Gets<'a> {
+    namespace: &'a Namespace,
+    ordinal: i32,
+    idx: &'a [usize],
+    hashes: &'a [BlockHash],
+    blocks: &'a [Vec<Span>],
+}
+
 /// What `put_staged` puts: the blocks `idx` of `blocks`, on GPU `ordinal`.
 struct Staged<'a> {
     ordinal: i32,
@@ -433,31 +539,6 @@ fn chunks(sizes: &[usize], limit: usize) -> Vec<std::ops::Range<usize>> {
 
 fn total(spans: &[Span]) -> usize {
     spans.iter().map(|s| s.len).sum()
-}
-
-/// Queues copying the first `n` bytes at `src` (pinned, in `stage`) into
-/// the spans, in order.
-///
-/// # Safety
-/// As `Stage::upload`.
-unsafe fn up(
-    stage: &mut Stage,
-    src: *const u8,
-    mut n: usize,
-    spans: &[Span],
-) -> Result<(), crate::device::DeviceError> {
-    let mut at = 0;
-    for span in spans {
-        let len = span.len.min(n);
-        if len == 0 {
-            break;
-        }
-        // SAFETY: the caller's promise.
-        unsafe { stage.upload(span.addr, src.add(at), len)? };
-        at += len;
-        n -= len;
-    }
-    Ok(())
 }
 
 /// Queues copying the spans, in order, to `dst` (pinned, in `stage`).

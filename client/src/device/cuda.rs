@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::{Device, DeviceError, Lane, Memory, Pinned};
+use super::{Device, DeviceError, Lane, Memory, Pinned, Registration};
 
 type CuResult = c_int;
 type CuDevice = c_int;
@@ -26,6 +26,8 @@ const MEMORYTYPE_DEVICE: c_uint = 2;
 const STREAM_NON_BLOCKING: c_uint = 1;
 /// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context.
 const MEMHOSTALLOC_PORTABLE: c_uint = 1;
+/// `CU_MEMHOSTREGISTER_PORTABLE`: registered for every context.
+const MEMHOSTREGISTER_PORTABLE: c_uint = 1;
 
 /// The driver's entry points this client calls.
 struct Api {
@@ -45,6 +47,8 @@ struct Api {
         unsafe extern "C" fn(CuDevicePtr, *const c_void, usize, CuStream) -> CuResult,
     memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, CuDevicePtr, usize, CuStream) -> CuResult,
     mem_host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult,
+    mem_host_register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult,
+    mem_host_unregister: unsafe extern "C" fn(*mut c_void) -> CuResult,
     mem_free_host: unsafe extern "C" fn(*mut c_void) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut CuDevicePtr, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(CuDevicePtr) -> CuResult,
@@ -107,6 +111,8 @@ impl Cuda {
                 memcpy_htod_async: sym!("cuMemcpyHtoDAsync_v2"),
                 memcpy_dtoh_async: sym!("cuMemcpyDtoHAsync_v2"),
                 mem_host_alloc: sym!("cuMemHostAlloc"),
+                mem_host_register: sym!("cuMemHostRegister_v2"),
+                mem_host_unregister: sym!("cuMemHostUnregister"),
                 mem_free_host: sym!("cuMemFreeHost"),
                 mem_alloc: sym!("cuMemAlloc_v2"),
                 mem_free: sym!("cuMemFree_v2"),
@@ -296,6 +302,21 @@ impl Device for Cuda {
         });
         // SAFETY: `len` bytes, ours alone until freed.
         Ok(unsafe { Pinned::from_raw(ptr, len, free) })
+    }
+
+    unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<Registration, DeviceError> {
+        let d = &self.0;
+        // SAFETY: memory the caller keeps mapped until the registration
+        // ends (this method's contract).
+        d.check("cuMemHostRegister", unsafe {
+            (d.api.mem_host_register)(ptr.cast(), len, MEMHOSTREGISTER_PORTABLE)
+        })?;
+        let driver = d.clone();
+        let addr = ptr as usize;
+        Ok(Registration::new(Box::new(move || {
+            // SAFETY: registered above, unregistered once.
+            unsafe { (driver.api.mem_host_unregister)(addr as *mut c_void) };
+        })))
     }
 }
 

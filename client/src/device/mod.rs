@@ -18,6 +18,7 @@ mod stand_in;
 
 use std::ptr::NonNull;
 
+pub(crate) use staging::up;
 pub(crate) use staging::{Stage, Stages};
 pub use stand_in::HostStandIn;
 
@@ -51,6 +52,33 @@ pub trait Device: Send + Sync {
     /// `len` bytes of host memory that the GPU's copy engines reach
     /// directly (page-locked).
     fn pinned(&self, len: usize) -> Result<Pinned, DeviceError>;
+
+    /// Page-locks `len` bytes of host memory at `ptr` (a mapping of the
+    /// same-host daemon's pool) so that the GPU's copy engines reach them
+    /// directly, until the registration is dropped.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until the registration is dropped.
+    unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<Registration, DeviceError>;
+}
+
+/// Host memory registered with a device (`Device::register_host`); dropping
+/// it ends the registration.
+pub struct Registration(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl Registration {
+    /// A registration that `end` ends.
+    pub fn new(end: Box<dyn FnOnce() + Send + Sync>) -> Registration {
+        Registration(Some(end))
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(end) = self.0.take() {
+            end();
+        }
+    }
 }
 
 /// A queue of copies that run in order, asynchronously to the caller,

@@ -18,7 +18,9 @@ pub(crate) struct Stage {
 
 impl Stage {
     /// # Safety
-    /// As `Lane::upload`; `src` lies in `self.buf`.
+    /// As `Lane::upload`; `src` lies in `self.buf`, or in host memory
+    /// registered with the device that stays mapped until the stage is
+    /// waited on.
     pub(crate) unsafe fn upload(
         &mut self,
         dst: usize,
@@ -68,6 +70,31 @@ impl Drop for Stage {
             }
         }
     }
+}
+
+/// Queues copying the first `n` bytes at `src` (pinned, in `stage`) into
+/// the spans, in order.
+///
+/// # Safety
+/// As `Stage::upload`.
+pub(crate) unsafe fn up(
+    stage: &mut Stage,
+    src: *const u8,
+    mut n: usize,
+    spans: &[super::Span],
+) -> Result<(), DeviceError> {
+    let mut at = 0;
+    for span in spans.iter().filter(|s| s.len > 0) {
+        let len = span.len.min(n);
+        if len == 0 {
+            break;
+        }
+        // SAFETY: the caller's promise.
+        unsafe { stage.upload(span.addr, src.add(at), len)? };
+        at += len;
+        n -= len;
+    }
+    Ok(())
 }
 
 /// Stages not in use, for the next calls.

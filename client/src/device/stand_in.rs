@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{Device, DeviceError, Lane, Memory, Pinned};
+use super::{Device, DeviceError, Lane, Memory, Pinned, Registration};
 
 /// See the module's comment. Cheap to clone: clones share one "GPU".
 #[derive(Clone, Default)]
@@ -30,6 +30,10 @@ struct State {
     fail_at: Option<u64>,
     uploads: u64,
     downloads: u64,
+    /// Host memory registered (`register_host`): start -> length.
+    registered: BTreeMap<usize, usize>,
+    /// Uploads whose source was registered host memory (not staging).
+    uploads_from_registered: u64,
 }
 
 /// Whether `[addr, addr + len)` lies inside one of `ranges`.
@@ -51,6 +55,11 @@ impl State {
 
     fn is_pinned(&self, addr: usize, len: usize) -> bool {
         inside(self.pinned.range(..=addr).map(|(&a, &n)| (a, n)), addr, len)
+            || inside(
+                self.registered.range(..=addr).map(|(&a, &n)| (a, n)),
+                addr,
+                len,
+            )
     }
 }
 
@@ -121,6 +130,16 @@ impl HostStandIn {
     pub fn pinned_bytes(&self) -> usize {
         self.state.lock().pinned.values().sum()
     }
+
+    /// Uploads so far whose source was registered host memory.
+    pub fn uploads_from_registered(&self) -> u64 {
+        self.state.lock().uploads_from_registered
+    }
+
+    /// Bytes of host memory registered and not yet unregistered.
+    pub fn registered_bytes(&self) -> usize {
+        self.state.lock().registered.values().sum()
+    }
 }
 
 impl Device for HostStandIn {
@@ -159,6 +178,21 @@ impl Device for HostStandIn {
         });
         // SAFETY: freshly allocated, `len` bytes, ours alone.
         Ok(unsafe { Pinned::from_raw(ptr, len, free) })
+    }
+
+    unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<Registration, DeviceError> {
+        let addr = ptr as usize;
+        let mut state = self.state.lock();
+        if state.is_pinned(addr, 1) {
+            return Err(DeviceError(format!(
+                "stand-in: {addr:#x} is registered already"
+            )));
+        }
+        state.registered.insert(addr, len);
+        let state = self.state.clone();
+        Ok(Registration::new(Box::new(move || {
+            state.lock().registered.remove(&addr);
+        })))
     }
 }
 
@@ -214,6 +248,13 @@ impl Lane for StandInLane {
                 match copy {
                     Copy::Up { .. } => {
                         state.uploads += 1;
+                        if inside(
+                            state.registered.range(..=host).map(|(&a, &n)| (a, n)),
+                            host,
+                            len,
+                        ) {
+                            state.uploads_from_registered += 1;
+                        }
                         std::ptr::copy_nonoverlapping(host as *const u8, dev as *mut u8, len)
                     }
                     Copy::Down { .. } => {

@@ -36,6 +36,9 @@ use mooncake_proto::transport::TransportKind;
 use super::{answer, push_frame, GetItem, PutItem, Read, Transport};
 use crate::{ClientError, ErrorSource};
 
+mod device;
+pub(crate) use device::Direct;
+
 /// A mapping of a daemon's pool (read for gets, written only into room
 /// the daemon reserved for a put), or of its index (read only).
 struct Mapping {
@@ -117,6 +120,10 @@ struct Touches {
 pub(crate) struct ShmLink {
     /// The daemon's TCP address, as block locations name it.
     pub addr: String,
+    /// The pool registered with the GPU, once a get into GPU memory asked
+    /// (`None`: the device refused). Declared before `map`: a registration
+    /// ends before the mapping goes.
+    on_device: std::sync::OnceLock<Option<crate::device::Registration>>,
     map: std::sync::Arc<Mapping>,
     /// The pool's memfd (its inode): a new connection handing another
     /// one means the daemon restarted, and this link is stale.
@@ -167,6 +174,7 @@ impl ShmLink {
         let populated = populate(&map);
         Ok(ShmLink {
             addr: hello.addr,
+            on_device: std::sync::OnceLock::new(),
             map,
             pool_inode,
             page_size,
