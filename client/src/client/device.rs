@@ -12,6 +12,7 @@ use super::*;
 use crate::device::cuda::Cuda;
 use crate::device::{up, Device, DeviceChoice, Memory, Span, Stage};
 use crate::transport::shm::Direct;
+use mooncake_proto::message::Tier;
 
 /// Per-block outcome of a device copy that failed.
 const COPY_FAILED: ErrorCode = ErrorCode::Internal;
@@ -287,13 +288,31 @@ impl Client {
         if !link.on_device(device.as_ref()) {
             return None;
         }
+        // Only blocks whose copy this daemon holds in DRAM are asked of it
+        // (it counts what it does not hold as a miss of its own).
+        let all: Vec<BlockHash> = idx.iter().map(|&i| hashes[i]).collect();
+        let mut locations: Vec<Option<Location>> = all
+            .iter()
+            .map(|h| self.locations.get(&BlockKey::new(namespace.clone(), *h)))
+            .collect();
+        let unknown: Vec<usize> = (0..all.len()).filter(|&j| locations[j].is_none()).collect();
+        self.locate(namespace, &all, &unknown, &mut locations)
+            .await
+            .ok()?;
+        let here: Vec<usize> = (0..all.len())
+            .filter(|&j| locations[j].is_some_and(|l| self.in_pool_of(&l, &link.addr)))
+            .collect();
+        let mut out = vec![None; idx.len()];
+        if here.is_empty() {
+            return Some(out);
+        }
         let mut slot = None;
         let stage = self
             .stage(&mut slot, ordinal, 1)
             .inspect_err(|err| tracing::warn!(%err, "no GPU lane"))
             .ok()?;
-        let hs: Vec<BlockHash> = idx.iter().map(|&i| hashes[i]).collect();
-        let spans: Vec<&[Span]> = idx.iter().map(|&i| &blocks[i][..]).collect();
+        let hs: Vec<BlockHash> = here.iter().map(|&j| all[j]).collect();
+        let spans: Vec<&[Span]> = here.iter().map(|&j| &blocks[idx[j]][..]).collect();
         // SAFETY: the caller's promise, passed on.
         let (direct, copied) =
             match unsafe { link.get_to_device(namespace, &hs, &spans, stage) }.await {
@@ -311,9 +330,8 @@ impl Client {
             slot = None;
         }
         let mut hits = 0;
-        let out = direct
-            .into_iter()
-            .map(|d| match d {
+        for (&j, d) in here.iter().zip(direct) {
+            out[j] = match d {
                 Direct::Hit(n) if copied.is_ok() => {
                     hits += 1;
                     Some(GetOutcome::Hit(n))
@@ -321,13 +339,22 @@ impl Client {
                 Direct::Hit(_) => Some(GetOutcome::Failed(COPY_FAILED)),
                 Direct::TooLarge => Some(GetOutcome::Failed(ErrorCode::TooLarge)),
                 Direct::Elsewhere => None,
-            })
-            .collect();
+            };
+        }
         self.transports.read(TransportKind::Shm, hits);
         if let Some(stage) = slot {
             self.stages.give(stage);
         }
         Some(out)
+    }
+
+    /// Whether a copy of the block at `location` lies in the DRAM of the
+    /// daemon at `addr`.
+    fn in_pool_of(&self, location: &Location, addr: &str) -> bool {
+        location
+            .daemons
+            .with_tiers()
+            .any(|(d, tier)| tier == Tier::Dram && self.peer(d).is_ok_and(|p| p.addr == addr))
     }
 
     /// `get_into_spans` of the blocks `idx`, all on GPU `ordinal`, through
