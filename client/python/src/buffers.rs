@@ -171,15 +171,17 @@ impl Registered {
         ptr: usize,
         len: usize,
         client: &mooncake_client::Client,
-    ) -> PyResult<Memory> {
+    ) -> PyResult<()> {
         if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
             return Err(PyValueError::new_err(format!(
                 "cannot register {len} bytes at {ptr:#x}"
             )));
         }
-        let memory = match client.memory_of(ptr) {
-            Memory::Device(_) => Memory::Device(gpu_memory(client, ptr, len)?),
-            Memory::Host if host_memory(ptr, len) => Memory::Host,
+        match client.memory_of(ptr) {
+            Memory::Device(_) => {
+                gpu_memory(client, ptr, len)?;
+            }
+            Memory::Host if host_memory(ptr, len) => {}
             Memory::Host => {
                 let why = match client.device() {
                     Some(device) => format!("nor GPU memory, as {} tells", device.name()),
@@ -198,7 +200,7 @@ impl Registered {
             )));
         }
         ranges.insert(ptr, len);
-        Ok(memory)
+        Ok(())
     }
 
     pub fn unregister(&self, ptr: usize) -> bool {

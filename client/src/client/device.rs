@@ -80,7 +80,7 @@ impl Client {
             )));
         }
         let mut out = vec![GetOutcome::Miss; hashes.len()];
-        for (memory, idx) in self.by_memory(blocks) {
+        for (memory, idx) in self.by_memory(blocks.iter().map(Vec::as_slice)) {
             let got = match memory {
                 None => vec![GetOutcome::Failed(MIXED); idx.len()],
                 Some(Memory::Host) => {
@@ -129,9 +129,8 @@ impl Client {
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let parents = put::parents_of(chain, blocks.iter().map(|(h, _)| *h), tags.len())?;
         let tag = |i: usize| tags.get(i).cloned().flatten();
-        let spans: Vec<Vec<Span>> = blocks.iter().map(|(_, s)| s.clone()).collect();
         let mut out = vec![PutOutcome::Failed(ErrorCode::Internal); blocks.len()];
-        for (memory, idx) in self.by_memory(&spans) {
+        for (memory, idx) in self.by_memory(blocks.iter().map(|(_, s)| s.as_slice())) {
             match memory {
                 None => {
                     for &i in &idx {
@@ -142,7 +141,7 @@ impl Client {
                     // SAFETY: host spans the caller vouches for.
                     let pieces: Vec<Vec<&[u8]>> = idx
                         .iter()
-                        .map(|&i| unsafe { host_pieces(&spans[i]) })
+                        .map(|&i| unsafe { host_pieces(&blocks[i].1) })
                         .collect();
                     let values: Vec<(BlockHash, Value<'_>)> = idx
                         .iter()
@@ -177,9 +176,12 @@ impl Client {
     /// The blocks' indexes grouped by the memory they lie in, in order
     /// within each group; `None`: blocks whose pieces lie in different
     /// memories (host and GPU, or two GPUs), which are refused.
-    fn by_memory(&self, blocks: &[Vec<Span>]) -> Vec<(Option<Memory>, Vec<usize>)> {
+    fn by_memory<'s>(
+        &self,
+        blocks: impl Iterator<Item = &'s [Span]>,
+    ) -> Vec<(Option<Memory>, Vec<usize>)> {
         let mut groups: Vec<(Option<Memory>, Vec<usize>)> = Vec::new();
-        for (i, spans) in blocks.iter().enumerate() {
+        for (i, spans) in blocks.enumerate() {
             let memory = match self.device() {
                 None => Some(Memory::Host),
                 Some(_) => {

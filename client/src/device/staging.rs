@@ -107,8 +107,8 @@ pub(crate) struct Stages {
 const KEPT: usize = 8;
 
 impl Stages {
-    /// A stage of at least `len` bytes for GPU `ordinal`: a kept one, or
-    /// a new one.
+    /// A stage of at least `len` bytes for GPU `ordinal`: the smallest
+    /// kept one that fits, or a new one.
     pub(crate) fn take(
         &self,
         device: &dyn Device,
@@ -117,10 +117,10 @@ impl Stages {
     ) -> Result<Stage, DeviceError> {
         {
             let mut idle = self.idle.lock();
-            if let Some(i) = idle
-                .iter()
-                .position(|s| s.ordinal == ordinal && s.buf.len() >= len)
-            {
+            let fits = (0..idle.len())
+                .filter(|&i| idle[i].ordinal == ordinal && idle[i].buf.len() >= len)
+                .min_by_key(|&i| idle[i].buf.len());
+            if let Some(i) = fits {
                 return Ok(idle.swap_remove(i));
             }
         }
