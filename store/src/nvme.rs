@@ -7,12 +7,19 @@
 //! point leaves either no entry (the extent is free space again on restart)
 //! or an entry for completely written bytes; checksums catch the rest
 //! (a read that fails its checksum is a miss, and the block is dropped).
+//!
+//! A block its writer tagged (the engine's own name for it, see
+//! `EngineTag`) keeps its tag in a second index entry, written in one batch
+//! with the block's, so that a restarted daemon's inventory names the
+//! block as before.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+use mooncake_proto::message::EngineTag;
 use mooncake_proto::{checksum, BlockHash, BlockKey, Namespace};
 use parking_lot::Mutex;
 
@@ -43,6 +50,9 @@ struct Record {
     len: u32,
     checksum: u64,
     parent: Option<BlockHash>,
+    /// Whether the index holds a tag entry for the block (not part of the
+    /// record's bytes).
+    tagged: bool,
 }
 
 impl Record {
@@ -72,6 +82,7 @@ impl Record {
             len: u32::from_le_bytes(b[8..12].try_into().ok()?),
             checksum: u64::from_le_bytes(b[12..20].try_into().ok()?),
             parent,
+            tagged: false,
         })
     }
 
@@ -87,6 +98,18 @@ fn index_key(key: &BlockKey) -> Vec<u8> {
     out.extend_from_slice(ns);
     out.push(0);
     out.extend_from_slice(&key.hash.0);
+    out
+}
+
+/// First byte of a tag entry's key (then the block's index key): no
+/// namespace starts with it (it is not UTF-8), so tag entries sort after
+/// every block's, and a daemon from before tags drops them on open as
+/// entries it cannot read.
+const TAG_ENTRY: u8 = 0xff;
+
+fn tag_key(key: &BlockKey) -> Vec<u8> {
+    let mut out = vec![TAG_ENTRY];
+    out.extend_from_slice(&index_key(key));
     out
 }
 
@@ -198,6 +221,8 @@ pub struct NvmeTier {
     io_errors: AtomicU64,
     headroom: Headroom,
     quotas: Quotas,
+    /// The tags found on open, until the tiers take them (`take_tags`).
+    recovered_tags: Mutex<Vec<(BlockKey, Arc<EngineTag>)>>,
 }
 
 impl NvmeTier {
@@ -231,8 +256,22 @@ impl NvmeTier {
             tenant_used: Vec::new(),
         };
         let mut dropped = Vec::new();
+        let mut tags = Vec::new();
         for item in db.iterator(rocksdb::IteratorMode::Start) {
             let (k, v) = item?;
+            if k.first() == Some(&TAG_ENTRY) {
+                // After every block's entry: its block is known by now.
+                let tag = parse_index_key(&k[1..]).and_then(|key| {
+                    let (rec, _) = state.blocks.get_mut(&key)?;
+                    rec.tagged = true;
+                    Some((key, EngineTag::from_wire(&v).ok()??))
+                });
+                match tag {
+                    Some(tag) => tags.push(tag),
+                    None => dropped.push(k),
+                }
+                continue;
+            }
             match decode_entry(&k, &v) {
                 Some((key, rec)) if state.extents.claim(rec.offset, rec.extent()) => {
                     state.clock += 1;
@@ -251,7 +290,12 @@ impl NvmeTier {
                 "unusable index entries dropped on open"
             );
         }
-        tracing::info!(blocks = state.blocks.len(), capacity, "NVMe tier opened");
+        tracing::info!(
+            blocks = state.blocks.len(),
+            tagged = tags.len(),
+            capacity,
+            "NVMe tier opened"
+        );
         Ok(NvmeTier {
             engine,
             db,
@@ -262,7 +306,13 @@ impl NvmeTier {
             io_errors: AtomicU64::new(0),
             headroom,
             quotas: Quotas::default(),
+            recovered_tags: Mutex::new(tags),
         })
+    }
+
+    /// The tags of the blocks found on open (once: a second call has none).
+    pub fn take_tags(&self) -> Vec<(BlockKey, Arc<EngineTag>)> {
+        std::mem::take(&mut *self.recovered_tags.lock())
     }
 
     /// Gives tenants shares of this drive (see `quota`); blocks already on
@@ -299,7 +349,14 @@ impl NvmeTier {
     fn drop_locked(&self, state: &mut State, key: &BlockKey) -> Result<Record, TierError> {
         let (rec, stamp) = state.blocks.remove(key).expect("an indexed block");
         state.lru.remove(&stamp);
-        self.db.delete(index_key(key))?;
+        if rec.tagged {
+            let mut batch = rocksdb::WriteBatch::default();
+            batch.delete(index_key(key));
+            batch.delete(tag_key(key));
+            self.db.write(batch)?;
+        } else {
+            self.db.delete(index_key(key))?;
+        }
         state.extents.release(rec.offset, rec.extent());
         if let Some(t) = self.quotas.tenant_of(&key.namespace) {
             state.tenant_used[t as usize] -= rec.extent();
@@ -391,15 +448,15 @@ impl NvmeTier {
             .collect()
     }
 
-    /// Stores a block (a demotion from DRAM, or a direct put). Evicts the
-    /// tier's least recently used blocks if it is full; returns the keys
-    /// it evicted.
+    /// Stores a block (a demotion from DRAM, or a direct put), with the
+    /// parent and tag it was written with. Evicts the tier's least
+    /// recently used blocks if it is full; returns the keys it evicted.
     pub async fn put(
         &self,
         key: &BlockKey,
         value: &[u8],
         sum: u64,
-        parent: Option<BlockHash>,
+        (parent, tag): (Option<BlockHash>, Option<&Arc<EngineTag>>),
     ) -> Result<Vec<BlockKey>, TierError> {
         let extent = (value.len() as u64).max(1).next_multiple_of(ALIGN as u64);
         if extent > self.capacity || value.len() > u32::MAX as usize {
@@ -466,12 +523,10 @@ impl NvmeTier {
             len: value.len() as u32,
             checksum: sum,
             parent,
+            tagged: tag.is_some(),
         };
         let indexed = match written {
-            Ok(n) if n as u64 == extent => self
-                .db
-                .put(index_key(key), record.encode())
-                .map_err(TierError::from),
+            Ok(n) if n as u64 == extent => self.index(key, &record, tag),
             Ok(n) => Err(self.io_failed(io::Error::new(
                 io::ErrorKind::WriteZero,
                 format!("short write: {n} of {extent} bytes"),
@@ -495,6 +550,22 @@ impl NvmeTier {
                 Err(err)
             }
         }
+    }
+
+    /// Writes a block's index entry, and its tag's in the same batch.
+    fn index(
+        &self,
+        key: &BlockKey,
+        record: &Record,
+        tag: Option<&Arc<EngineTag>>,
+    ) -> Result<(), TierError> {
+        let Some(tag) = tag else {
+            return Ok(self.db.put(index_key(key), record.encode())?);
+        };
+        let mut batch = rocksdb::WriteBatch::default();
+        batch.put(index_key(key), record.encode());
+        batch.put(tag_key(key), EngineTag::to_wire(&Some(tag.clone())));
+        Ok(self.db.write(batch)?)
     }
 
     /// Reads a block, verified against its checksum; `Ok(None)` on a miss

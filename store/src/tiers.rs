@@ -48,8 +48,8 @@ pub struct Tiers {
     moved: Mutex<Vec<BlockKey>>,
     /// What the engine calls each block its writer tagged, while any tier
     /// holds it, for the inventory a new meta leader rebuilds its events
-    /// from. Not kept across restarts: a block read back from a drive
-    /// after one has no tag.
+    /// from. A block demoted to a drive keeps its tag there, and a
+    /// restarted daemon reads it back.
     tags: Mutex<HashMap<BlockKey, Arc<EngineTag>>>,
     /// Whether any block was ever tagged: untagged puts then skip the
     /// lock above.
@@ -113,7 +113,13 @@ impl Tiers {
         assert!(!drives.is_empty(), "an NVMe tier has at least one drive");
         let (tx, rx) = mpsc::channel(DEMOTION_QUEUE);
         dram.demote_to(tx);
-        let tiers = Arc::new(Self::new(dram, drives, promote_after));
+        let tiers = Self::new(dram, drives, promote_after);
+        let found: HashMap<_, _> = tiers.nvme.iter().flat_map(|d| d.take_tags()).collect();
+        if !found.is_empty() {
+            tiers.tagged.store(true, Ordering::Relaxed);
+            *tiers.tags.lock() = found;
+        }
+        let tiers = Arc::new(tiers);
         tasks.spawn(demoter(tiers.clone(), rx, shutdown));
         tiers
     }
@@ -306,6 +312,14 @@ impl Tiers {
         }
     }
 
+    /// The tag kept for `key`, if any.
+    fn tag_of(&self, key: &BlockKey) -> Option<Arc<EngineTag>> {
+        if !self.tagged.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.tags.lock().get(key).cloned()
+    }
+
     /// Forgets the tags of blocks reported gone, unless a tier holds the
     /// key again (put anew since).
     pub fn forget_tags(&self, gone: &[BlockKey]) {
@@ -486,9 +500,15 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                     let i = tiers.pick_drive(&demoted.key, &in_flight_bytes);
                     in_flight_bytes[i] += demoted.bytes.len() as u64;
                     let drive = tiers.nvme[i].clone();
+                    let tag = tiers.tag_of(&demoted.key);
                     writes.push(async move {
                         let written = drive
-                            .put(&demoted.key, &demoted.bytes, demoted.checksum, demoted.parent)
+                            .put(
+                                &demoted.key,
+                                &demoted.bytes,
+                                demoted.checksum,
+                                (demoted.parent, tag.as_ref()),
+                            )
                             .await;
                         (i, demoted, written)
                     });

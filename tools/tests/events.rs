@@ -476,3 +476,87 @@ async fn blocks_demoted_to_nvme_move_to_storage_in_events_lookups_and_route() {
     assert_eq!(host.held_nvme, on_nvme);
     assert_eq!(host.leading_nvme, on_nvme);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_kill_and_restart_blocks_read_back_from_nvme_keep_their_engine_names_and_tokens() {
+    let drive = scratch_dir("events-nvme-tags").join("nvme.bin");
+    let config = format!(
+        "eviction = \"lru\"\nnvme = [\"{}:64MiB\"]\n",
+        drive.display()
+    );
+    let mut store = up("4MiB", Some(&config)).await;
+    let client = client(&store.meta);
+    // Chains of 10 tagged blocks of 256 KiB, 10 MiB in all, into 4 MiB
+    // of DRAM: the early ones are demoted to the drive, tags and all.
+    let value = vec![3u8; 256 << 10];
+    let tokens = |i: u64| (4 * i as u32..4 * i as u32 + 4).collect::<Vec<u32>>();
+    let name = |i: u64| EngineHash::Int(7000 + i);
+    for chain in 0..4u64 {
+        let ids: Vec<u64> = (chain * 10..chain * 10 + 10).collect();
+        let blocks: Vec<(BlockHash, Value<'_>)> =
+            ids.iter().map(|i| (hash(*i), Value::One(&value))).collect();
+        let tags: Vec<_> = ids
+            .iter()
+            .map(|i| {
+                Some(Arc::new(
+                    EngineTag::new(Some(name(*i)), tokens(*i)).unwrap(),
+                ))
+            })
+            .collect();
+        let out = client
+            .put_tagged(&ns(), &blocks, Some(None), &tags, PutOptions::default())
+            .await
+            .unwrap();
+        assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    }
+    let hashes: Vec<BlockHash> = (0..40).map(hash).collect();
+    let demoted = common::eventually(Duration::from_secs(20), async || {
+        let truth = tiers(&client, &hashes).await;
+        truth.iter().filter(|t| **t == Some(Tier::Nvme)).count() >= 10
+    })
+    .await;
+    assert!(demoted.is_some(), "at least 10 of 40 blocks demoted");
+
+    // Killed, then started again on the same drive: the blocks on it come
+    // back, and the events name them as their writer did.
+    store.kill9();
+    let store = up("4MiB", Some(&config)).await;
+    let client = self::client(&store.meta);
+    let mut sub = Subscriber::connect(&store.events, &store.replay, 0).await;
+    // The listing is read again each round, as the inventory lands.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (back, held) = loop {
+        let back: Vec<BlockHash> = listed(&client, &ns()).await;
+        let held: Vec<u64> = (0..40).filter(|i| back.contains(&hash(*i))).collect();
+        let names: BTreeSet<Vec<u8>> = held.iter().map(|i| raw(&name(*i))).collect();
+        let named = |p: &common::events::Picture| p.all() == names;
+        if !held.is_empty() && sub.follow_until(Duration::from_millis(500), named).await {
+            break (back, held);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted store never named its {} blocks by their tags: {} names seen",
+            held.len(),
+            sub.picture.all().len()
+        );
+    };
+    assert!(
+        held.len() >= 10,
+        "{} blocks back from the drive",
+        held.len()
+    );
+    for i in &held {
+        assert_eq!(
+            sub.picture.tokens[&raw(&name(*i))],
+            tokens(*i),
+            "block {i}'s tokens"
+        );
+        if i % 10 != 0 && back.contains(&hash(i - 1)) {
+            assert_eq!(
+                sub.picture.parents[&raw(&name(*i))],
+                Some(raw(&name(i - 1))),
+                "block {i}'s parent"
+            );
+        }
+    }
+}

@@ -108,6 +108,14 @@ impl EngineTag {
         encode_tag(&mut w, tag);
         w.buf
     }
+
+    /// A tag read back from `to_wire`'s bytes, all of them.
+    pub fn from_wire(bytes: &[u8]) -> Result<Option<Arc<EngineTag>>, ProtoError> {
+        let mut r = Reader::new(bytes);
+        let tag = decode_tag(&mut r)?;
+        r.finish()?;
+        Ok(tag)
+    }
 }
 
 /// An optional tag on the wire: `u8` 0 (none), 1 (no hash), 2 (an integer

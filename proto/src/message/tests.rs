@@ -393,3 +393,27 @@ fn an_engine_tag_past_its_limits_is_refused_on_both_ends() {
         })
     ));
 }
+
+#[test]
+fn a_tag_read_back_from_its_bytes_is_the_same_tag_and_trailing_bytes_are_refused() {
+    let tags = [
+        None,
+        Some(Arc::new(
+            EngineTag::new(Some(EngineHash::Int(7)), vec![1, 2, 3]).unwrap(),
+        )),
+        Some(Arc::new(
+            EngineTag::new(Some(EngineHash::Bytes(vec![4; 32].into())), vec![])
+                .unwrap()
+                .with_key("model@tp_rank:0@pcp0@dcp0@pp_rank:0@abcd")
+                .unwrap(),
+        )),
+    ];
+    for tag in tags {
+        let bytes = EngineTag::to_wire(&tag);
+        assert_eq!(EngineTag::from_wire(&bytes).unwrap(), tag);
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(EngineTag::from_wire(&longer).is_err());
+        assert!(EngineTag::from_wire(&bytes[..bytes.len() - 1]).is_err());
+    }
+}

@@ -60,11 +60,13 @@ async fn a_blocks_parent_survives_a_reopen_and_old_records_still_open() {
     {
         let tier = open(&dir.0, EngineKind::Psync, 16 << 20);
         let v = value(1, 5000);
-        tier.put(&key(1), &v, checksum(&v), Some(parent))
+        tier.put(&key(1), &v, checksum(&v), (Some(parent), None))
             .await
             .unwrap();
         let v = value(2, 5000);
-        tier.put(&key(2), &v, checksum(&v), None).await.unwrap();
+        tier.put(&key(2), &v, checksum(&v), (None, None))
+            .await
+            .unwrap();
     }
     let tier = open(&dir.0, EngineKind::Psync, 16 << 20);
     assert_eq!(tier.parent_of(&key(1)), Some(parent));
@@ -75,6 +77,7 @@ async fn a_blocks_parent_survives_a_reopen_and_old_records_still_open() {
         len: 10,
         checksum: 7,
         parent: Some(parent),
+        tagged: false,
     }
     .encode()[..Record::LEN];
     let decoded = Record::decode(old).unwrap();
@@ -87,6 +90,73 @@ async fn a_blocks_parent_survives_a_reopen_and_old_records_still_open() {
 }
 
 #[tokio::test]
+async fn a_blocks_tag_survives_a_reopen_and_goes_with_its_block() {
+    use mooncake_proto::message::EngineHash;
+    let dir = Scratch::new();
+    let tag = |i: u64| {
+        Arc::new(
+            EngineTag::new(Some(EngineHash::Int(1000 + i)), vec![i as u32; 4])
+                .unwrap()
+                .with_key(&format!("model@tp_rank:0@{i}"))
+                .unwrap(),
+        )
+    };
+    {
+        // Four blocks of 256 KiB fill a drive of 1 MiB: 0, 1 and 3
+        // tagged. A fifth evicts the coldest (0), tag and all; block 1 is
+        // removed, tag and all.
+        let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
+        for i in 0..4u64 {
+            let v = value(i, 256 << 10);
+            let t = (i != 2).then(|| tag(i));
+            tier.put(&key(i), &v, checksum(&v), (None, t.as_ref()))
+                .await
+                .unwrap();
+        }
+        let v = value(4, 256 << 10);
+        let evicted = tier
+            .put(&key(4), &v, checksum(&v), (None, None))
+            .await
+            .unwrap();
+        assert_eq!(evicted, [key(0)]);
+        assert!(tier.remove(&key(1)).unwrap());
+        assert!(tier.take_tags().is_empty(), "a new drive had none");
+    }
+    let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
+    assert_eq!(tier.blocks(), 3);
+    assert_eq!(tier.take_tags(), [(key(3), tag(3))]);
+    assert!(tier.take_tags().is_empty(), "taken once");
+    // The tag entries left are exactly the one of the block held.
+    let entries: Vec<Box<[u8]>> = tier
+        .db
+        .iterator(rocksdb::IteratorMode::Start)
+        .map(|e| e.unwrap().0)
+        .filter(|k| k.first() == Some(&TAG_ENTRY))
+        .collect();
+    assert_eq!(entries, [tag_key(&key(3)).into_boxed_slice()]);
+    // Read as a block's entry (as a daemon from before tags reads it), a
+    // tag entry is unusable, and dropped on open.
+    assert!(decode_entry(&entries[0], &EngineTag::to_wire(&Some(tag(3)))).is_none());
+    // A tag entry whose block is gone, or whose bytes are not a tag, is
+    // dropped on open; the block of an unreadable tag stays, untagged.
+    tier.db
+        .put(tag_key(&key(9)), EngineTag::to_wire(&Some(tag(9))))
+        .unwrap();
+    tier.db.put(tag_key(&key(4)), [7u8, 7]).unwrap();
+    drop(tier);
+    let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
+    assert_eq!(tier.blocks(), 3);
+    assert_eq!(tier.take_tags(), [(key(3), tag(3))]);
+    let left = tier
+        .db
+        .iterator(rocksdb::IteratorMode::Start)
+        .filter(|e| e.as_ref().unwrap().0.first() == Some(&TAG_ENTRY))
+        .count();
+    assert_eq!(left, 1);
+    assert!(tier.get(&key(4)).await.unwrap().is_some());
+}
+
+#[tokio::test]
 async fn blocks_round_trip_and_survive_a_reopen_on_both_engines() {
     for kind in [EngineKind::Uring, EngineKind::Psync] {
         let dir = Scratch::new();
@@ -94,7 +164,9 @@ async fn blocks_round_trip_and_survive_a_reopen_on_both_engines() {
             let tier = open(&dir.0, kind, 64 << 20);
             for i in 0..50u64 {
                 let v = value(i, 1000 + i as usize * 977);
-                tier.put(&key(i), &v, checksum(&v), None).await.unwrap();
+                tier.put(&key(i), &v, checksum(&v), (None, None))
+                    .await
+                    .unwrap();
             }
             for i in 0..50u64 {
                 let (got, _) = tier.get(&key(i)).await.unwrap().unwrap();
@@ -112,7 +184,9 @@ async fn blocks_round_trip_and_survive_a_reopen_on_both_engines() {
         }
         // Recovered extents are not handed out again.
         let v = value(99, 300_000);
-        tier.put(&key(99), &v, checksum(&v), None).await.unwrap();
+        tier.put(&key(99), &v, checksum(&v), (None, None))
+            .await
+            .unwrap();
         for i in (0..50u64).filter(|i| *i != 7) {
             assert!(tier.get(&key(i)).await.unwrap().is_some());
         }
@@ -125,7 +199,10 @@ async fn a_full_tier_evicts_its_coldest_and_refuses_what_never_fits() {
     let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
     for i in 0..8u64 {
         let v = value(i, 200 << 10);
-        let evicted = tier.put(&key(i), &v, checksum(&v), None).await.unwrap();
+        let evicted = tier
+            .put(&key(i), &v, checksum(&v), (None, None))
+            .await
+            .unwrap();
         if i < 5 {
             assert!(evicted.is_empty());
         }
@@ -136,7 +213,7 @@ async fn a_full_tier_evicts_its_coldest_and_refuses_what_never_fits() {
     assert!(tier.used() <= tier.capacity());
     let huge = vec![0u8; 2 << 20];
     assert!(matches!(
-        tier.put(&key(100), &huge, 0, None).await,
+        tier.put(&key(100), &huge, 0, (None, None)).await,
         Err(TierError::TooLarge(_))
     ));
 }
@@ -154,13 +231,13 @@ async fn a_tenant_over_its_share_of_a_drive_evicts_its_own_blocks() {
     };
     for i in 0..4 {
         let v = value(i, 64 << 10);
-        tier.put(&in_ns("globex", i), &v, checksum(&v), None)
+        tier.put(&in_ns("globex", i), &v, checksum(&v), (None, None))
             .await
             .unwrap();
     }
     for i in 0..8 {
         let v = value(i, 64 << 10);
-        tier.put(&in_ns("acme/llama", i), &v, checksum(&v), None)
+        tier.put(&in_ns("acme/llama", i), &v, checksum(&v), (None, None))
             .await
             .unwrap();
         let (_, used, limit) = tier.tenant_usage()[0].clone();
@@ -184,7 +261,9 @@ async fn corrupt_bytes_on_the_device_are_a_miss_and_dropped() {
     let dir = Scratch::new();
     let tier = open(&dir.0, EngineKind::Psync, 4 << 20);
     let v = value(1, 10_000);
-    tier.put(&key(1), &v, checksum(&v) ^ 1, None).await.unwrap();
+    tier.put(&key(1), &v, checksum(&v) ^ 1, (None, None))
+        .await
+        .unwrap();
     assert!(tier.get(&key(1)).await.unwrap().is_none());
     assert_eq!(tier.corrupt_blocks(), 1);
     assert!(!tier.contains(&key(1)));
@@ -228,19 +307,21 @@ async fn an_io_error_or_a_full_device_leaves_no_entry_and_frees_the_space() {
         let tier = NvmeTier::open(engine, 4 << 20, &index).unwrap();
         let v = value(3, 8192);
         assert!(matches!(
-            tier.put(&key(3), &v, checksum(&v), None).await,
+            tier.put(&key(3), &v, checksum(&v), (None, None)).await,
             Err(TierError::Io(_))
         ));
         errno.store(libc::ENOSPC, Ordering::Relaxed);
         assert!(matches!(
-            tier.put(&key(3), &v, checksum(&v), None).await,
+            tier.put(&key(3), &v, checksum(&v), (None, None)).await,
             Err(TierError::NoSpace)
         ));
         assert_eq!(tier.io_errors(), 2, "both failures counted");
         assert!(!tier.contains(&key(3)));
         assert_eq!(tier.used(), 0);
         errno.store(0, Ordering::Relaxed);
-        tier.put(&key(3), &v, checksum(&v), None).await.unwrap();
+        tier.put(&key(3), &v, checksum(&v), (None, None))
+            .await
+            .unwrap();
         assert_eq!(tier.get(&key(3)).await.unwrap().unwrap().0, v);
     }
     let reopened = open(&dir.0, EngineKind::Psync, 4 << 20);

@@ -11,7 +11,7 @@ use super::{free_port, BIN};
 /// A single-host store (`up`) publishing events, its daemon heartbeating
 /// every 100 ms; its meta, events, replay and admin addresses.
 pub struct Up {
-    _proc: Proc,
+    proc: Proc,
     pub meta: String,
     pub events: String,
     pub replay: String,
@@ -68,11 +68,18 @@ pub async fn up(dram: &str, config: Option<&str>) -> Up {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Up {
-        _proc: proc,
+        proc,
         meta,
         events,
         replay,
         admin,
+    }
+}
+
+impl Up {
+    /// Kills the store (SIGKILL): no ordered stop, nothing flushed.
+    pub fn kill9(&mut self) {
+        self.proc.kill9();
     }
 }
 
