@@ -10,13 +10,20 @@
 # iperf3 streams at once, one process each (iperf3 3.12 runs all of a
 # process's streams on one thread), so that a ratio can be read against
 # what loopback TCP allows on this machine.
-# Usage: tools/bench/compare.sh [SIZES] [CONCURRENCY] [OPS] [CLIENT_THREADS]
+# Both servers that can use several threads run with the same number,
+# SERVER_THREADS (default: this machine's cores): memcached's -t, the
+# store's --threads (one runtime for its meta service and daemon). With its
+# own default (half the cores), a store daemon sharing a 2-core machine
+# with a 2-thread client gets one thread, and the CPU scheduler then gives
+# that thread a third of the machine.
+# Usage: tools/bench/compare.sh [SIZES] [CONCURRENCY] [OPS] [CLIENT_THREADS] [SERVER_THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SIZES="${1:-16KiB,256KiB,4MiB}"
 CONC="${2:-8}"
 OPS="${3:-4000}"
 THREADS="${4:-1}"
+SERVER_THREADS="${5:-$(nproc)}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
 
 need=()
@@ -52,10 +59,10 @@ wait "${clients[@]}" || true
 redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
     --proto-max-bulk-len 1gb --daemonize no >"$tmp/redis.log" 2>&1 &
 pids+=($!)
-# memcached: 4 threads (its default), values up to 8 MiB, 4 GiB of memory.
-memcached -p "$CPORT" -l 127.0.0.1 -U 0 -I 8m -m 4096 -u "$(id -un)" >"$tmp/memcached.log" 2>&1 &
+# memcached: SERVER_THREADS threads, values up to 8 MiB, 4 GiB of memory.
+memcached -t "$SERVER_THREADS" -p "$CPORT" -l 127.0.0.1 -U 0 -I 8m -m 4096 -u "$(id -un)" >"$tmp/memcached.log" 2>&1 &
 pids+=($!)
-"$BIN" up --meta-listen "127.0.0.1:$MPORT" --listen "127.0.0.1:$DPORT" --admin "" --dram 4GiB \
+"$BIN" up --threads "$SERVER_THREADS" --meta-listen "127.0.0.1:$MPORT" --listen "127.0.0.1:$DPORT" --admin "" --dram 4GiB \
     --shm-socket "$tmp/daemon.sock" >"$tmp/up.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
@@ -63,7 +70,7 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 
-echo "machine: $(nproc) cores, $(uname -r); concurrency $CONC; $OPS gets per size; client threads $THREADS; redis $(redis-server --version | grep -o 'v=[0-9.]*'), memcached $(memcached -V | cut -d' ' -f2)"
+echo "machine: $(nproc) cores, $(uname -r); concurrency $CONC; $OPS gets per size; client threads $THREADS; server threads $SERVER_THREADS (memcached, store); redis $(redis-server --version | grep -o 'v=[0-9.]*'), memcached $(memcached -V | cut -d' ' -f2)"
 common=(--threads "$THREADS" --sizes "$SIZES" --concurrency "$CONC" --ops "$OPS")
 # A reference that fails loses its own columns, not the table.
 "$BIN" bench-peer --peer redis --addr "127.0.0.1:$RPORT" "${common[@]}" --chain 128 >"$tmp/redis.json" ||
