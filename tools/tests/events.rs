@@ -56,6 +56,34 @@ fn chain_parent(i: u64, chain: u64) -> Option<Vec<u8>> {
     (i % chain != 0).then(|| hash(i - 1).0.to_vec())
 }
 
+/// The tokens `put_tagged_chains` tags block `i` with.
+fn tokens(i: u64) -> Vec<u32> {
+    (4 * i as u32..4 * i as u32 + 4).collect()
+}
+
+/// Puts blocks 0 to 39 of `len` bytes as 4 chains of 10, block `i` tagged
+/// with the engine name `first_name + i` and `tokens(i)`.
+async fn put_tagged_chains(client: &Client, len: usize, first_name: u64) {
+    let value = vec![9u8; len];
+    for chain in 0..4u64 {
+        let ids: Vec<u64> = (chain * 10..chain * 10 + 10).collect();
+        let blocks: Vec<(BlockHash, Value<'_>)> =
+            ids.iter().map(|i| (hash(*i), Value::One(&value))).collect();
+        let tags: Vec<_> = ids
+            .iter()
+            .map(|i| {
+                let name = EngineHash::Int(first_name + i);
+                Some(Arc::new(EngineTag::new(Some(name), tokens(*i)).unwrap()))
+            })
+            .collect();
+        let out = client
+            .put_tagged(&ns(), &blocks, Some(None), &tags, PutOptions::default())
+            .await
+            .unwrap();
+        assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
+    }
+}
+
 async fn put_range(client: &Client, range: std::ops::Range<u64>, len: usize) {
     let value = vec![7u8; len];
     let hashes: Vec<BlockHash> = range.map(hash).collect();
@@ -154,7 +182,6 @@ async fn an_engines_tags_name_its_blocks_their_parents_and_tokens_in_the_events(
     let client = client(&store.meta);
     let mut sub = Subscriber::connect(&store.events, &store.replay, 0).await;
     let value = vec![5u8; 4096];
-    let tokens = |i: u64| (4 * i as u32..4 * i as u32 + 4).collect::<Vec<u32>>();
     let tag =
         |name: EngineHash, i: u64| Some(Arc::new(EngineTag::new(Some(name), tokens(i)).unwrap()));
     // A chain of 4 named by integers, then 2 more in a later put, named
@@ -272,26 +299,7 @@ async fn after_the_leader_is_killed_tagged_blocks_keep_their_engine_names_parent
     let (events, replay) = cluster.events.as_ref().unwrap()[leader].clone();
     let mut sub = Subscriber::connect(&events, &replay, 0).await;
     // Chains of 10 blocks, each named 5000 + i by its engine, 4 tokens each.
-    let value = vec![9u8; 16 << 10];
-    let tokens = |i: u64| (4 * i as u32..4 * i as u32 + 4).collect::<Vec<u32>>();
-    for chain in 0..4u64 {
-        let ids: Vec<u64> = (chain * 10..chain * 10 + 10).collect();
-        let blocks: Vec<(BlockHash, Value<'_>)> =
-            ids.iter().map(|i| (hash(*i), Value::One(&value))).collect();
-        let tags: Vec<_> = ids
-            .iter()
-            .map(|i| {
-                Some(Arc::new(
-                    EngineTag::new(Some(EngineHash::Int(5000 + i)), tokens(*i)).unwrap(),
-                ))
-            })
-            .collect();
-        let out = client
-            .put_tagged(&ns(), &blocks, Some(None), &tags, PutOptions::default())
-            .await
-            .unwrap();
-        assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
-    }
+    put_tagged_chains(&client, 16 << 10, 5000).await;
     let name = |i: u64| raw(&EngineHash::Int(5000 + i));
     let all: BTreeSet<Vec<u8>> = (0..40).map(name).collect();
     assert!(
@@ -488,27 +496,8 @@ async fn after_a_kill_and_restart_blocks_read_back_from_nvme_keep_their_engine_n
     let client = client(&store.meta);
     // Chains of 10 tagged blocks of 256 KiB, 10 MiB in all, into 4 MiB
     // of DRAM: the early ones are demoted to the drive, tags and all.
-    let value = vec![3u8; 256 << 10];
-    let tokens = |i: u64| (4 * i as u32..4 * i as u32 + 4).collect::<Vec<u32>>();
+    put_tagged_chains(&client, 256 << 10, 7000).await;
     let name = |i: u64| EngineHash::Int(7000 + i);
-    for chain in 0..4u64 {
-        let ids: Vec<u64> = (chain * 10..chain * 10 + 10).collect();
-        let blocks: Vec<(BlockHash, Value<'_>)> =
-            ids.iter().map(|i| (hash(*i), Value::One(&value))).collect();
-        let tags: Vec<_> = ids
-            .iter()
-            .map(|i| {
-                Some(Arc::new(
-                    EngineTag::new(Some(name(*i)), tokens(*i)).unwrap(),
-                ))
-            })
-            .collect();
-        let out = client
-            .put_tagged(&ns(), &blocks, Some(None), &tags, PutOptions::default())
-            .await
-            .unwrap();
-        assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
-    }
     let hashes: Vec<BlockHash> = (0..40).map(hash).collect();
     let demoted = common::eventually(Duration::from_secs(20), async || {
         let truth = tiers(&client, &hashes).await;
