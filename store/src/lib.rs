@@ -162,12 +162,17 @@ pub async fn start(
     let meta_dialer = files.peer_dialer().map_err(DaemonError::Config)?;
     let tcp_tls = files.tcp_acceptor().map_err(DaemonError::Config)?;
     let addr = listener.local_addr().map_err(DaemonError::Listener)?;
-    let pool = Arc::new(
-        DramPool::new(config.pool()).map_err(|err| DaemonError::Pool {
-            size: config.dram.0,
-            err,
-        })?,
-    );
+    // Mapping and filling a large pool (the kernel may compact memory for
+    // its huge pages) and recovering a drive's index take seconds: off the
+    // runtime, which in `up` serves the meta service meanwhile.
+    let storage = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || open_storage(&config, addr))
+    };
+    let (pool, drives) = storage.await.map_err(|err| DaemonError::Pool {
+        size: config.dram.0,
+        err: std::io::Error::other(err),
+    })??;
     tracing::info!(
         %addr,
         capacity = %config.dram,
@@ -175,23 +180,13 @@ pub async fn start(
         tls = tcp_tls.is_some(),
         "storage daemon listening"
     );
-    let drives = config.nvme_drives().map_err(DaemonError::Config)?;
     let background = TaskTracker::new();
     let tiers = if drives.is_empty() {
         tiers::Tiers::dram_only(pool.clone())
     } else {
-        let mut opened = Vec::with_capacity(drives.len());
-        for (path, capacity) in drives {
-            let tier = open_drive(&path, capacity, &config).map_err(|err| DaemonError::Nvme {
-                path: path.clone(),
-                err,
-            })?;
-            tracing::info!(path = %path.display(), capacity, blocks = tier.blocks(), "NVMe drive ready");
-            opened.push(Arc::new(tier));
-        }
         tiers::Tiers::with_nvme(
             pool.clone(),
-            opened,
+            drives,
             config.promote_after,
             (&background, shutdown.child_token()),
         )
@@ -381,6 +376,30 @@ async fn serve_rdma(
 
 /// Opens one NVMe drive: its space reserved, its engine (io_uring, or
 /// pread/pwrite where io_uring is unavailable), its index recovered.
+/// The DRAM pool and the NVMe drives of `config`, opened: blocking work.
+fn open_storage(
+    config: &DaemonConfig,
+    addr: SocketAddr,
+) -> Result<(Arc<DramPool>, Vec<Arc<nvme::NvmeTier>>), DaemonError> {
+    if config.prefault {
+        tracing::info!(%addr, capacity = %config.dram, "filling the DRAM pool");
+    }
+    let pool = DramPool::new(config.pool()).map_err(|err| DaemonError::Pool {
+        size: config.dram.0,
+        err,
+    })?;
+    let mut drives = Vec::new();
+    for (path, capacity) in config.nvme_drives().map_err(DaemonError::Config)? {
+        let tier = open_drive(&path, capacity, config).map_err(|err| DaemonError::Nvme {
+            path: path.clone(),
+            err,
+        })?;
+        tracing::info!(path = %path.display(), capacity, blocks = tier.blocks(), "NVMe drive ready");
+        drives.push(Arc::new(tier));
+    }
+    Ok((Arc::new(pool), drives))
+}
+
 fn open_drive(
     path: &std::path::Path,
     capacity: u64,

@@ -99,8 +99,10 @@ impl Region {
             // Without MAP_NORESERVE the kernel refuses the mapping unless the
             // huge pages are reserved, instead of a SIGBUS on first touch.
             let huge_len = len.next_multiple_of(2 << 20);
-            let populate = if prefault { libc::MAP_POPULATE } else { 0 };
-            if let Some(ptr) = map(huge_len, flags | libc::MAP_HUGETLB | populate, -1) {
+            if let Some(ptr) = map(huge_len, flags | libc::MAP_HUGETLB, -1) {
+                if prefault {
+                    populate(ptr, huge_len);
+                }
                 return Ok(Region {
                     ptr,
                     len: huge_len,
@@ -181,15 +183,26 @@ impl Region {
 
 /// Gives every page of a new mapping its memory now, so that no request
 /// pays a fault; as `MAP_POPULATE` did, a failure (no memory left) is left
-/// to the first touch of each page.
+/// to the first touch of each page. A few MiB per call: the kernel holds
+/// the process's memory-map lock for reading while it fills (and may
+/// compact memory for huge pages), and one call over gigabytes would stall
+/// every other thread that maps memory (an allocation, a new thread) for
+/// the whole fill.
 fn populate(ptr: NonNull<u8>, len: usize) {
-    // SAFETY: filling our own mapping's pages changes no byte.
-    let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE) };
-    if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
-        // Kernels before 5.14 lack the advice: touch each page instead.
-        for offset in (0..len).step_by(4096) {
-            // SAFETY: in bounds; the pool is new, nobody reads it yet.
-            unsafe { ptr.as_ptr().add(offset).write_volatile(0) };
+    const STEP: usize = 16 << 20;
+    for start in (0..len).step_by(STEP) {
+        let n = STEP.min(len - start);
+        // SAFETY: in bounds; filling our own mapping's pages changes no byte.
+        let at = unsafe { ptr.as_ptr().add(start) };
+        // SAFETY: as above.
+        let rc = unsafe { libc::madvise(at.cast(), n, libc::MADV_POPULATE_WRITE) };
+        if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+            // Kernels before 5.14 lack the advice: touch each page instead.
+            for offset in (0..len).step_by(4096) {
+                // SAFETY: in bounds; the pool is new, nobody reads it yet.
+                unsafe { ptr.as_ptr().add(offset).write_volatile(0) };
+            }
+            return;
         }
     }
 }
@@ -248,5 +261,42 @@ mod tests {
         assert!(region.pages().starts_with("4KiB"), "{}", region.pages());
         // Prefaulted pages read as zero.
         assert!(unsafe { region.slice(0, 4 << 20) }.iter().all(|b| *b == 0));
+    }
+
+    /// Pages of `region` the kernel holds in memory, by `mincore`.
+    fn resident(region: &Region) -> usize {
+        let mut flags = vec![0u8; region.len().div_ceil(4096)];
+        // SAFETY: a mapping we own, and a vector of one byte per page.
+        let rc = unsafe {
+            libc::mincore(
+                region.ptr().as_ptr().cast(),
+                region.len(),
+                flags.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        flags.iter().filter(|f| *f & 1 == 1).count()
+    }
+
+    #[test]
+    fn prefaulting_fills_every_page_of_a_pool_larger_than_one_step() {
+        // Two and a half steps of 16 MiB, so the last call is a short one.
+        let len = 40 << 20;
+        for shared in [false, true] {
+            let filled = if shared {
+                Region::shared(len, false, true)
+            } else {
+                Region::new(len, false, true)
+            }
+            .unwrap();
+            assert_eq!(resident(&filled), len / 4096, "shared: {shared}");
+            let lazy = if shared {
+                Region::shared(len, false, false)
+            } else {
+                Region::new(len, false, false)
+            }
+            .unwrap();
+            assert_eq!(resident(&lazy), 0, "shared: {shared}");
+        }
     }
 }
