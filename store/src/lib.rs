@@ -14,6 +14,7 @@ mod headroom;
 pub mod hot;
 pub mod io;
 mod leases;
+mod memory;
 mod meta_link;
 pub mod metrics;
 pub mod nvme;
@@ -47,6 +48,8 @@ pub enum DaemonError {
     Config(String),
     #[error("cannot allocate the DRAM pool of {size} bytes: {err}")]
     Pool { size: u64, err: std::io::Error },
+    #[error("{0}")]
+    Memory(String),
     #[error("cannot read the listener's address: {0}")]
     Listener(std::io::Error),
     #[error("coordinator: {0}")]
@@ -381,6 +384,11 @@ fn open_storage(
     config: &DaemonConfig,
     addr: SocketAddr,
 ) -> Result<(Arc<DramPool>, Vec<Arc<nvme::NvmeTier>>), DaemonError> {
+    match memory::check(config.dram.0, config.hugepages) {
+        Err(why) => return Err(DaemonError::Memory(why)),
+        Ok(Some(warning)) => tracing::warn!("{warning}"),
+        Ok(None) => {}
+    }
     if config.prefault {
         tracing::info!(%addr, capacity = %config.dram, "filling the DRAM pool");
     }

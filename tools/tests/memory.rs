@@ -5,6 +5,10 @@
 //! The bounds are far from both sides: what the floods cost when nothing
 //! bounded them (hundreds of MiB each) and what a server's own buffers and
 //! allocator slack may add (a few MiB).
+//!
+//! And a daemon asked for a DRAM pool larger than the host can give refuses
+//! to start, instead of filling memory until the OOM killer ends it (or a
+//! process beside it).
 
 mod common;
 use common::cluster::{scratch_dir, Proc};
@@ -223,4 +227,54 @@ async fn floods_of_namespaces_and_reservations_leave_the_meta_services_memory_bo
         before / MIB
     );
     stores_a_new_block(&client, &ns).await;
+}
+
+/// This host's `MemTotal`, in bytes.
+fn mem_total() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+#[test]
+fn a_pool_larger_than_the_hosts_memory_is_refused_at_start_in_one_line() {
+    // More than all of the memory, and a size the config accepts (1 TiB).
+    let asked_gib = mem_total().div_ceil(1 << 30) + 1;
+    if asked_gib > 1024 {
+        return;
+    }
+    let dram = format!("{asked_gib}GiB");
+    let (meta, daemon) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let runs = [
+        vec!["up", "--meta-listen", &meta, "--listen", &daemon],
+        vec!["daemon", "--meta", &meta, "--listen", &daemon],
+    ];
+    for args in runs {
+        let out = std::process::Command::new(BIN)
+            .args(&args)
+            .args(["--admin", "", "--dram", &dram])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", args[0]);
+        let last = err.trim_end().lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: ")
+                && last.contains(&format!("a DRAM pool of {dram} does not fit"))
+                && (last.contains("MemAvailable") || last.contains("cgroup")),
+            "{}: {err}",
+            args[0]
+        );
+        // Refused before any of it was mapped: nothing was filled.
+        assert!(!err.contains("filling the DRAM pool"), "{}: {err}", args[0]);
+    }
 }
