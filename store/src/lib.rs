@@ -389,13 +389,7 @@ fn open_storage(
         Ok(Some(warning)) => tracing::warn!("{warning}"),
         Ok(None) => {}
     }
-    if config.prefault {
-        tracing::info!(%addr, capacity = %config.dram, "filling the DRAM pool");
-    }
-    let pool = DramPool::new(config.pool()).map_err(|err| DaemonError::Pool {
-        size: config.dram.0,
-        err,
-    })?;
+    // Drives first: one in use stops the start before the pool is filled.
     let mut drives = Vec::new();
     for (path, capacity) in config.nvme_drives().map_err(DaemonError::Config)? {
         let tier = open_drive(&path, capacity, config).map_err(|err| DaemonError::Nvme {
@@ -405,6 +399,13 @@ fn open_storage(
         tracing::info!(path = %path.display(), capacity, blocks = tier.blocks(), "NVMe drive ready");
         drives.push(Arc::new(tier));
     }
+    if config.prefault {
+        tracing::info!(%addr, capacity = %config.dram, "filling the DRAM pool");
+    }
+    let pool = DramPool::new(config.pool()).map_err(|err| DaemonError::Pool {
+        size: config.dram.0,
+        err,
+    })?;
     Ok((Arc::new(pool), drives))
 }
 

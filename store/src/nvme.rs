@@ -40,6 +40,8 @@ pub enum TierError {
     Io(#[from] io::Error),
     #[error("index: {0}")]
     Index(#[from] rocksdb::Error),
+    #[error("its index {} is locked by another process (another daemon on this drive, or one still stopping)", .0.display())]
+    InUse(std::path::PathBuf),
 }
 
 /// Where a block lives on the device, as the index records it, and the
@@ -246,7 +248,14 @@ impl NvmeTier {
         opts.create_if_missing(true);
         // Small flushes: the index's headroom on its filesystem must hold one.
         opts.set_write_buffer_size(4 << 20);
-        let db = rocksdb::DB::open(&opts, index_dir)?;
+        let db = rocksdb::DB::open(&opts, index_dir).map_err(|err| {
+            // Held by another process ("While lock file: ...") or by this one.
+            if err.to_string().contains("LOCK: ") {
+                TierError::InUse(index_dir.to_path_buf())
+            } else {
+                err.into()
+            }
+        })?;
         let headroom = Headroom::new(index_dir, index_dir.join("BALLAST"))?;
         let mut state = State {
             extents: Extents::new(capacity),

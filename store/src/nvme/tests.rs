@@ -327,3 +327,21 @@ async fn an_io_error_or_a_full_device_leaves_no_entry_and_frees_the_space() {
     let reopened = open(&dir.0, EngineKind::Psync, 4 << 20);
     assert_eq!(reopened.blocks(), 1);
 }
+
+#[test]
+fn a_drive_in_use_by_another_tier_is_refused_by_name() {
+    let dir = Scratch::new();
+    let _first = open(&dir.0, EngineKind::Psync, 4 << 20);
+    let data = dir.0.join("tier.bin");
+    let engine = engine(EngineKind::Psync, open_direct(&data).unwrap(), 8).unwrap();
+    let index = NvmeTier::index_dir_for(&data);
+    match NvmeTier::open(engine, 4 << 20, &index) {
+        Err(err @ TierError::InUse(_)) => {
+            let text = err.to_string();
+            assert!(text.contains(&index.display().to_string()), "{text}");
+            assert!(text.contains("another daemon"), "{text}");
+        }
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a second tier opened a drive in use"),
+    }
+}
