@@ -5,8 +5,7 @@
 //! An entry is `Pending` from a put's first phase until its commit, and
 //! only `Visible` entries are ever returned: visible means complete.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,17 +15,15 @@ use mooncake_proto::message::{
     CommitItem, Copies, EngineHash, EngineTag, ListEntry, Location, Tier,
 };
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace};
-use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::RwLockReadGuard;
 
 use crate::clients::{Client, PendingByClient};
 use crate::events::{Events, Named};
-use crate::table::{prefetch, Table, TableKey};
+use crate::table::TableKey;
+use names::{NameTable, Names, NsId};
+use shard::Shard;
 
 const SHARDS: usize = 64;
-
-/// A namespace interned to a small number, so that entries stay small and
-/// lookups hash no strings.
-type NsId = u32;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct IdxKey {
@@ -134,202 +131,6 @@ pub struct Gone {
 /// Keys of a prefix match whose slots are prefetched ahead of the probe.
 const PREFETCH_AHEAD: usize = 8;
 
-/// One shard: its table, and where the table's slots lie (published on
-/// every write, read without the lock) so that a reader can prefetch a
-/// key's slot before taking the lock. A stale layout (the table grew
-/// since) only makes a prefetch useless.
-#[derive(Default)]
-struct Shard {
-    table: RwLock<Table<IdxKey, Entry>>,
-    base: AtomicUsize,
-    mask: AtomicUsize,
-    /// Reservations in the order they were made, so that expiring them
-    /// visits only those old enough, not the whole table: a scan of every
-    /// entry under the write lock, five times a second, costs as much as
-    /// the index is large and stalls every lookup of the shard meanwhile.
-    /// Holds the reservations of the last put timeout, committed or not
-    /// (a committed one is skipped when its turn comes). Two threads may
-    /// push their times slightly out of order: an entry then waits for the
-    /// one before it, microseconds later. Locked after the table, never
-    /// before.
-    reservations: Mutex<VecDeque<(IdxKey, Instant)>>,
-    /// What the table holds, kept as entries come and go (under the write
-    /// lock) so that `stats` (every metrics scrape) reads three numbers
-    /// instead of every entry.
-    visible: AtomicU64,
-    /// The visible entries' copies.
-    copies: AtomicU64,
-    bytes: AtomicU64,
-    pending: AtomicU64,
-    /// The parent each visible block's writer named and the engine's tag
-    /// it attached, kept only while store events are published (they carry
-    /// them as `parent_block_hash`, the engine's hash and `token_ids`), and
-    /// only for blocks that have either, so that an index without
-    /// subscribers stays 48 bytes an entry. Locked after the table, never
-    /// before, and no other lock taken while it is held; an entry's goes
-    /// with it.
-    named: Mutex<HashMap<IdxKey, Named>>,
-}
-
-impl Shard {
-    fn read(&self) -> RwLockReadGuard<'_, Table<IdxKey, Entry>> {
-        self.table.read()
-    }
-
-    fn write<'a>(&'a self, index: &'a Index) -> ShardWrite<'a> {
-        ShardWrite {
-            table: self.table.write(),
-            shard: self,
-            names: &index.namespaces,
-            clients: &index.pending_by_client,
-            named: index.events.is_on(),
-        }
-    }
-
-    fn prefetch(&self, key: &IdxKey) {
-        let (base, mask) = (
-            self.base.load(Ordering::Relaxed),
-            self.mask.load(Ordering::Relaxed),
-        );
-        if base != 0 {
-            let size = std::mem::size_of::<Option<(IdxKey, Entry)>>();
-            prefetch(base + (key.hash64() as usize & mask) * size, size);
-        }
-    }
-}
-
-/// A shard's table, locked for writing; publishes its layout when done.
-struct ShardWrite<'a> {
-    table: RwLockWriteGuard<'a, Table<IdxKey, Entry>>,
-    shard: &'a Shard,
-    /// Each entry removed gives back its namespace's reference.
-    names: &'a Names,
-    /// Reservations are counted against their clients.
-    clients: &'a PendingByClient,
-    /// Whether parents and tags are kept (store events are on).
-    named: bool,
-}
-
-impl std::ops::Deref for ShardWrite<'_> {
-    type Target = Table<IdxKey, Entry>;
-    fn deref(&self) -> &Self::Target {
-        &self.table
-    }
-}
-
-/// Every change to a shard's entries goes through these, which keep the
-/// shard's counts. An entry added must bring its namespace's reference
-/// (`Names::acquire`); replacing an entry keeps the one it had.
-impl ShardWrite<'_> {
-    fn insert(&mut self, key: IdxKey, entry: Entry) -> Option<Entry> {
-        self.count(&entry, true);
-        let old = self.table.insert(key, entry);
-        if let Some(old) = &old {
-            self.count(old, false);
-        }
-        old
-    }
-
-    fn remove(&mut self, key: &IdxKey) -> Option<Entry> {
-        let old = self.table.remove(key);
-        if let Some(old) = &old {
-            self.count(old, false);
-            self.names.release(key.ns);
-            if self.named {
-                self.shard.named.lock().remove(key);
-            }
-        }
-        old
-    }
-
-    /// The parent and tag a visible block's writer named (kept while
-    /// events are on).
-    fn named(&self, key: &IdxKey) -> Named {
-        if !self.named {
-            return Named::default();
-        }
-        self.shard
-            .named
-            .lock()
-            .get(key)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    /// Records the parent and tag of the visible block at `key` (events
-    /// on).
-    fn set_named(&mut self, key: IdxKey, named: &Named) {
-        if !self.named {
-            return;
-        }
-        let mut kept = self.shard.named.lock();
-        if named.is_empty() {
-            kept.remove(&key);
-        } else {
-            kept.insert(key, named.clone());
-        }
-    }
-
-    /// Keeps the entries `keep` says to, which it may change in place
-    /// (their phase and size must stay, and a visible entry's copies
-    /// taken out must be counted out by `keep`: the counts do not see it).
-    /// `keep` is shown what the index keeps of each entry for events.
-    fn retain(&mut self, mut keep: impl FnMut(&IdxKey, &mut Entry, &Named) -> bool) {
-        let (shard, names, clients) = (self.shard, self.names, self.clients);
-        let mut named = self.named.then(|| shard.named.lock());
-        let none = Named::default();
-        self.table.retain(|k, e| {
-            let of = named.as_ref().and_then(|n| n.get(k)).unwrap_or(&none);
-            let kept = keep(k, e, of);
-            if !kept {
-                count((shard, clients), e, false);
-                names.release(k.ns);
-                if let Some(named) = &mut named {
-                    named.remove(k);
-                }
-            }
-            kept
-        });
-    }
-
-    fn count(&self, e: &Entry, added: bool) {
-        count((self.shard, self.clients), e, added);
-    }
-}
-
-fn count((shard, clients): (&Shard, &PendingByClient), e: &Entry, added: bool) {
-    let change = |n: &AtomicU64, by: u64| {
-        if added {
-            n.fetch_add(by, Ordering::Relaxed);
-        } else {
-            n.fetch_sub(by, Ordering::Relaxed);
-        }
-    };
-    match e.state {
-        State::Visible { .. } => {
-            change(&shard.visible, 1);
-            change(&shard.copies, e.copies.len() as u64);
-            change(&shard.bytes, u64::from(e.size));
-        }
-        State::Pending { client, .. } => {
-            change(&shard.pending, 1);
-            if added {
-                clients.add(client);
-            } else {
-                clients.sub(client);
-            }
-        }
-    }
-}
-
-impl Drop for ShardWrite<'_> {
-    fn drop(&mut self) {
-        let (base, mask) = self.table.layout();
-        self.shard.base.store(base, Ordering::Relaxed);
-        self.shard.mask.store(mask, Ordering::Relaxed);
-    }
-}
-
 /// Which visible blocks `list` returns beyond the namespace.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ListFilter<'a> {
@@ -355,105 +156,6 @@ pub struct Index {
     /// Told of every block that becomes visible or leaves, under the lock
     /// of its entry (so that one key's changes queue in order).
     events: Events,
-}
-
-/// The namespaces in use, interned to small ids. Each entry of the tables
-/// holds one reference to its namespace's id; an id whose last entry went
-/// is freed by `sweep_namespaces` (and may then be reused), so that names
-/// a client made up leave with their entries. Whoever reads an id from
-/// `ids` holds the read lock until done with it: a sweep (write lock) can
-/// then never free it under them.
-#[derive(Default)]
-struct Names {
-    table: RwLock<NameTable>,
-    /// Ids whose references reached zero since the last sweep.
-    zeroed: Mutex<Vec<NsId>>,
-}
-
-#[derive(Default)]
-struct NameTable {
-    ids: HashMap<Namespace, NsId>,
-    /// By id; `None`: free.
-    names: Vec<Option<Namespace>>,
-    refs: Vec<AtomicU64>,
-    free: Vec<NsId>,
-}
-
-impl NameTable {
-    /// The index key of a block, if its namespace is in use.
-    fn key_of(&self, block: &BlockKey) -> Option<IdxKey> {
-        Some(IdxKey {
-            ns: *self.ids.get(&block.namespace)?,
-            hash: block.hash,
-        })
-    }
-
-    fn name(&self, id: NsId) -> &Namespace {
-        self.names[id as usize]
-            .as_ref()
-            .expect("an id in use has its name")
-    }
-}
-
-impl Names {
-    /// The id of `ns` with one more reference, which the caller hands to
-    /// the entry it adds, or gives back with `release`.
-    fn acquire(&self, ns: &Namespace) -> NsId {
-        {
-            let table = self.table.read();
-            if let Some(&id) = table.ids.get(ns) {
-                table.refs[id as usize].fetch_add(1, Ordering::Relaxed);
-                return id;
-            }
-        }
-        let mut table = self.table.write();
-        if let Some(&id) = table.ids.get(ns) {
-            table.refs[id as usize].fetch_add(1, Ordering::Relaxed);
-            return id;
-        }
-        let id = match table.free.pop() {
-            Some(id) => id,
-            None => {
-                table.names.push(None);
-                table.refs.push(AtomicU64::new(0));
-                (table.names.len() - 1) as NsId
-            }
-        };
-        table.names[id as usize] = Some(ns.clone());
-        table.refs[id as usize].store(1, Ordering::Relaxed);
-        table.ids.insert(ns.clone(), id);
-        id
-    }
-
-    /// Gives back one reference (an entry of the namespace went).
-    fn release(&self, id: NsId) {
-        let before = self.table.read_recursive().refs[id as usize].fetch_sub(1, Ordering::Relaxed);
-        if before == 1 {
-            self.zeroed.lock().push(id);
-        }
-    }
-
-    /// Frees the ids no entry refers to any more; returns how many.
-    fn sweep(&self) -> usize {
-        let zeroed = std::mem::take(&mut *self.zeroed.lock());
-        if zeroed.is_empty() {
-            return 0;
-        }
-        let mut table = self.table.write();
-        let mut freed = 0;
-        for id in zeroed {
-            let unused = table.refs[id as usize].load(Ordering::Relaxed) == 0;
-            if let Some(name) = table.names[id as usize].take_if(|_| unused) {
-                table.ids.remove(&name);
-                table.free.push(id);
-                freed += 1;
-            }
-        }
-        if table.ids.capacity() > 64 && table.ids.len() * 4 < table.ids.capacity() {
-            table.ids.shrink_to_fit();
-        }
-        freed
-    }
 }
 
 /// What phase one decided for one key.
@@ -985,6 +687,8 @@ impl Index {
 }
 
 mod copies;
+mod names;
+mod shard;
 #[cfg(test)]
 pub(crate) use copies::none_leaving;
 
