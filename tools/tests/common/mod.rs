@@ -6,6 +6,7 @@ use std::net::TcpListener;
 pub mod cluster;
 pub mod events;
 pub mod mooncake_events;
+pub mod store;
 pub mod up;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_mooncake-store");
