@@ -203,7 +203,14 @@ pub async fn put(args: PutArgs) -> Result<(), Failure> {
         PutOutcome::Short { copies } => ("short", Some(copies)),
         PutOutcome::AlreadyExists => ("already stored", None),
         PutOutcome::Failed(code) => {
-            let message = format!("put of {} not stored ({code})", key.hash);
+            let hint = match code {
+                ErrorCode::TooLarge => format!(
+                    ": {} is more than any daemon takes, its `max_block` or its pool",
+                    ByteSize(value.len() as u64)
+                ),
+                _ => String::new(),
+            };
+            let message = format!("put of {} not stored ({code}{hint})", key.hash);
             return Err(Failure::refusal(code, message));
         }
     };

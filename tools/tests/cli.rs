@@ -115,6 +115,22 @@ fn errors_say_what_to_do_and_exit_with_distinct_codes() {
 }
 
 #[test]
+fn a_value_larger_than_any_daemon_takes_is_refused_with_its_size() {
+    let store = Store::up_sized("4MiB", &[]);
+    let value = vec![7u8; 5 << 20];
+    let out = run(&store.meta, &["put", "huge"], Some(&value));
+    assert_eq!(out.status.code(), Some(4), "refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("too_large: 5MiB is more than any daemon takes"),
+        "{err}"
+    );
+    // The store keeps serving.
+    succeeded(&run(&store.meta, &["put", "small"], Some(b"bytes")));
+}
+
+#[test]
 fn a_dead_daemon_is_exit_3_and_one_line_for_get_and_put() {
     let meta = format!("127.0.0.1:{}", free_port());
     let daemon = format!("127.0.0.1:{}", free_port());
