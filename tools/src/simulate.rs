@@ -1,8 +1,10 @@
 //! `simulate TRACE`: offline hit rates of a trace against cache size: an
 //! exact LRU, the daemon's own DRAM pool under each of its eviction orders
 //! (`lru`, `2q`: the daemon's code, so what it predicts is what a daemon of
-//! that size does), and Belady's MIN (the farthest next use evicted: what
-//! knowing the future would keep), with the trace's theoretical maximum,
+//! that size does), a frequency oracle (the fewest uses left evicted: what
+//! knowing how often each block comes back would keep, the yardstick of
+//! orders that rank by frequency) and Belady's MIN (the farthest next use
+//! evicted: what knowing when would keep), with the trace's theoretical maximum,
 //! as a table and an SVG plot. No store needed: it answers "how much cache
 //! does this traffic need, and how far is each order from the best".
 
@@ -59,6 +61,8 @@ struct Row {
     lru: f64,
     /// The daemon's pool, in the order of `Eviction::ALL`.
     pool: Vec<f64>,
+    /// `trace::simulate_frequency_oracle`.
+    freq: f64,
     min: f64,
     /// With a drive behind the pool.
     tiers: Option<Tiers>,
@@ -133,6 +137,8 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
             cap,
             lru: trace::simulate_lru(&requests, Some(cap), args.block_tokens).token_hit_rate(),
             pool: rates,
+            freq: trace::simulate_frequency_oracle(&requests, cap, args.block_tokens)
+                .token_hit_rate(),
             min: trace::simulate_belady(&requests, cap, args.block_tokens).token_hit_rate(),
             tiers,
         });
@@ -152,6 +158,11 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
                     name: "Belady's MIN",
                     color: "#2ca02c",
                     points: rows.iter().map(|r| (r.cap as f64, r.min)).collect(),
+                },
+                Series {
+                    name: "frequency oracle",
+                    color: "#9467bd",
+                    points: rows.iter().map(|r| (r.cap as f64, r.freq)).collect(),
                 },
                 Series {
                     name: "daemon, 2q",
@@ -189,6 +200,7 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
             .iter()
             .map(|r| {
                 let mut point = json!({"capacity_blocks": r.cap, "lru_token_hit_rate": r.lru,
+                                       "frequency_oracle_token_hit_rate": r.freq,
                                        "min_token_hit_rate": r.min});
                 for order in Eviction::ALL {
                     point[format!("daemon_{order}_token_hit_rate")] = json!(r.pool(order));
@@ -224,8 +236,15 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
         100.0 * max
     );
     println!(
-        "{:>10} {:>8} {:>10} {:>12} {:>11} {:>12} {:>12}",
-        "blocks", "of max", "exact LRU", "daemon lru", "daemon 2q", "Belady MIN", "2q closes"
+        "{:>10} {:>8} {:>10} {:>12} {:>11} {:>12} {:>12} {:>12}",
+        "blocks",
+        "of max",
+        "exact LRU",
+        "daemon lru",
+        "daemon 2q",
+        "freq oracle",
+        "Belady MIN",
+        "2q closes"
     );
     for r in &rows {
         // How much of the distance from exact LRU to MIN 2Q covers.
@@ -238,12 +257,13 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
             "-".into()
         };
         println!(
-            "{:>10} {:>7.0}% {:>9.2}% {:>11.2}% {:>10.2}% {:>11.2}% {:>12}",
+            "{:>10} {:>7.0}% {:>9.2}% {:>11.2}% {:>10.2}% {:>11.2}% {:>11.2}% {:>12}",
             r.cap,
             100.0 * r.cap as f64 / footprint as f64,
             100.0 * r.lru,
             100.0 * r.pool(Eviction::Lru),
             100.0 * r.pool(Eviction::TwoQ),
+            100.0 * r.freq,
             100.0 * r.min,
             closed
         );

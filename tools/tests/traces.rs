@@ -180,16 +180,17 @@ fn simulate_sweeps_cache_sizes_and_plots_them() {
         .nth(1)
         .unwrap();
     let max: f64 = max.split([',', '}']).next().unwrap().parse().unwrap();
-    for policy in ["lru", "min", "daemon_lru", "daemon_2q"] {
+    for policy in ["lru", "frequency_oracle", "min", "daemon_lru", "daemon_2q"] {
         let key = format!("\"{policy}_token_hit_rate\":");
         let last = json.rsplit(key.as_str()).next().unwrap();
         let last: f64 = last.split([',', '}']).next().unwrap().parse().unwrap();
         assert!((last - max).abs() < 1e-12, "{policy}: {last} vs {max}");
     }
-    // Belady's MIN is drawn beside LRU, the daemon's two orders and the
-    // maximum.
+    // Belady's MIN and the frequency oracle are drawn beside LRU, the
+    // daemon's two orders and the maximum.
     let plot = std::fs::read_to_string(&svg).unwrap();
-    assert!(plot.starts_with("<svg") && plot.matches("<polyline").count() == 5);
+    assert!(plot.starts_with("<svg") && plot.matches("<polyline").count() == 6);
+    assert!(plot.contains("frequency oracle"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
