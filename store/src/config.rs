@@ -37,13 +37,13 @@ pub struct DaemonConfig {
     /// Ignored (eviction now frees only what a put needs); still accepted
     /// so that older config files load.
     pub low_watermark: Option<f64>,
-    /// Which blocks go first when room is needed: "2q" (default: new
-    /// blocks wait in probation until read again, reused ones stay in
-    /// main; see docs/operations.md) or "lru" (least recently used chain
-    /// tail first).
+    /// Which blocks go first when room is needed, in DRAM and on the NVMe
+    /// drives: "2q" (default: new blocks wait in probation until read
+    /// again, reused ones stay in main; see docs/operations.md) or "lru"
+    /// (least recently used chain tail first).
     pub eviction: Eviction,
-    /// Under "2q", the share of the pool that new blocks, not yet read
-    /// again, may hold. Default 0.05.
+    /// Under "2q", the share of the pool (and of each drive) that new
+    /// blocks, not yet read again, may hold. Default 0.05.
     pub probation_share: f64,
     /// Back the pool with huge pages when the host has them. Default true.
     pub hugepages: bool,

@@ -425,7 +425,10 @@ fn open_drive(
         }
     };
     nvme::NvmeTier::open(engine, capacity, &nvme::NvmeTier::index_dir_for(path))
-        .map(|tier| tier.with_quotas(config.nvme_quotas()))
+        .map(|tier| {
+            tier.with_order(config.eviction, config.probation_share)
+                .with_quotas(config.nvme_quotas())
+        })
         .map_err(|e| e.to_string())
 }
 

@@ -108,6 +108,9 @@ struct PoolCollector {
     eviction_events: IntCounterVec,
     /// 2Q's probation: bytes held, and the most it holds now.
     probation: IntGaugeVec,
+    /// The drives' 2Q (`DriveEvents`), by event, and their probation.
+    nvme_events: IntCounterVec,
+    nvme_probation: IntGaugeVec,
     unindexed: IntCounter,
     corrupt: IntCounter,
     descs: Vec<Desc>,
@@ -218,6 +221,27 @@ impl PoolCollector {
             &["state"],
         )?;
         descs.extend(probation.desc().into_iter().cloned());
+        let nvme_events = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_nvme_eviction_events_total",
+                "What the 2q order of the NVMe drives did: blocks that left DRAM's \
+                 probation unread put in the drives' probation (probation_admitted), \
+                 probation blocks read from a drive and moved to its main part \
+                 (promoted), blocks a drive dropped that came back, main at once \
+                 (ghost_hit).",
+            ),
+            &["event"],
+        )?;
+        descs.extend(nvme_events.desc().into_iter().cloned());
+        let nvme_probation = IntGaugeVec::new(
+            Opts::new(
+                "mooncake_daemon_nvme_probation_bytes",
+                "Under 2q: bytes in the NVMe drives' probation (held), and the most it \
+                 holds before its own blocks go first (limit: probation_share of each drive).",
+            ),
+            &["state"],
+        )?;
+        descs.extend(nvme_probation.desc().into_iter().cloned());
         let unindexed = IntCounter::new(
             "mooncake_daemon_shm_unindexed_blocks_total",
             "Blocks the same-host index had no room for (same-host clients lease those).",
@@ -229,6 +253,8 @@ impl PoolCollector {
             quota_evictions,
             eviction_events,
             probation,
+            nvme_events,
+            nvme_probation,
             unindexed,
             tiers: Arc::downgrade(&tiers),
             moves,
@@ -303,6 +329,20 @@ impl Collector for PoolCollector {
             bump(self.io_errors.with_label_values(&n), nvme.io_errors);
             self.drives_full.set(nvme.full as i64);
             corrupt += nvme.corrupt;
+            for (event, n) in [
+                ("probation_admitted", nvme.events.probation_admitted),
+                ("promoted", nvme.events.promoted),
+                ("ghost_hit", nvme.events.ghost_hits),
+            ] {
+                bump(self.nvme_events.with_label_values(&[event]), n);
+            }
+            let (held, limit) = nvme.probation;
+            self.nvme_probation
+                .with_label_values(&["held"])
+                .set(held as i64);
+            self.nvme_probation
+                .with_label_values(&["limit"])
+                .set(limit as i64);
         }
         self.corrupt
             .inc_by(corrupt.saturating_sub(self.corrupt.get()));
@@ -357,6 +397,10 @@ impl Collector for PoolCollector {
         if tiers.nvme_totals().is_some() {
             out.extend(self.io_errors.collect());
             out.extend(self.drives_full.collect());
+            if pool.eviction() == crate::pool::Eviction::TwoQ {
+                out.extend(self.nvme_events.collect());
+                out.extend(self.nvme_probation.collect());
+            }
         }
         out.extend(self.corrupt.collect());
         if pool.shared_index().is_some() {

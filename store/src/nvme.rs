@@ -14,6 +14,8 @@
 //! block as before.
 
 use std::collections::{BTreeMap, HashMap};
+
+pub use order::{DriveEvents, DriveOrder, Place};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +27,7 @@ use parking_lot::Mutex;
 
 use crate::headroom::Headroom;
 use crate::io::{AlignedBuf, IoEngine, IoKind, IoRequest, ALIGN};
+use crate::pool::Eviction;
 use crate::quota::{Quotas, MAX_QUOTA_SCAN};
 
 /// Why a block could not be stored or read on the tier.
@@ -204,9 +207,9 @@ impl Extents {
 
 struct State {
     extents: Extents,
-    blocks: HashMap<BlockKey, (Record, u64)>,
-    lru: BTreeMap<u64, BlockKey>,
-    clock: u64,
+    blocks: HashMap<BlockKey, (Record, Place)>,
+    /// What goes when room is needed (`order`).
+    order: DriveOrder,
     /// Bytes (extents) held by each tenant with a quota, writes in flight
     /// included.
     tenant_used: Vec<u64>,
@@ -260,8 +263,7 @@ impl NvmeTier {
         let mut state = State {
             extents: Extents::new(capacity),
             blocks: HashMap::new(),
-            lru: BTreeMap::new(),
-            clock: 0,
+            order: DriveOrder::new(Eviction::Lru, 0.0, capacity),
             tenant_used: Vec::new(),
         };
         let mut dropped = Vec::new();
@@ -283,9 +285,8 @@ impl NvmeTier {
             }
             match decode_entry(&k, &v) {
                 Some((key, rec)) if state.extents.claim(rec.offset, rec.extent()) => {
-                    state.clock += 1;
-                    state.lru.insert(state.clock, key.clone());
-                    state.blocks.insert(key, (rec, state.clock));
+                    let place = state.order.insert(&key, rec.extent(), true);
+                    state.blocks.insert(key, (rec, place));
                 }
                 _ => dropped.push(k),
             }
@@ -324,6 +325,28 @@ impl NvmeTier {
         std::mem::take(&mut *self.recovered_tags.lock())
     }
 
+    /// Evicts in `order` (the daemon's `eviction`, with its
+    /// `probation_share` of the drive under 2Q; LRU until this is called).
+    /// Blocks already on the drive count as reused: they were kept across
+    /// a restart, and which part they were in is not kept.
+    pub fn with_order(mut self, order: Eviction, probation_share: f64) -> Self {
+        let state = self.state.get_mut();
+        let mut held: Vec<(Place, BlockKey, u64)> = state
+            .blocks
+            .iter()
+            .map(|(k, (rec, place))| (*place, k.clone(), rec.extent()))
+            .collect();
+        held.sort_by_key(|(place, _, _)| place.stamp());
+        state.order = DriveOrder::new(order, probation_share, self.capacity);
+        for (_, key, extent) in held {
+            let place = state.order.insert(&key, extent, true);
+            if let Some((_, p)) = state.blocks.get_mut(&key) {
+                *p = place;
+            }
+        }
+        self
+    }
+
     /// Gives tenants shares of this drive (see `quota`); blocks already on
     /// it count against them.
     pub fn with_quotas(mut self, quotas: Quotas) -> Self {
@@ -353,11 +376,24 @@ impl NvmeTier {
             .collect()
     }
 
+    /// What the drive's order did since it opened, and its probation
+    /// (bytes held, most it holds).
+    pub fn order_stats(&self) -> (DriveEvents, (u64, u64)) {
+        let state = self.state.lock();
+        (state.order.events(), state.order.probation())
+    }
+
     /// Drops a block from the index and frees its extent (the entry goes
     /// before the space can be reused), with its tenant's share.
-    fn drop_locked(&self, state: &mut State, key: &BlockKey) -> Result<Record, TierError> {
-        let (rec, stamp) = state.blocks.remove(key).expect("an indexed block");
-        state.lru.remove(&stamp);
+    /// `evicted`: dropped for room (the order remembers it), not removed.
+    fn drop_locked(
+        &self,
+        state: &mut State,
+        key: &BlockKey,
+        evicted: bool,
+    ) -> Result<Record, TierError> {
+        let (rec, place) = state.blocks.remove(key).expect("an indexed block");
+        state.order.remove(key, place, rec.extent(), evicted);
         if rec.tagged {
             let mut batch = rocksdb::WriteBatch::default();
             batch.delete(index_key(key));
@@ -458,14 +494,15 @@ impl NvmeTier {
     }
 
     /// Stores a block (a demotion from DRAM, or a direct put), with the
-    /// parent and tag it was written with. Evicts the tier's least
-    /// recently used blocks if it is full; returns the keys it evicted.
+    /// parent and tag it was written with, and whether it is `hot` (it
+    /// left DRAM's main queue: see `order`). Evicts in the drive's order
+    /// if it is full; returns the keys it evicted.
     pub async fn put(
         &self,
         key: &BlockKey,
         value: &[u8],
         sum: u64,
-        (parent, tag): (Option<BlockHash>, Option<&Arc<EngineTag>>),
+        (parent, tag, hot): (Option<BlockHash>, Option<&Arc<EngineTag>>, bool),
     ) -> Result<Vec<BlockKey>, TierError> {
         let extent = (value.len() as u64).max(1).next_multiple_of(ALIGN as u64);
         if extent > self.capacity || value.len() > u32::MAX as usize {
@@ -489,15 +526,15 @@ impl NvmeTier {
                 }
                 while state.tenant_used[t as usize] + extent > limit {
                     let victim = state
-                        .lru
-                        .values()
+                        .order
+                        .coldest()
                         .take(MAX_QUOTA_SCAN)
                         .find(|k| self.quotas.tenant_of(&k.namespace) == Some(t))
                         .cloned();
                     let Some(victim) = victim else {
                         return Err(TierError::NoSpace);
                     };
-                    self.drop_locked(&mut state, &victim)?;
+                    self.drop_locked(&mut state, &victim, true)?;
                     self.evictions.fetch_add(1, Ordering::Relaxed);
                     evicted.push(victim);
                 }
@@ -506,10 +543,10 @@ impl NvmeTier {
                 if let Some(at) = state.extents.allocate(extent) {
                     break at;
                 }
-                let Some(victim) = state.lru.values().next().cloned() else {
+                let Some(victim) = state.order.victim().cloned() else {
                     return Err(TierError::NoSpace);
                 };
-                self.drop_locked(&mut state, &victim)?;
+                self.drop_locked(&mut state, &victim, true)?;
                 self.evictions.fetch_add(1, Ordering::Relaxed);
                 evicted.push(victim);
             };
@@ -545,10 +582,8 @@ impl NvmeTier {
         let mut state = self.state.lock();
         match indexed {
             Ok(()) => {
-                state.clock += 1;
-                let clock = state.clock;
-                state.lru.insert(clock, key.clone());
-                state.blocks.insert(key.clone(), (record, clock));
+                let place = state.order.insert(key, extent, hot);
+                state.blocks.insert(key.clone(), (record, place));
                 Ok(evicted)
             }
             Err(err) => {
@@ -582,14 +617,11 @@ impl NvmeTier {
     pub async fn get(&self, key: &BlockKey) -> Result<Option<(Vec<u8>, u64)>, TierError> {
         let record = {
             let mut state = self.state.lock();
-            let Some((rec, stamp)) = state.blocks.get(key).copied() else {
+            let Some((rec, place)) = state.blocks.get(key).copied() else {
                 return Ok(None);
             };
-            state.clock += 1;
-            let clock = state.clock;
-            state.lru.remove(&stamp);
-            state.lru.insert(clock, key.clone());
-            state.blocks.insert(key.clone(), (rec, clock));
+            let place = state.order.touch(key, place, rec.extent());
+            state.blocks.insert(key.clone(), (rec, place));
             rec
         };
         let buf = AlignedBuf::zeroed(record.extent() as usize);
@@ -629,11 +661,13 @@ impl NvmeTier {
     fn remove_record(&self, key: &BlockKey, record: Record) -> Result<(), TierError> {
         let mut state = self.state.lock();
         if state.blocks.get(key).is_some_and(|(r, _)| *r == record) {
-            self.drop_locked(&mut state, key)?;
+            self.drop_locked(&mut state, key, false)?;
         }
         Ok(())
     }
 }
+
+mod order;
 
 #[cfg(test)]
 mod tests;

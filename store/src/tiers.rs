@@ -75,6 +75,10 @@ pub struct NvmeTotals {
     pub io_errors: u64,
     /// Drives taking no new blocks: their index's filesystem is full.
     pub full: usize,
+    /// What the drives' 2Q did (all zero under LRU).
+    pub events: crate::nvme::DriveEvents,
+    /// Bytes in the drives' probation, and the most it holds.
+    pub probation: (u64, u64),
 }
 
 impl Tiers {
@@ -414,15 +418,24 @@ impl Tiers {
                 drives: self.nvme.len(),
                 ..Default::default()
             },
-            |t, d| NvmeTotals {
-                capacity: t.capacity + d.capacity(),
-                used: t.used + d.used(),
-                blocks: t.blocks + d.blocks(),
-                evictions: t.evictions + d.evictions(),
-                corrupt: t.corrupt + d.corrupt_blocks(),
-                io_errors: t.io_errors + d.io_errors(),
-                full: t.full + d.is_full() as usize,
-                ..t
+            |t, d| {
+                let (events, (held, limit)) = d.order_stats();
+                NvmeTotals {
+                    capacity: t.capacity + d.capacity(),
+                    used: t.used + d.used(),
+                    blocks: t.blocks + d.blocks(),
+                    evictions: t.evictions + d.evictions(),
+                    corrupt: t.corrupt + d.corrupt_blocks(),
+                    io_errors: t.io_errors + d.io_errors(),
+                    full: t.full + d.is_full() as usize,
+                    events: crate::nvme::DriveEvents {
+                        probation_admitted: t.events.probation_admitted + events.probation_admitted,
+                        promoted: t.events.promoted + events.promoted,
+                        ghost_hits: t.events.ghost_hits + events.ghost_hits,
+                    },
+                    probation: (t.probation.0 + held, t.probation.1 + limit),
+                    ..t
+                }
             },
         ))
     }
@@ -507,7 +520,7 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                                 &demoted.key,
                                 &demoted.bytes,
                                 demoted.checksum,
-                                (demoted.parent, tag.as_ref()),
+                                (demoted.parent, tag.as_ref(), demoted.main),
                             )
                             .await;
                         (i, demoted, written)

@@ -78,6 +78,13 @@ async fn a_working_set_four_times_dram_is_served_from_nvme_and_survives_a_restar
     let totals = cluster.daemons[0].handle.nvme_totals().unwrap();
     assert_eq!(totals.capacity, 80 << 20);
     assert_eq!(totals.io_errors, 0);
+    // Under the default 2q every block left DRAM's probation unread, so it
+    // entered a drive's probation, and its one read from the drive moved
+    // it to the drive's main part.
+    let ev = totals.events;
+    assert!(ev.probation_admitted > 0 && ev.ghost_hits == 0, "{ev:?}");
+    assert_eq!(ev.promoted, ev.probation_admitted, "{ev:?}");
+    assert_eq!(totals.probation.0, 0, "nothing left in probation");
 
     // Stop the daemon and start a new one on the same NVMe file: the blocks
     // it had on NVMe are found again and reported to the meta service.

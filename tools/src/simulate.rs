@@ -39,9 +39,9 @@ pub struct SimulateArgs {
     probation_share: f64,
     /// An NVMe tier of this many blocks behind each DRAM size (the
     /// daemon's 2q pool): adds, per size, the hit rate of both tiers with
-    /// every evicted block demoted and with only those read in DRAM, the
-    /// drive's writes for each, and an exact LRU and Belady's MIN of both
-    /// sizes together.
+    /// the drive in each order (`lru`, and `2q` as the daemon keeps it),
+    /// with only the blocks read in DRAM demoted, the drive's writes for
+    /// each, and an exact LRU and Belady's MIN of both sizes together.
     #[arg(long)]
     nvme: Option<usize>,
     /// With --nvme: reads from the drive after which a block is copied
@@ -70,12 +70,16 @@ struct Row {
 
 /// One DRAM size with a drive behind it.
 struct Tiers {
-    all: TierResult,
+    /// Every evicted block demoted, the drive an LRU (the daemon before
+    /// the drive had its own 2Q).
+    lru: TierResult,
+    /// Every evicted block demoted, the drive in 2Q (the daemon).
+    two_q: TierResult,
+    /// Only blocks read in DRAM demoted, the drive in 2Q.
     read: TierResult,
-    split: TierResult,
     /// An exact LRU and MIN of the two sizes together.
-    lru: f64,
-    min: f64,
+    lru_of_both: f64,
+    min_of_both: f64,
 }
 
 impl Row {
@@ -207,16 +211,17 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
                 }
                 if let Some(t) = &r.tiers {
                     point["nvme"] = json!({
-                        "demote_all_token_hit_rate": t.all.hits.token_hit_rate(),
-                        "demote_all_nvme_writes": t.all.nvme_writes,
-                        "demote_all_nvme_hit_blocks": t.all.nvme_hits,
+                        "drive_2q_token_hit_rate": t.two_q.hits.token_hit_rate(),
+                        "drive_2q_nvme_writes": t.two_q.nvme_writes,
+                        "drive_2q_nvme_hit_blocks": t.two_q.nvme_hits,
+                        "drive_lru_token_hit_rate": t.lru.hits.token_hit_rate(),
+                        "drive_lru_nvme_writes": t.lru.nvme_writes,
+                        "drive_lru_nvme_hit_blocks": t.lru.nvme_hits,
                         "demote_read_token_hit_rate": t.read.hits.token_hit_rate(),
                         "demote_read_nvme_writes": t.read.nvme_writes,
                         "demote_read_nvme_hit_blocks": t.read.nvme_hits,
-                        "split_token_hit_rate": t.split.hits.token_hit_rate(),
-                        "split_nvme_writes": t.split.nvme_writes,
-                        "lru_token_hit_rate": t.lru,
-                        "min_token_hit_rate": t.min,
+                        "lru_token_hit_rate": t.lru_of_both,
+                        "min_token_hit_rate": t.min_of_both,
                     });
                 }
                 point
@@ -277,18 +282,15 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Under `split`, the drive's share for blocks never read in DRAM.
-const SPLIT: f64 = 0.25;
-
 /// The daemon's 2q pool of `cap` blocks with a drive of `drive` blocks
-/// behind it, under each demotion choice.
+/// behind it, with the drive in each order and under each demotion choice.
 fn tiers(
     args: &SimulateArgs,
     requests: &[trace::Request],
     cap: usize,
     drive: usize,
 ) -> Result<Tiers, Failure> {
-    let run = |demote| {
+    let run = |demote, order| {
         let pool = trace::Pool {
             probation_share: args.probation_share,
             ..trace::Pool::new(cap, Eviction::TwoQ)
@@ -297,33 +299,35 @@ fn tiers(
             capacity: drive,
             promote_after: args.promote_after,
             demote,
+            order,
+            probation_share: args.probation_share,
         };
         tiers_sim::simulate(requests, pool, nvme, args.block_tokens).map_err(Failure::other)
     };
     let both = cap + drive;
     Ok(Tiers {
-        all: run(Demote::All)?,
-        read: run(Demote::Read)?,
-        split: run(Demote::Split(SPLIT))?,
-        lru: trace::simulate_lru(requests, Some(both), args.block_tokens).token_hit_rate(),
-        min: trace::simulate_belady(requests, both, args.block_tokens).token_hit_rate(),
+        lru: run(Demote::All, Eviction::Lru)?,
+        two_q: run(Demote::All, Eviction::TwoQ)?,
+        read: run(Demote::Read, Eviction::TwoQ)?,
+        lru_of_both: trace::simulate_lru(requests, Some(both), args.block_tokens).token_hit_rate(),
+        min_of_both: trace::simulate_belady(requests, both, args.block_tokens).token_hit_rate(),
     })
 }
 
 fn print_tiers(rows: &[Row], drive: usize, promote_after: u32) {
     println!();
     println!(
-        "with an NVMe tier of {drive} blocks behind the daemon's 2q pool (promote after {promote_after} drive reads):"
+        "with an NVMe tier of {drive} blocks behind the daemon's 2q pool (promote after {promote_after} drive reads), the drive as an LRU and in 2q (the daemon):"
     );
     println!(
         "{:>10} {:>10} {:>13} {:>11} {:>13} {:>11} {:>13} {:>11} {:>13} {:>12}",
         "DRAM",
         "DRAM only",
-        "demote all",
+        "drive lru",
         "writes",
-        "demote read",
+        "drive 2q",
         "writes",
-        "split",
+        "2q, read",
         "writes",
         "LRU of both",
         "MIN of both"
@@ -336,14 +340,14 @@ fn print_tiers(rows: &[Row], drive: usize, promote_after: u32) {
             "{:>10} {:>9.2}% {:>12.2}% {:>11} {:>12.2}% {:>11} {:>12.2}% {:>11} {:>12.2}% {:>11.2}%",
             r.cap,
             100.0 * r.pool(Eviction::TwoQ),
-            100.0 * t.all.hits.token_hit_rate(),
-            t.all.nvme_writes,
+            100.0 * t.lru.hits.token_hit_rate(),
+            t.lru.nvme_writes,
+            100.0 * t.two_q.hits.token_hit_rate(),
+            t.two_q.nvme_writes,
             100.0 * t.read.hits.token_hit_rate(),
             t.read.nvme_writes,
-            100.0 * t.split.hits.token_hit_rate(),
-            t.split.nvme_writes,
-            100.0 * t.lru,
-            100.0 * t.min,
+            100.0 * t.lru_of_both,
+            100.0 * t.min_of_both,
         );
     }
 }

@@ -60,11 +60,11 @@ async fn a_blocks_parent_survives_a_reopen_and_old_records_still_open() {
     {
         let tier = open(&dir.0, EngineKind::Psync, 16 << 20);
         let v = value(1, 5000);
-        tier.put(&key(1), &v, checksum(&v), (Some(parent), None))
+        tier.put(&key(1), &v, checksum(&v), (Some(parent), None, true))
             .await
             .unwrap();
         let v = value(2, 5000);
-        tier.put(&key(2), &v, checksum(&v), (None, None))
+        tier.put(&key(2), &v, checksum(&v), (None, None, true))
             .await
             .unwrap();
     }
@@ -109,13 +109,13 @@ async fn a_blocks_tag_survives_a_reopen_and_goes_with_its_block() {
         for i in 0..4u64 {
             let v = value(i, 256 << 10);
             let t = (i != 2).then(|| tag(i));
-            tier.put(&key(i), &v, checksum(&v), (None, t.as_ref()))
+            tier.put(&key(i), &v, checksum(&v), (None, t.as_ref(), true))
                 .await
                 .unwrap();
         }
         let v = value(4, 256 << 10);
         let evicted = tier
-            .put(&key(4), &v, checksum(&v), (None, None))
+            .put(&key(4), &v, checksum(&v), (None, None, true))
             .await
             .unwrap();
         assert_eq!(evicted, [key(0)]);
@@ -164,7 +164,7 @@ async fn blocks_round_trip_and_survive_a_reopen_on_both_engines() {
             let tier = open(&dir.0, kind, 64 << 20);
             for i in 0..50u64 {
                 let v = value(i, 1000 + i as usize * 977);
-                tier.put(&key(i), &v, checksum(&v), (None, None))
+                tier.put(&key(i), &v, checksum(&v), (None, None, true))
                     .await
                     .unwrap();
             }
@@ -184,7 +184,7 @@ async fn blocks_round_trip_and_survive_a_reopen_on_both_engines() {
         }
         // Recovered extents are not handed out again.
         let v = value(99, 300_000);
-        tier.put(&key(99), &v, checksum(&v), (None, None))
+        tier.put(&key(99), &v, checksum(&v), (None, None, true))
             .await
             .unwrap();
         for i in (0..50u64).filter(|i| *i != 7) {
@@ -200,7 +200,7 @@ async fn a_full_tier_evicts_its_coldest_and_refuses_what_never_fits() {
     for i in 0..8u64 {
         let v = value(i, 200 << 10);
         let evicted = tier
-            .put(&key(i), &v, checksum(&v), (None, None))
+            .put(&key(i), &v, checksum(&v), (None, None, true))
             .await
             .unwrap();
         if i < 5 {
@@ -213,7 +213,7 @@ async fn a_full_tier_evicts_its_coldest_and_refuses_what_never_fits() {
     assert!(tier.used() <= tier.capacity());
     let huge = vec![0u8; 2 << 20];
     assert!(matches!(
-        tier.put(&key(100), &huge, 0, (None, None)).await,
+        tier.put(&key(100), &huge, 0, (None, None, true)).await,
         Err(TierError::TooLarge(_))
     ));
 }
@@ -231,15 +231,20 @@ async fn a_tenant_over_its_share_of_a_drive_evicts_its_own_blocks() {
     };
     for i in 0..4 {
         let v = value(i, 64 << 10);
-        tier.put(&in_ns("globex", i), &v, checksum(&v), (None, None))
+        tier.put(&in_ns("globex", i), &v, checksum(&v), (None, None, true))
             .await
             .unwrap();
     }
     for i in 0..8 {
         let v = value(i, 64 << 10);
-        tier.put(&in_ns("acme/llama", i), &v, checksum(&v), (None, None))
-            .await
-            .unwrap();
+        tier.put(
+            &in_ns("acme/llama", i),
+            &v,
+            checksum(&v),
+            (None, None, true),
+        )
+        .await
+        .unwrap();
         let (_, used, limit) = tier.tenant_usage()[0].clone();
         assert!(used <= limit, "acme holds {used} of {limit}");
     }
@@ -261,7 +266,7 @@ async fn corrupt_bytes_on_the_device_are_a_miss_and_dropped() {
     let dir = Scratch::new();
     let tier = open(&dir.0, EngineKind::Psync, 4 << 20);
     let v = value(1, 10_000);
-    tier.put(&key(1), &v, checksum(&v) ^ 1, (None, None))
+    tier.put(&key(1), &v, checksum(&v) ^ 1, (None, None, true))
         .await
         .unwrap();
     assert!(tier.get(&key(1)).await.unwrap().is_none());
@@ -307,19 +312,21 @@ async fn an_io_error_or_a_full_device_leaves_no_entry_and_frees_the_space() {
         let tier = NvmeTier::open(engine, 4 << 20, &index).unwrap();
         let v = value(3, 8192);
         assert!(matches!(
-            tier.put(&key(3), &v, checksum(&v), (None, None)).await,
+            tier.put(&key(3), &v, checksum(&v), (None, None, true))
+                .await,
             Err(TierError::Io(_))
         ));
         errno.store(libc::ENOSPC, Ordering::Relaxed);
         assert!(matches!(
-            tier.put(&key(3), &v, checksum(&v), (None, None)).await,
+            tier.put(&key(3), &v, checksum(&v), (None, None, true))
+                .await,
             Err(TierError::NoSpace)
         ));
         assert_eq!(tier.io_errors(), 2, "both failures counted");
         assert!(!tier.contains(&key(3)));
         assert_eq!(tier.used(), 0);
         errno.store(0, Ordering::Relaxed);
-        tier.put(&key(3), &v, checksum(&v), (None, None))
+        tier.put(&key(3), &v, checksum(&v), (None, None, true))
             .await
             .unwrap();
         assert_eq!(tier.get(&key(3)).await.unwrap().unwrap().0, v);
@@ -343,5 +350,77 @@ fn a_drive_in_use_by_another_tier_is_refused_by_name() {
         }
         Err(other) => panic!("refused for another reason: {other}"),
         Ok(_) => panic!("a second tier opened a drive in use"),
+    }
+}
+
+#[tokio::test]
+async fn under_2q_a_drive_keeps_blocks_that_left_drams_main_queue_through_a_flood_of_cold_ones() {
+    // A drive of 16 blocks of 64 KiB, its probation a quarter: two hot
+    // blocks (they left DRAM's main queue), then 40 cold ones (they left
+    // DRAM's probation unread). In 2Q the cold ones evict each other and
+    // the hot ones stay; as an LRU the drive lets them push the hot out.
+    const BLOCK: usize = 64 << 10;
+    for (order, hot_kept) in [(Eviction::TwoQ, true), (Eviction::Lru, false)] {
+        let dir = Scratch::new();
+        let tier = open(&dir.0, EngineKind::Psync, 16 * BLOCK as u64).with_order(order, 0.25);
+        let put = |i: u64, hot: bool| {
+            let v = value(i, BLOCK);
+            let sum = checksum(&v);
+            let tier = &tier;
+            async move { tier.put(&key(i), &v, sum, (None, None, hot)).await.unwrap() }
+        };
+        put(1, true).await;
+        put(2, true).await;
+        let mut evicted = Vec::new();
+        for i in 100..140 {
+            evicted.extend(put(i, false).await);
+        }
+        assert_eq!(
+            tier.blocks(),
+            16,
+            "{order}: the drive is full, no room unused"
+        );
+        assert_eq!(
+            tier.contains(&key(1)) && tier.contains(&key(2)),
+            hot_kept,
+            "{order}"
+        );
+        assert_eq!(evicted.contains(&key(1)), !hot_kept, "{order}");
+        if hot_kept {
+            let (got, _) = tier.get(&key(1)).await.unwrap().unwrap();
+            assert_eq!(got, value(1, BLOCK));
+            // A cold block read on the drive joins main, and a cold block
+            // the drive dropped that comes back does too: neither is
+            // evicted by the next flood.
+            assert!(tier.get(&key(139)).await.unwrap().is_some());
+            let dropped = evicted.first().cloned().unwrap();
+            assert!(!tier.contains(&dropped));
+            let back = (100..140).find(|i| key(*i) == dropped).unwrap();
+            put(back, false).await;
+            for i in 200..240 {
+                put(i, false).await;
+            }
+            for k in [key(1), key(2), key(139), dropped] {
+                assert!(tier.contains(&k), "{k} kept in main");
+            }
+        }
+        drop(tier);
+        // Reopened, every block is kept as reused (which part it was in is
+        // not stored): the next flood goes through probation.
+        let tier = open(&dir.0, EngineKind::Psync, 16 * BLOCK as u64).with_order(order, 0.25);
+        let held: Vec<BlockKey> = tier.inventory().into_iter().map(|(k, ..)| k).collect();
+        assert_eq!(held.len(), 16);
+        for i in 300..340 {
+            let v = value(i, BLOCK);
+            tier.put(&key(i), &v, checksum(&v), (None, None, false))
+                .await
+                .unwrap();
+        }
+        let kept = held.iter().filter(|k| tier.contains(k)).count();
+        match order {
+            // Probation takes its share (4 blocks) and the one past it.
+            Eviction::TwoQ => assert_eq!(kept, 11),
+            Eviction::Lru => assert_eq!(kept, 0),
+        }
     }
 }

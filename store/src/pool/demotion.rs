@@ -16,6 +16,9 @@ pub struct Demoted {
     pub parent: Option<mooncake_proto::BlockHash>,
     /// Read while it was in DRAM.
     pub read: bool,
+    /// It left DRAM's main queue (read, or admitted as reused; under LRU
+    /// every block): the drive's 2Q keeps it in its main part.
+    pub main: bool,
     /// Tells this demotion from a later one of the same key.
     seq: u64,
 }
@@ -76,7 +79,7 @@ impl DramPool {
         next: &tokio::sync::mpsc::Sender<Demoted>,
         key: BlockKey,
         bytes: &[u8],
-        (checksum, parent, read): (u64, Option<mooncake_proto::BlockHash>, bool),
+        (checksum, parent, read, main): (u64, Option<mooncake_proto::BlockHash>, bool, bool),
     ) -> bool {
         let seq = self.demote_seq.fetch_add(1, Ordering::Relaxed);
         let bytes: Arc<[u8]> = Arc::from(bytes);
@@ -89,6 +92,7 @@ impl DramPool {
             checksum,
             parent,
             read,
+            main,
             seq,
         };
         match next.try_send(demoted) {

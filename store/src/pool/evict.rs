@@ -545,7 +545,8 @@ impl DramPool {
             let offset = block.alloc.offset as usize * UNIT as usize;
             // SAFETY: an evictable block has no lease and no writer.
             let bytes = unsafe { self.region.slice(offset, block.len as usize) };
-            let about = (block.checksum, block.parent, block.read);
+            let main = block.queue == Queue::Main;
+            let about = (block.checksum, block.parent, block.read, main);
             kept = self.send_demoted(next, key.clone(), bytes, about);
             if kept {
                 self.demotions.fetch_add(1, Ordering::Relaxed);
