@@ -86,6 +86,12 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
+/// How many leading blocks of `req` a cache holds (`held`): a prefix
+/// match stops at the first block missing.
+fn leading(req: &Request, held: impl Fn(&u64) -> bool) -> usize {
+    req.hash_ids.iter().take_while(|id| held(id)).count()
+}
+
 /// Replays the trace through an exact LRU cache of `capacity` blocks
 /// (`None`: unbounded). Each request matches its longest cached prefix,
 /// touches those blocks, then inserts the rest of its chain in order, as
@@ -96,11 +102,7 @@ pub fn simulate_lru(trace: &[Request], capacity: Option<usize>, block_tokens: u6
     let mut clock = 0u64;
     let mut r = SimResult::default();
     for req in trace {
-        let matched = req
-            .hash_ids
-            .iter()
-            .take_while(|id| stamp_of.contains_key(id))
-            .count();
+        let matched = leading(req, |id| stamp_of.contains_key(id));
         r.count(req, matched, block_tokens);
         for id in &req.hash_ids {
             clock += 1;
@@ -256,11 +258,7 @@ pub fn simulate_belady(trace: &[Request], capacity: usize, block_tokens: u64) ->
     let mut r = SimResult::default();
     let mut pos = 0;
     for req in trace {
-        let matched = req
-            .hash_ids
-            .iter()
-            .take_while(|id| cached.contains_key(id))
-            .count();
+        let matched = leading(req, |id| cached.contains_key(id));
         r.count(req, matched, block_tokens);
         for id in &req.hash_ids {
             let n = next[pos];
@@ -305,11 +303,7 @@ pub fn simulate_frequency_oracle(
     let mut clock = u64::MAX;
     let mut r = SimResult::default();
     for req in trace {
-        let matched = req
-            .hash_ids
-            .iter()
-            .take_while(|id| cached.contains_key(id))
-            .count();
+        let matched = leading(req, |id| cached.contains_key(id));
         r.count(req, matched, block_tokens);
         for id in &req.hash_ids {
             clock -= 1;
