@@ -514,13 +514,14 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                     in_flight_bytes[i] += demoted.bytes.len() as u64;
                     let drive = tiers.nvme[i].clone();
                     let tag = tiers.tag_of(&demoted.key);
+                    let hot = demoted.main || tiers.dram.read_on_its_way(&demoted);
                     writes.push(async move {
                         let written = drive
                             .put(
                                 &demoted.key,
                                 &demoted.bytes,
                                 demoted.checksum,
-                                (demoted.parent, tag.as_ref(), demoted.main),
+                                (demoted.parent, tag.as_ref(), hot),
                             )
                             .await;
                         (i, demoted, written)

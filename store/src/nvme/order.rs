@@ -9,7 +9,8 @@
 //! DRAM's probation unread enters the drive's probation. A read from the
 //! drive moves a block to main; a block the drive dropped that is demoted
 //! again (it came back, was stored again and left DRAM) enters main, as a
-//! ghost hit does in DRAM. The drive evicts from probation while it holds
+//! ghost hit does in DRAM; so does a block read while it was on its way
+//! to the drive (`DramPool::read_on_its_way`). The drive evicts from probation while it holds
 //! more than `probation_share` of the drive, else from main: probation may
 //! fill a drive whose main part is still empty, so no room is wasted.
 //!

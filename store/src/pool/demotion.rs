@@ -25,7 +25,16 @@ pub struct Demoted {
 
 /// Blocks evicted and not yet written to the next tier: their bytes,
 /// checksum and demotion number, by key.
-pub(super) type Demoting = HashMap<BlockKey, (u64, Arc<[u8]>, u64)>;
+pub(super) type Demoting = HashMap<BlockKey, InFlight>;
+
+/// A block on its way to the next tier.
+pub(super) struct InFlight {
+    seq: u64,
+    bytes: Arc<[u8]>,
+    checksum: u64,
+    /// Read on its way: the next tier keeps it as a block read there.
+    read: bool,
+}
 
 impl DramPool {
     /// Blocks evicted while the demotion queue was full.
@@ -55,21 +64,29 @@ impl DramPool {
         self.demote_queued
             .fetch_sub(done.bytes.len() as u64, Ordering::Relaxed);
         let mut demoting = self.demoting.lock();
-        if demoting
-            .get(&done.key)
-            .is_some_and(|(seq, _, _)| *seq == done.seq)
-        {
+        if demoting.get(&done.key).is_some_and(|f| f.seq == done.seq) {
             demoting.remove(&done.key);
         }
+    }
+
+    /// Whether `demoted` was read on its way to the next tier (served by
+    /// `get_demoting`): its drive then keeps it as a block read there, as
+    /// if the read had come after the write.
+    pub fn read_on_its_way(&self, demoted: &Demoted) -> bool {
+        self.demoting
+            .lock()
+            .get(&demoted.key)
+            .is_some_and(|f| f.seq == demoted.seq && f.read)
     }
 
     /// A block evicted from DRAM and still on its way to the next tier:
     /// its bytes and checksum, so that a read between its eviction and its
     /// write is a hit.
     pub fn get_demoting(&self, key: &BlockKey) -> Option<(Arc<[u8]>, u64)> {
-        let demoting = self.demoting.lock();
-        let (_, bytes, sum) = demoting.get(key)?;
-        Some((bytes.clone(), *sum))
+        let mut demoting = self.demoting.lock();
+        let f = demoting.get_mut(key)?;
+        f.read = true;
+        Some((f.bytes.clone(), f.checksum))
     }
 
     /// Queues an evicted block for the next tier (`false`: the queue is
@@ -83,9 +100,15 @@ impl DramPool {
     ) -> bool {
         let seq = self.demote_seq.fetch_add(1, Ordering::Relaxed);
         let bytes: Arc<[u8]> = Arc::from(bytes);
-        self.demoting
-            .lock()
-            .insert(key.clone(), (seq, bytes.clone(), checksum));
+        self.demoting.lock().insert(
+            key.clone(),
+            InFlight {
+                seq,
+                bytes: bytes.clone(),
+                checksum,
+                read: false,
+            },
+        );
         let demoted = Demoted {
             key,
             bytes,
@@ -100,7 +123,7 @@ impl DramPool {
             Err(err) => {
                 let back = err.into_inner();
                 let mut demoting = self.demoting.lock();
-                if demoting.get(&back.key).is_some_and(|(s, _, _)| *s == seq) {
+                if demoting.get(&back.key).is_some_and(|f| f.seq == seq) {
                     demoting.remove(&back.key);
                 }
                 false

@@ -427,11 +427,16 @@ fn an_evicted_block_on_its_way_to_the_next_tier_is_still_served() {
     // A fifth block evicts the first, which waits in the queue.
     put(&p, key(4), 4, 64 << 10).unwrap();
     assert!(!p.contains(&key(0)));
+    let first = rx.try_recv().unwrap();
+    assert_eq!(first.key, key(0));
+    assert!(!p.read_on_its_way(&first), "not read yet");
     let (bytes, sum) = p.get_demoting(&key(0)).expect("served from the queue");
     assert_eq!(&bytes[..], &vec![0u8; 64 << 10][..]);
     assert_eq!(sum, checksum(&bytes));
-    let first = rx.try_recv().unwrap();
-    assert_eq!(first.key, key(0));
+    assert!(
+        p.read_on_its_way(&first),
+        "read on its way: the drive keeps it as read"
+    );
     // Put again and evicted again before the first demotion is done: the
     // older one's completion leaves the newer one served.
     put(&p, key(0), 9, 64 << 10).unwrap();
@@ -440,8 +445,17 @@ fn an_evicted_block_on_its_way_to_the_next_tier_is_still_served() {
     }
     assert!(!p.contains(&key(0)));
     p.demotion_done(&first);
+    let newer = std::iter::from_fn(|| rx.try_recv().ok())
+        .find(|d| d.key == key(0))
+        .expect("demoted again");
+    assert!(
+        !p.read_on_its_way(&newer) && !p.read_on_its_way(&first),
+        "the newer demotion was not read; the older one is done"
+    );
     let (bytes, _) = p.get_demoting(&key(0)).expect("the newer demotion");
+    assert!(p.read_on_its_way(&newer));
     assert_eq!(bytes[0], 9, "the newer bytes");
+    p.demotion_done(&newer);
     while let Ok(d) = rx.try_recv() {
         p.demotion_done(&d);
     }
