@@ -14,8 +14,6 @@
 //! block as before.
 
 use std::collections::{BTreeMap, HashMap};
-
-pub use order::{DriveEvents, DriveOrder, Place};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +27,8 @@ use crate::headroom::Headroom;
 use crate::io::{AlignedBuf, IoEngine, IoKind, IoRequest, ALIGN};
 use crate::pool::Eviction;
 use crate::quota::{Quotas, MAX_QUOTA_SCAN};
+
+pub use order::{DriveEvents, DriveOrder, Place};
 
 /// Why a block could not be stored or read on the tier.
 #[derive(Debug, thiserror::Error)]
