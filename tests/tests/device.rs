@@ -447,3 +447,99 @@ async fn random_sizes_splits_and_stages_come_back_byte_for_byte() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Thousands of blocks in one call, through the same-host pool both ways
+/// and from host and device memory: more requests than the socket's
+/// buffers hold at once, so the client must read the daemon's answers
+/// while it still sends (a batch sent whole before reading would leave
+/// both sides waiting on each other).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_blocks_in_one_call_go_through_the_same_host_pool() {
+    let dir = std::env::temp_dir().join(format!("mooncake-device-many-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("daemon.sock");
+    let mut cfg = daemon_config(512 << 20);
+    cfg.shm_socket = Some(socket.clone());
+    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let gpu = HostStandIn::new();
+    let client = client_on(&cluster.meta_addr, &gpu, 32 << 20, Some(&socket));
+    assert!(client.same_host_ready(Duration::from_secs(30)).await);
+    // Small blocks go with their bytes in the frame; larger ones through
+    // room reserved in the pool: both kinds, 4,096 blocks each.
+    for (round, n) in [(0u64, 2_000usize), (1, 20_000)] {
+        let count = 4_096;
+        let keys: Vec<BlockHash> = (0..count as u64).map(|i| hash((round << 32) | i)).collect();
+        let src = gpu.alloc(n * count);
+        let bytes: Vec<Vec<u8>> = (0..count)
+            .map(|i| block_bytes((round << 32) | i as u64, n))
+            .collect();
+        for (i, b) in bytes.iter().enumerate() {
+            gpu.write(src + i * n, b);
+        }
+        let from: Vec<(BlockHash, Vec<Span>)> = (0..count)
+            .map(|i| (keys[i], vec![Span::new(src + i * n, n)]))
+            .collect();
+        // SAFETY: live stand-in regions, apart.
+        let put = unsafe {
+            client
+                .put_spans(&ns(), &from, None, &[], PutOptions::default())
+                .await
+        }
+        .unwrap();
+        let first = |bad: Option<usize>| bad.map(|i| format!("block {i} of {n} B"));
+        let first_put = |put: &[PutOutcome]| {
+            let bad = put.iter().position(|o| *o != PutOutcome::Stored);
+            bad.map(|i| format!("block {i} of {n} B: {:?}", put[i]))
+        };
+        assert_eq!(first_put(&put), None);
+        // Into device memory: every block leased from the pool.
+        let dst = gpu.alloc(n * count);
+        let into: Vec<Vec<Span>> = (0..count)
+            .map(|i| vec![Span::new(dst + i * n, n)])
+            .collect();
+        // SAFETY: as above.
+        let got = unsafe { client.get_into_spans(&ns(), &keys, &into).await }.unwrap();
+        assert_eq!(
+            first(got.iter().position(|o| *o != GetOutcome::Hit(n))),
+            None
+        );
+        for (i, b) in bytes.iter().enumerate() {
+            assert_eq!(
+                &gpu.read(dst + i * n, n),
+                b,
+                "block {i} of {n} B on the device"
+            );
+        }
+        // Into host memory, and from it.
+        let mut host = vec![0u8; n * count];
+        let spans: Vec<Vec<Span>> = host
+            .chunks_mut(n)
+            .map(|c| vec![Span::new(c.as_mut_ptr() as usize, n)])
+            .collect();
+        // SAFETY: `host` outlives the call; the spans are apart.
+        let got = unsafe { client.get_into_spans(&ns(), &keys, &spans).await }.unwrap();
+        assert_eq!(
+            first(got.iter().position(|o| *o != GetOutcome::Hit(n))),
+            None
+        );
+        assert!(host.chunks(n).zip(&bytes).all(|(a, b)| a == b.as_slice()));
+        let again: Vec<(BlockHash, Vec<Span>)> = (0..count)
+            .map(|i| (hash((round << 32) | (1 << 20) | i as u64), spans[i].clone()))
+            .collect();
+        // SAFETY: as above.
+        let put = unsafe {
+            client
+                .put_spans(&ns(), &again, None, &[], PutOptions::default())
+                .await
+        }
+        .unwrap();
+        assert_eq!(first_put(&put), None);
+        let all: Vec<BlockHash> = keys
+            .iter()
+            .chain(again.iter().map(|b| &b.0))
+            .copied()
+            .collect();
+        client.remove(&ns(), &all).await.unwrap();
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

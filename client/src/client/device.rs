@@ -315,18 +315,22 @@ impl Client {
             .ok()?;
         let hs: Vec<BlockHash> = here.iter().map(|&j| all[j]).collect();
         let spans: Vec<&[Span]> = here.iter().map(|&j| &blocks[idx[j]][..]).collect();
-        // SAFETY: the caller's promise, passed on.
-        let (direct, copied) =
-            match unsafe { link.get_to_device(namespace, &hs, &spans, stage) }.await {
-                Ok(answer) => answer,
-                Err(err) => {
-                    tracing::debug!(%err, "same-host pool unreachable; reading through staging");
-                    // Dropping the stage waits for what it queued, before any
-                    // other copy into the same memory.
-                    drop(slot);
-                    return None;
-                }
-            };
+        // SAFETY: the caller's promise, passed on. Bounded as every call
+        // is: a daemon that stops answering is left for staging.
+        let asked = unsafe { link.get_to_device(namespace, &hs, &spans, stage) };
+        let answer = tokio::time::timeout(self.cfg.timeout, asked)
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+        let (direct, copied) = match answer {
+            Ok(answer) => answer,
+            Err(err) => {
+                tracing::debug!(%err, "same-host pool unreachable; reading through staging");
+                // Dropping the stage waits for what it queued, before any
+                // other copy into the same memory.
+                drop(slot);
+                return None;
+            }
+        };
         if let Err(err) = &copied {
             tracing::warn!(%err, "blocks could not be copied to the GPU from the same-host pool");
             slot = None;

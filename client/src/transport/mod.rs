@@ -19,6 +19,7 @@ use mooncake_proto::{BlockHash, ErrorCode, Header, Namespace, Opcode, HEADER_LEN
 use crate::pieces::{Dest, Value};
 use crate::ClientError;
 
+pub(crate) mod outbox;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub(crate) mod shm;

@@ -26,6 +26,7 @@ use mooncake_proto::{BlockKey, ErrorCode, Namespace, Opcode};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use crate::transport::outbox::Outbox;
 use crate::transport::{answer, push_frame, GetItem, PutItem, Read, Transport};
 use crate::{ClientError, ErrorSource};
 use mooncake_net::rdma::nic::{MemoryRegion, Nic, Op, Queue};
@@ -388,7 +389,7 @@ impl RdmaLink {
         items: &mut [GetItem<'_>],
     ) -> io::Result<Vec<Read>> {
         let (mut lane, _permit) = self.lane().await?;
-        let mut frames = Vec::new();
+        let mut outbox = Outbox::default();
         let first = lane.next_id + 1;
         for it in items.iter() {
             let body = KeyRequest {
@@ -396,13 +397,13 @@ impl RdmaLink {
             }
             .to_bytes();
             let id = lane.id();
-            push_frame(&mut frames, Opcode::ShmGet, id, &body);
+            outbox.push(Opcode::ShmGet, id, &body);
         }
-        lane.conn.write_all(&frames).await?;
         let mut out = vec![Read::Missing; items.len()];
         // The leased blocks to read: (item, lease).
         let mut leased: Vec<(usize, ShmLease)> = Vec::new();
         for (i, it) in items.iter().enumerate() {
+            outbox.before_answer(&mut lane.conn, i).await?;
             let (status, body) = answer(&mut lane.conn, Opcode::ShmGet, first + i as u64).await?;
             match status {
                 ErrorCode::Ok => {
@@ -473,9 +474,8 @@ impl RdmaLink {
             }
             .to_bytes();
             let id = lane.id();
-            frames.clear();
-            push_frame(&mut frames, Opcode::ShmRelease, id, &body);
-            lane.conn.write_all(&frames).await?;
+            outbox.push(Opcode::ShmRelease, id, &body);
+            outbox.flush(&mut lane.conn).await?;
             lane.owed.push((Opcode::ShmRelease, id));
         }
         self.put_back(lane);
@@ -488,7 +488,7 @@ impl RdmaLink {
         items: &[PutItem<'_>],
     ) -> io::Result<Vec<ErrorCode>> {
         let (mut lane, _permit) = self.lane().await?;
-        let mut frames = Vec::new();
+        let mut outbox = Outbox::default();
         let first = lane.next_id + 1;
         for it in items {
             let body = ShmPutRequest {
@@ -500,12 +500,12 @@ impl RdmaLink {
             }
             .to_bytes();
             let id = lane.id();
-            push_frame(&mut frames, Opcode::ShmPut, id, &body);
+            outbox.push(Opcode::ShmPut, id, &body);
         }
-        lane.conn.write_all(&frames).await?;
         let mut codes = vec![ErrorCode::Ok; items.len()];
         let mut reserved: Vec<(usize, ShmSlot)> = Vec::new();
         for (i, code) in codes.iter_mut().enumerate() {
+            outbox.before_answer(&mut lane.conn, i).await?;
             let (status, body) = answer(&mut lane.conn, Opcode::ShmPut, first + i as u64).await?;
             match status {
                 ErrorCode::Ok => {
@@ -555,16 +555,16 @@ impl RdmaLink {
             let ops = lane.ops(&round, &offsets, true)?;
             lane.run(&ops).await?;
         }
-        frames.clear();
+        let mut commits = Outbox::default();
         let first = lane.next_id + 1;
         let committing: Vec<(usize, ShmSlot)> =
             direct.iter().chain(&reserved).map(|e| **e).collect();
         for (_, slot) in &committing {
             let id = lane.id();
-            push_frame(&mut frames, Opcode::ShmCommit, id, &slot.to_bytes());
+            commits.push(Opcode::ShmCommit, id, &slot.to_bytes());
         }
-        lane.conn.write_all(&frames).await?;
         for (k, (i, _)) in committing.iter().enumerate() {
+            commits.before_answer(&mut lane.conn, k).await?;
             codes[*i] = answer(&mut lane.conn, Opcode::ShmCommit, first + k as u64)
                 .await?
                 .0;

@@ -27,13 +27,13 @@ use mooncake_proto::message::{
 };
 use mooncake_proto::shm_index::{Digest, IndexTable};
 use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode};
-use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use futures::future::BoxFuture;
 use mooncake_proto::transport::TransportKind;
 
-use super::{answer, push_frame, GetItem, PutItem, Read, Transport};
+use super::outbox::Outbox;
+use super::{answer, GetItem, PutItem, Read, Transport};
 use crate::{ClientError, ErrorSource};
 
 mod device;
@@ -279,7 +279,7 @@ impl ShmLink {
             return Ok(out);
         }
         let mut conn = self.conn().await?;
-        let mut frames = Vec::new();
+        let mut outbox = Outbox::default();
         let mut next_id = 0u64;
         let mut id = || {
             next_id += 1;
@@ -287,7 +287,7 @@ impl ShmLink {
         };
         for (_, key) in &leased {
             let body = KeyRequest { key: key.clone() }.to_bytes();
-            push_frame(&mut frames, Opcode::ShmGet, id(), &body);
+            outbox.push(Opcode::ShmGet, id(), &body);
         }
         let mut owed = Vec::new();
         for keys in touches.chunks(TOUCH_BATCH) {
@@ -296,12 +296,12 @@ impl ShmLink {
             }
             .to_bytes();
             let id = id();
-            push_frame(&mut frames, Opcode::ShmTouch, id, &body);
+            outbox.push(Opcode::ShmTouch, id, &body);
             owed.push((Opcode::ShmTouch, id));
         }
-        conn.write_all(&frames).await?;
         let mut leases = Vec::new();
         for (k, (i, _)) in leased.iter().enumerate() {
+            outbox.before_answer(&mut conn, k).await?;
             let (status, body) = answer(&mut conn, Opcode::ShmGet, k as u64 + 1).await?;
             out[*i] = match status {
                 ErrorCode::Ok => {
@@ -317,11 +317,10 @@ impl ShmLink {
         if !leases.is_empty() {
             let body = ShmRelease { leases }.to_bytes();
             let id = id();
-            frames.clear();
-            push_frame(&mut frames, Opcode::ShmRelease, id, &body);
-            conn.write_all(&frames).await?;
+            outbox.push(Opcode::ShmRelease, id, &body);
             owed.push((Opcode::ShmRelease, id));
         }
+        outbox.flush(&mut conn).await?;
         self.put_back(conn, owed);
         Ok(out)
     }
@@ -446,7 +445,7 @@ impl ShmLink {
     ) -> io::Result<Option<Vec<ErrorCode>>> {
         let inline = |it: &PutItem<'_>| inline && it.value.len() <= INLINE_PUT;
         let mut conn = self.conn().await?;
-        let mut frames = Vec::new();
+        let mut outbox = Outbox::default();
         for (i, it) in items.iter().enumerate() {
             let key = BlockKey::new(namespace.clone(), it.hash);
             let id = i as u64 + 1;
@@ -459,11 +458,13 @@ impl ShmLink {
                 }
                 .to_bytes();
                 let len = (head.len() + it.value.len()) as u32;
-                frames.extend_from_slice(&Header::request(Opcode::Put, id, len).encode());
-                frames.extend_from_slice(&head);
-                for piece in it.value.pieces() {
-                    frames.extend_from_slice(piece);
-                }
+                outbox.push_with(|frames| {
+                    frames.extend_from_slice(&Header::request(Opcode::Put, id, len).encode());
+                    frames.extend_from_slice(&head);
+                    for piece in it.value.pieces() {
+                        frames.extend_from_slice(piece);
+                    }
+                });
             } else {
                 let body = ShmPutRequest {
                     key,
@@ -473,14 +474,14 @@ impl ShmLink {
                     tag: it.tag.clone(),
                 }
                 .to_bytes();
-                push_frame(&mut frames, Opcode::ShmPut, id, &body);
+                outbox.push(Opcode::ShmPut, id, &body);
             }
         }
-        conn.write_all(&frames).await?;
         let mut codes = vec![ErrorCode::Ok; items.len()];
         let mut reserved = Vec::new();
         for (i, it) in items.iter().enumerate() {
             let id = i as u64 + 1;
+            outbox.before_answer(&mut conn, i).await?;
             if inline(it) {
                 codes[i] = answer(&mut conn, Opcode::Put, id).await?.0;
                 if codes[i] == ErrorCode::UnknownOpcode {
@@ -507,18 +508,13 @@ impl ShmLink {
             reserved.push((i, slot));
         }
         if !reserved.is_empty() {
-            frames.clear();
+            let mut commits = Outbox::default();
             let base = items.len() as u64 + 1;
             for (k, (_, slot)) in reserved.iter().enumerate() {
-                push_frame(
-                    &mut frames,
-                    Opcode::ShmCommit,
-                    base + k as u64,
-                    &slot.to_bytes(),
-                );
+                commits.push(Opcode::ShmCommit, base + k as u64, &slot.to_bytes());
             }
-            conn.write_all(&frames).await?;
             for (k, (i, _)) in reserved.iter().enumerate() {
+                commits.before_answer(&mut conn, k).await?;
                 let (status, _) = answer(&mut conn, Opcode::ShmCommit, base + k as u64).await?;
                 codes[*i] = status;
             }

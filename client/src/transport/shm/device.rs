@@ -81,21 +81,21 @@ impl ShmLink {
         stage: &mut Stage,
     ) -> io::Result<(Vec<Direct>, Result<(), DeviceError>)> {
         let mut conn = self.conn().await?;
-        let mut frames = Vec::new();
+        let mut outbox = Outbox::default();
         for (i, hash) in hashes.iter().enumerate() {
             let body = KeyRequest {
                 key: BlockKey::new(namespace.clone(), *hash),
             }
             .to_bytes();
-            push_frame(&mut frames, Opcode::ShmGet, i as u64 + 1, &body);
+            outbox.push(Opcode::ShmGet, i as u64 + 1, &body);
         }
-        conn.write_all(&frames).await?;
         let mut out = vec![Direct::Elsewhere; hashes.len()];
         let mut leases = Vec::new();
         // Blocks copied up: (index, where in the pool, length, checksum).
         let mut checks = Vec::new();
         let mut queued = Ok(());
         for (i, spans) in blocks.iter().enumerate() {
+            outbox.before_answer(&mut conn, i).await?;
             let (status, body) = answer(&mut conn, Opcode::ShmGet, i as u64 + 1).await?;
             if status != ErrorCode::Ok {
                 continue;
@@ -131,15 +131,9 @@ impl ShmLink {
         }
         let waited = stage.wait();
         if !leases.is_empty() {
-            frames.clear();
             let id = hashes.len() as u64 + 1;
-            push_frame(
-                &mut frames,
-                Opcode::ShmRelease,
-                id,
-                &ShmRelease { leases }.to_bytes(),
-            );
-            conn.write_all(&frames).await?;
+            outbox.push(Opcode::ShmRelease, id, &ShmRelease { leases }.to_bytes());
+            outbox.flush(&mut conn).await?;
             self.put_back(conn, vec![(Opcode::ShmRelease, id)]);
         } else {
             self.put_back(conn, Vec::new());
