@@ -7,7 +7,11 @@
 # sizes and splits go from GPU memory to the store and back byte for byte,
 # then measures puts from and gets into GPU memory (64 MiB and 1 GiB of
 # 256 KiB and 2 MiB blocks) beside the GPU's own pinned copies of the same
-# bytes, every get checked byte for byte. Exits non-zero on any failure.
+# bytes, every get checked byte for byte. Then, where $PYTHON (default
+# python3) has PyTorch on CUDA, pytest and this repository's Python
+# package, it runs client/python/tests/test_gpu.py: both Python APIs with
+# CUDA tensors, as vLLM's connector calls them. Exits non-zero on any
+# failure.
 #
 #   tools/gpu-check.sh            # 3 rounds each, text
 #   ROUNDS=5 JSON=1 tools/gpu-check.sh
@@ -48,4 +52,11 @@ echo "== same host: the daemon's shared pool"
 "$BIN" bench-gpu --shm-socket "$work/daemon.sock" "${common[@]}"
 echo "== over TCP (loopback)"
 "$BIN" bench-gpu "${common[@]}"
+echo "== Python: both APIs on CUDA tensors"
+PY=${PYTHON:-python3}
+if "$PY" -c 'import torch, pytest, mooncake_store; assert torch.cuda.is_available()' 2>/dev/null; then
+    MOONCAKE_BIN="$BIN" "$PY" -m pytest -q -p no:cacheprovider client/python/tests/test_gpu.py
+else
+    echo "(not run: $PY lacks PyTorch on CUDA, pytest or mooncake_store; install client/python)"
+fi
 echo "gpu-check: ok"

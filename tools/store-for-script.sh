@@ -2,8 +2,8 @@
 # engines' tests): `release_and_python` builds the release binary (BIN) and
 # installs this repository's Python package into $VENV; `start_store DRAM
 # [ARGS...]` runs `$BIN up` on free loopback ports (with ARGS), sets META to
-# its meta service's address once it answers, and stops it when the script
-# exits.
+# its meta service's address once its daemon has registered, and stops it
+# when the script exits.
 
 release_and_python() {
     cargo build --release -q --bin mooncake-store
@@ -23,5 +23,11 @@ start_store() {
         "${@:2}" >/dev/null 2>&1 &
     STORE_PID=$!
     trap 'kill $STORE_PID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
-    for _ in $(seq 100); do "$BIN" stat --meta "$META" >/dev/null 2>&1 && break; sleep 0.1; done
+    # Up once its daemon registered (filling a large pool takes seconds).
+    for _ in $(seq 300); do
+        "$BIN" stat --meta "$META" 2>/dev/null | grep -qE '^daemons +[1-9][0-9]* alive' && return
+        sleep 0.1
+    done
+    echo "the store did not come up in 30 s: $BIN up --dram $1 ${*:2}" >&2
+    return 1
 }

@@ -88,6 +88,7 @@ pub async fn run(args: BenchGpuArgs) -> Result<(), Failure> {
     for (i, b) in host.as_mut_slice().iter_mut().enumerate() {
         *b = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes()[7];
     }
+    host_rates(&args, host.as_slice(), client.config().copy_threads);
     let mut round = 0u64;
     for total in &args.totals {
         let total = total.0 as usize;
@@ -161,6 +162,44 @@ pub async fn run(args: BenchGpuArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// What this host's CPUs do with the same bytes, to read the rows
+/// against: one core's memcpy, and the checksum on one core and on the
+/// client's `copy_threads`.
+fn host_rates(args: &BenchGpuArgs, bytes: &[u8], threads: usize) {
+    let mut copy = vec![0u8; bytes.len()];
+    copy.copy_from_slice(bytes); // the pages, touched before the clock runs
+    let gbs = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        bytes.len() as f64 / t.elapsed().as_secs_f64() / 1e9
+    };
+    let memcpy = gbs(&mut || copy.copy_from_slice(std::hint::black_box(bytes)));
+    let one = gbs(&mut || {
+        std::hint::black_box(mooncake_proto::checksum(bytes));
+    });
+    let per = bytes.len().div_ceil(threads.max(1)).max(1);
+    let many = gbs(&mut || {
+        std::thread::scope(|s| {
+            for part in bytes.chunks(per) {
+                s.spawn(move || std::hint::black_box(mooncake_proto::checksum(part)));
+            }
+        })
+    });
+    if args.json {
+        let row = serde_json::json!({
+            "op": "host", "bytes": bytes.len(), "memcpy_gb_per_sec": memcpy,
+            "checksum_gb_per_sec": one, "checksum_threads": threads,
+            "checksum_threads_gb_per_sec": many,
+        });
+        println!("{row}");
+    } else {
+        println!(
+            "host ({}): memcpy {memcpy:.2} GB/s on one core; checksum {one:.2} GB/s on one core, {many:.2} GB/s on {threads}",
+            ByteSize(bytes.len() as u64)
+        );
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
