@@ -15,6 +15,7 @@
 #
 #   tools/gpu-check.sh            # 3 rounds each, text
 #   ROUNDS=5 JSON=1 tools/gpu-check.sh
+#   COPY_THREADS=8 SIZES=2MiB TOTALS=1GiB tools/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/store-for-script.sh
@@ -47,6 +48,9 @@ trap cleanup EXIT
 json=()
 [ -n "${JSON:-}" ] && json=(--json)
 common=(--meta "$META" --sizes "$SIZES" --totals "$TOTALS" --rounds "$ROUNDS" "${json[@]}")
+# COPY_THREADS: the client's threads checking blocks (default a quarter
+# of the cores).
+[ -n "${COPY_THREADS:-}" ] && common+=(--copy-threads "$COPY_THREADS")
 
 echo "== same host: the daemon's shared pool"
 "$BIN" bench-gpu --shm-socket "$work/daemon.sock" "${common[@]}"

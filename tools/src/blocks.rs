@@ -101,6 +101,9 @@ pub async fn client(target: &Target) -> Result<Client, Failure> {
         cfg = cfg.with_token(token.as_str());
     }
     cfg.shm_socket = target.shm_socket.clone();
+    if let Some(threads) = target.copy_threads {
+        cfg.copy_threads = threads.max(1);
+    }
     cfg.rdma = target.rdma;
     cfg.rdma_device = target.rdma_device.clone();
     cfg.stripes = target.stripes;

@@ -75,6 +75,11 @@ pub struct Target {
     /// blocks are read straight from its shared pool.
     #[arg(long, env = "MOONCAKE_SHM_SOCKET", global = true)]
     shm_socket: Option<std::path::PathBuf>,
+    /// Threads that copy blocks out of the same-host pool and check them
+    /// (for gets into GPU memory: that check their checksums while the GPU
+    /// copies); default: a quarter of this host's cores, 1 to 8.
+    #[arg(long, global = true)]
+    copy_threads: Option<usize>,
     /// Speak TLS on every TCP connection (to a cluster whose servers run
     /// with --tls), trusting servers whose certificates this CA (PEM)
     /// signed.
