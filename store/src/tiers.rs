@@ -148,7 +148,13 @@ impl Tiers {
         size: u64,
         limit: Duration,
     ) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        if self.nvme.is_empty() || !self.dram.would_evict(size) {
+        // A put that fits without evicting needs no room in the queue; but
+        // one that cannot be placed (the allocator's fragmentation and
+        // size classes, which `would_evict` does not see) evicts all the
+        // same, so a full queue makes every put wait.
+        if self.nvme.is_empty()
+            || (!self.dram.would_evict(size) && self.dram.has_demotion_room(size))
+        {
             return None;
         }
         let deadline = tokio::time::Instant::now() + limit;

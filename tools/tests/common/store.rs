@@ -67,6 +67,12 @@ impl Store {
         let log_path =
             std::env::temp_dir().join(format!("mooncake-cli-up-{}-{n}.log", std::process::id()));
         let log = std::fs::File::create(&log_path).unwrap();
+        // No admin port unless the test asks for one.
+        let admin: &[&str] = if extra.iter().any(|a| a == "--admin") {
+            &[]
+        } else {
+            &["--admin", ""]
+        };
         let child = Command::new(BIN)
             .args([
                 "up",
@@ -76,9 +82,8 @@ impl Store {
                 &daemon,
                 "--dram",
                 dram,
-                "--admin",
-                "",
             ])
+            .args(admin)
             .args(&extra)
             .stdout(Stdio::piped())
             .stderr(log)
