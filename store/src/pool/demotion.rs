@@ -54,8 +54,14 @@ impl DramPool {
         let queued = self.demote_queued.load(Ordering::Relaxed);
         self.demote.get().is_some_and(|tx| {
             tx.capacity() >= tx.max_capacity() / 4
-                && (queued == 0 || queued + len <= DEMOTION_BYTES)
+                && (queued == 0 || queued + len <= self.demotion_bytes())
         })
+    }
+
+    /// Bytes of evicted blocks the demotion queue holds before writers
+    /// wait: an eighth of the pool, at most 256 MiB.
+    pub(super) fn demotion_bytes(&self) -> u64 {
+        (self.region.len() as u64 / DEMOTION_SHARE).min(DEMOTION_BYTES)
     }
 
     /// The demoter wrote (or gave up on) a demoted block: it is no longer

@@ -50,11 +50,16 @@ const UNIT: u64 = 256;
 /// (the meta service then learns of those blocks by a miss).
 const MAX_PENDING_REMOVALS: usize = 1 << 20;
 /// Bytes of evicted blocks waiting in memory to be written to the next
-/// tier that writers wait for (see `Tiers::room_to_demote`).
+/// tier that writers wait for (see `Tiers::room_to_demote`), at most; and
+/// at most this share of the pool (`DramPool::demotion_bytes`). Those
+/// bytes are memory beyond the pool, and blocks readable there: a queue
+/// as large as a small pool would make the daemon a larger cache than its
+/// `dram` says.
 const DEMOTION_BYTES: u64 = 256 << 20;
+const DEMOTION_SHARE: u64 = 8;
 /// The hard limit: past it an evicted block is dropped unless the next tier
-/// has it. The slack over `DEMOTION_BYTES` absorbs evictions that writers
-/// did not wait for (promotions, fragmentation).
+/// has it. The slack over what writers wait for absorbs evictions that
+/// did not wait (promotions).
 const DEMOTION_BYTES_MAX: u64 = 2 * DEMOTION_BYTES;
 
 #[derive(Debug, Clone)]
