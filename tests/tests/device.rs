@@ -39,6 +39,22 @@ fn client_on(
     Client::new(cfg)
 }
 
+/// A store whose daemon (`dram` bytes) serves same-host clients on a
+/// socket in a directory of its own (`name`, removed by the caller): the
+/// cluster, the socket and the directory.
+async fn with_shared_pool(
+    dram: u64,
+    name: &str,
+) -> (TestCluster, std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mooncake-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("daemon.sock");
+    let mut cfg = daemon_config(dram);
+    cfg.shm_socket = Some(socket.clone());
+    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    (cluster, socket, dir)
+}
+
 /// Block sizes that line up with no page, chunk or stage size.
 const SIZES: [usize; 7] = [1, 4095, 65_537, 200_003, 31, 300_001, 12_288];
 
@@ -136,12 +152,7 @@ async fn blocks_go_from_device_memory_to_the_store_and_back_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_go_between_device_memory_and_the_same_host_pool_byte_for_byte() {
-    let dir = std::env::temp_dir().join(format!("mooncake-device-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("daemon.sock");
-    let mut cfg = daemon_config(64 << 20);
-    cfg.shm_socket = Some(socket.clone());
-    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let (cluster, socket, dir) = with_shared_pool(64 << 20, "device").await;
     let gpu = HostStandIn::new();
     let client = client_on(&cluster.meta_addr, &gpu, 128 << 10, Some(&socket));
     round_trip(&client, &gpu).await;
@@ -387,12 +398,7 @@ fn cuts(rng: &mut impl rand::Rng, n: usize) -> Vec<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_sizes_splits_and_stages_come_back_byte_for_byte() {
     use rand::{Rng, SeedableRng};
-    let dir = std::env::temp_dir().join(format!("mooncake-device-random-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("daemon.sock");
-    let mut cfg = daemon_config(128 << 20);
-    cfg.shm_socket = Some(socket.clone());
-    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let (cluster, socket, dir) = with_shared_pool(128 << 20, "device-random").await;
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     for round in 0..6u64 {
@@ -455,12 +461,7 @@ async fn random_sizes_splits_and_stages_come_back_byte_for_byte() {
 /// both sides waiting on each other).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_blocks_in_one_call_go_through_the_same_host_pool() {
-    let dir = std::env::temp_dir().join(format!("mooncake-device-many-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("daemon.sock");
-    let mut cfg = daemon_config(512 << 20);
-    cfg.shm_socket = Some(socket.clone());
-    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let (cluster, socket, dir) = with_shared_pool(512 << 20, "device-many").await;
     let gpu = HostStandIn::new();
     let client = client_on(&cluster.meta_addr, &gpu, 32 << 20, Some(&socket));
     assert!(client.same_host_ready(Duration::from_secs(30)).await);

@@ -111,6 +111,27 @@ fn json_f64(json: &str, field: &str) -> f64 {
         .unwrap()
 }
 
+/// The Mooncake trace's first 1,500 requests, in `dir`; where that trace
+/// is not beside the repository (a fresh clone), 1,500 requests of the
+/// CLI's own shared-prompt trace (seed 1).
+fn first_1500_requests(dir: &std::path::Path) -> std::path::PathBuf {
+    let shipped = common::repo("../shared/data/synthetic_trace.jsonl");
+    let trace = dir.join("trace.jsonl");
+    if shipped.exists() {
+        let all = std::fs::read_to_string(&shipped).unwrap();
+        let head: Vec<&str> = all.lines().take(1500).collect();
+        std::fs::write(&trace, head.join("\n") + "\n").unwrap();
+    } else {
+        let made = Command::new(BIN)
+            .args(["gen-trace", "shared-prompt", "--requests", "1500", "--out"])
+            .arg(&trace)
+            .output()
+            .unwrap();
+        succeeded(&made);
+    }
+    trace
+}
+
 #[test]
 fn a_daemon_hits_what_simulate_predicts_for_its_eviction_order() {
     // The Mooncake trace's first 1,500 requests through a pool of 2,048
@@ -120,21 +141,9 @@ fn a_daemon_hits_what_simulate_predicts_for_its_eviction_order() {
     // Where the Mooncake trace is not beside the repository (a fresh
     // clone), the CLI's own shared-prompt trace (seed 1), on which
     // `simulate` puts 2Q 2.5 points above LRU at this size.
-    let shipped = common::repo("../shared/data/synthetic_trace.jsonl");
     let dir = std::env::temp_dir().join(format!("mooncake-orders-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let trace = if shipped.exists() {
-        shipped.to_path_buf()
-    } else {
-        let t = dir.join("shared-prompt.jsonl");
-        let made = Command::new(BIN)
-            .args(["gen-trace", "shared-prompt", "--requests", "1500", "--out"])
-            .arg(&t)
-            .output()
-            .unwrap();
-        succeeded(&made);
-        t
-    };
+    let trace = first_1500_requests(&dir);
     let mut rates = Vec::new();
     for order in ["lru", "2q"] {
         let config = dir.join(format!("{order}.toml"));
@@ -180,22 +189,9 @@ fn a_daemon_with_a_drive_hits_what_simulate_predicts_and_drops_no_evicted_block(
     // pool could place only by evicting went ahead and dropped a block in
     // six, 4.7 points short on the whole trace; and a queue of 4,096
     // blocks, twice this pool, hit 1.8 points above the simulation.)
-    let shipped = common::repo("../shared/data/synthetic_trace.jsonl");
     let dir = std::env::temp_dir().join(format!("mooncake-demote-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let trace = dir.join("trace.jsonl");
-    if shipped.exists() {
-        let all = std::fs::read_to_string(&shipped).unwrap();
-        let head: Vec<&str> = all.lines().take(1500).collect();
-        std::fs::write(&trace, head.join("\n") + "\n").unwrap();
-    } else {
-        let made = Command::new(BIN)
-            .args(["gen-trace", "shared-prompt", "--requests", "1500", "--out"])
-            .arg(&trace)
-            .output()
-            .unwrap();
-        succeeded(&made);
-    }
+    let trace = first_1500_requests(&dir);
     let drive = format!("{}:32000KiB", dir.join("drive.bin").display());
     let store = Store::launch("2MiB", &["--nvme", &drive, "--admin", FRESH], &[]);
     let json = replay_one_at_a_time(&store.meta, &trace, "1500");
