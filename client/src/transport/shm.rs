@@ -32,7 +32,7 @@ use tokio::net::UnixStream;
 use futures::future::BoxFuture;
 use mooncake_proto::transport::TransportKind;
 
-use super::outbox::Outbox;
+use super::outbox::{Outbox, WINDOW};
 use super::{answer, GetItem, PutItem, Read, Transport};
 use crate::{ClientError, ErrorSource};
 
@@ -445,78 +445,76 @@ impl ShmLink {
     ) -> io::Result<Option<Vec<ErrorCode>>> {
         let inline = |it: &PutItem<'_>| inline && it.value.len() <= INLINE_PUT;
         let mut conn = self.conn().await?;
+        // Requests in the order they go out, each with the item it is for
+        // (request k has id k + 1). A block's commit goes out as soon as
+        // its bytes are in place, so a call holds room for at most about
+        // a window of blocks at once: the pool caps the room that puts in
+        // progress hold, and a large call reserving all before committing
+        // any met that cap (`Busy`).
         let mut outbox = Outbox::default();
-        for (i, it) in items.iter().enumerate() {
-            let key = BlockKey::new(namespace.clone(), it.hash);
-            let id = i as u64 + 1;
-            if inline(it) {
-                let head = PutHead {
-                    key,
-                    checksum: it.checksum,
-                    parent: it.parent,
-                    tag: it.tag.clone(),
-                }
-                .to_bytes();
-                let len = (head.len() + it.value.len()) as u32;
-                outbox.push_with(|frames| {
-                    frames.extend_from_slice(&Header::request(Opcode::Put, id, len).encode());
-                    frames.extend_from_slice(&head);
-                    for piece in it.value.pieces() {
-                        frames.extend_from_slice(piece);
-                    }
-                });
-            } else {
-                let body = ShmPutRequest {
-                    key,
-                    len: it.value.len() as u64,
-                    checksum: it.checksum,
-                    parent: it.parent,
-                    tag: it.tag.clone(),
-                }
-                .to_bytes();
-                outbox.push(Opcode::ShmPut, id, &body);
-            }
-        }
+        let mut queued: Vec<(Opcode, usize)> = Vec::new();
         let mut codes = vec![ErrorCode::Ok; items.len()];
-        let mut reserved = Vec::new();
-        for (i, it) in items.iter().enumerate() {
-            let id = i as u64 + 1;
-            outbox.before_answer(&mut conn, i).await?;
-            if inline(it) {
-                codes[i] = answer(&mut conn, Opcode::Put, id).await?.0;
-                if codes[i] == ErrorCode::UnknownOpcode {
-                    return Ok(None);
+        let (mut next, mut k) = (0, 0);
+        while k < queued.len() || next < items.len() {
+            while next < items.len() && queued.len() - k < WINDOW {
+                let it = &items[next];
+                let key = BlockKey::new(namespace.clone(), it.hash);
+                let id = queued.len() as u64 + 1;
+                if inline(it) {
+                    let head = PutHead {
+                        key,
+                        checksum: it.checksum,
+                        parent: it.parent,
+                        tag: it.tag.clone(),
+                    }
+                    .to_bytes();
+                    let len = (head.len() + it.value.len()) as u32;
+                    outbox.push_with(|frames| {
+                        frames.extend_from_slice(&Header::request(Opcode::Put, id, len).encode());
+                        frames.extend_from_slice(&head);
+                        for piece in it.value.pieces() {
+                            frames.extend_from_slice(piece);
+                        }
+                    });
+                    queued.push((Opcode::Put, next));
+                } else {
+                    let body = ShmPutRequest {
+                        key,
+                        len: it.value.len() as u64,
+                        checksum: it.checksum,
+                        parent: it.parent,
+                        tag: it.tag.clone(),
+                    }
+                    .to_bytes();
+                    outbox.push(Opcode::ShmPut, id, &body);
+                    queued.push((Opcode::ShmPut, next));
                 }
-                continue;
+                next += 1;
             }
-            let (status, body) = answer(&mut conn, Opcode::ShmPut, id).await?;
-            if status != ErrorCode::Ok {
-                codes[i] = status;
-                continue;
-            }
-            let slot = ShmSlot::from_bytes(&body).map_err(io::Error::other)?;
-            let (offset, len) = (slot.offset as usize, it.value.len());
-            if offset.checked_add(len).is_none_or(|end| end > self.map.len) {
-                return Err(io::Error::other("a reservation outside the shared pool"));
-            }
-            // SAFETY: in bounds (checked above), and reserved for this
-            // block alone until it is committed.
-            let room =
-                unsafe { std::slice::from_raw_parts_mut(self.map.ptr.as_ptr().add(offset), len) };
-            // The daemon checks the stored bytes at commit.
-            it.value.copy_to(0, room);
-            reserved.push((i, slot));
-        }
-        if !reserved.is_empty() {
-            let mut commits = Outbox::default();
-            let base = items.len() as u64 + 1;
-            for (k, (_, slot)) in reserved.iter().enumerate() {
-                commits.push(Opcode::ShmCommit, base + k as u64, &slot.to_bytes());
-            }
-            for (k, (i, _)) in reserved.iter().enumerate() {
-                commits.before_answer(&mut conn, k).await?;
-                let (status, _) = answer(&mut conn, Opcode::ShmCommit, base + k as u64).await?;
-                codes[*i] = status;
+            outbox.before_answer(&mut conn, k).await?;
+            let (op, i) = queued[k];
+            let (status, body) = answer(&mut conn, op, k as u64 + 1).await?;
+            k += 1;
+            match (op, status) {
+                (Opcode::Put, ErrorCode::UnknownOpcode) => return Ok(None),
+                (Opcode::ShmPut, ErrorCode::Ok) => {
+                    let slot = ShmSlot::from_bytes(&body).map_err(io::Error::other)?;
+                    let (offset, len) = (slot.offset as usize, items[i].value.len());
+                    if offset.checked_add(len).is_none_or(|end| end > self.map.len) {
+                        return Err(io::Error::other("a reservation outside the shared pool"));
+                    }
+                    // SAFETY: in bounds (checked above), and reserved for
+                    // this block alone until it is committed.
+                    let room = unsafe {
+                        std::slice::from_raw_parts_mut(self.map.ptr.as_ptr().add(offset), len)
+                    };
+                    // The daemon checks the stored bytes at commit.
+                    items[i].value.copy_to(0, room);
+                    let id = queued.len() as u64 + 1;
+                    outbox.push(Opcode::ShmCommit, id, &slot.to_bytes());
+                    queued.push((Opcode::ShmCommit, i));
+                }
+                _ => codes[i] = status,
             }
         }
         self.put_back(conn, Vec::new());
