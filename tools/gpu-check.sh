@@ -10,8 +10,9 @@
 # bytes, every get checked byte for byte. Then, where $PYTHON (default
 # python3) has PyTorch on CUDA, pytest and this repository's Python
 # package, it runs client/python/tests/test_gpu.py: both Python APIs with
-# CUDA tensors, as vLLM's connector calls them. Exits non-zero on any
-# failure.
+# CUDA tensors, as vLLM's connector calls them. Each step is bounded
+# (STEP_LIMIT seconds); the others run after one fails. Exits non-zero on
+# any failure.
 #
 #   tools/gpu-check.sh            # 3 rounds each, text
 #   ROUNDS=5 JSON=1 tools/gpu-check.sh
@@ -52,15 +53,31 @@ common=(--meta "$META" --sizes "$SIZES" --totals "$TOTALS" --rounds "$ROUNDS" "$
 # of the cores).
 [ -n "${COPY_THREADS:-}" ] && common+=(--copy-threads "$COPY_THREADS")
 
-echo "== same host: the daemon's shared pool"
-"$BIN" bench-gpu --shm-socket "$work/daemon.sock" "${common[@]}"
-echo "== over TCP (loopback)"
-"$BIN" bench-gpu "${common[@]}"
-echo "== Python: both APIs on CUDA tensors"
+# Each step is bounded (STEP_LIMIT seconds, default 300): one that hangs
+# or fails is reported, the others still run, and the exit status says so.
+failed=()
+step() {
+    local name=$1
+    shift
+    echo "== $name"
+    local rc=0
+    timeout "${STEP_LIMIT:-300}" "$@" || rc=$?
+    [ $rc -eq 124 ] && echo "$name: no result in ${STEP_LIMIT:-300} s"
+    [ $rc -ne 0 ] && failed+=("$name")
+    return 0
+}
+step "same host: the daemon's shared pool" \
+    "$BIN" bench-gpu --shm-socket "$work/daemon.sock" "${common[@]}"
+step "over TCP (loopback)" "$BIN" bench-gpu "${common[@]}"
 PY=${PYTHON:-python3}
 if "$PY" -c 'import torch, pytest, mooncake_store; assert torch.cuda.is_available()' 2>/dev/null; then
-    MOONCAKE_BIN="$BIN" "$PY" -m pytest -q -p no:cacheprovider client/python/tests/test_gpu.py
+    step "Python: both APIs on CUDA tensors" env MOONCAKE_BIN="$BIN" \
+        "$PY" -m pytest -q -p no:cacheprovider client/python/tests/test_gpu.py
 else
-    echo "(not run: $PY lacks PyTorch on CUDA, pytest or mooncake_store; install client/python)"
+    echo "== Python: not run ($PY lacks PyTorch on CUDA, pytest or mooncake_store; install client/python)"
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "gpu-check: failed: ${failed[*]}"
+    exit 1
 fi
 echo "gpu-check: ok"
