@@ -215,6 +215,35 @@ impl<'v> Value<'v> {
             at = 0;
         }
     }
+
+    /// Copies all its bytes into `dst` (which they must fill) and returns
+    /// their checksum: of the bytes stored, hashed while they are in cache
+    /// (one fused pass from a single piece).
+    ///
+    /// # Panics
+    ///
+    /// If `dst` is not the block's length.
+    pub fn copy_with_checksum(&self, dst: &mut [u8]) -> u64 {
+        assert_eq!(
+            dst.len(),
+            self.len(),
+            "copy_with_checksum: not the block's length"
+        );
+        if let Some(bytes) = self.contiguous() {
+            return checksum::copy_with_checksum(dst, bytes);
+        }
+        let mut running = Running::default();
+        let mut at = 0;
+        for piece in self.pieces() {
+            for step in piece.chunks(CHUNK) {
+                let into = &mut dst[at..at + step.len()];
+                checksum::copy(into, step);
+                running.update(into);
+                at += step.len();
+            }
+        }
+        running.finish()
+    }
 }
 
 #[cfg(test)]
@@ -282,6 +311,12 @@ mod tests {
                 let mut gathered = vec![0u8; n];
                 value.copy_to(0, &mut gathered);
                 assert_eq!(gathered, src);
+                let mut hashed = vec![0u8; n];
+                assert_eq!(
+                    value.copy_with_checksum(&mut hashed),
+                    checksum::checksum(&src)
+                );
+                assert_eq!(hashed, src);
             }
         }
     }

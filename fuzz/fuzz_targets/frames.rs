@@ -63,6 +63,7 @@ fn for_each_body(body: &[u8]) {
     round_trip::<ShmTouch>(body);
     round_trip::<ShmPutRequest>(body);
     round_trip::<ShmSlot>(body);
+    round_trip::<ShmCommitRequest>(body);
     round_trip::<RdmaPeer>(body);
     round_trip::<RdmaAccept>(body);
 }

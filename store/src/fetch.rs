@@ -87,7 +87,7 @@ async fn copy(
         .reserve_put(
             req.key.clone(),
             u64::from(req.size),
-            req.checksum,
+            Some(req.checksum),
             within / 2,
         )
         .await

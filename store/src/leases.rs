@@ -14,13 +14,14 @@ use std::io;
 use std::sync::Arc;
 
 use mooncake_proto::message::{
-    Body, EngineTag, KeyRequest, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
+    Body, EngineTag, KeyRequest, ShmCommitRequest, ShmLease, ShmPutRequest, ShmRelease, ShmSlot,
+    ShmTouch,
 };
 use mooncake_proto::{BlockKey, ErrorCode, Header, Opcode, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::pool::{ReadLease, WriteSlot};
+use crate::pool::{PoolError, ReadLease, WriteSlot};
 use crate::server::DataService;
 use crate::tiers::Tiers;
 
@@ -31,7 +32,10 @@ const BACKPRESSURE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves one client's lease requests on `stream` until it goes away, sends
 /// something else, or `shutdown`; counted in `sessions` meanwhile. Puts
-/// with their bytes are taken where `puts` serves them.
+/// with their bytes are taken where `puts` serves them: a same-host
+/// session, whose client maps the pool and so may also hash the bytes it
+/// wrote there itself and say their checksum at commit (`ShmCommitRequest`);
+/// over RDMA only this daemon's CPU reads them, so it checks them.
 pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     tiers: &Arc<Tiers>,
@@ -45,6 +49,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     // they came together; answers are written through unbuffered.
     let stream = &mut tokio::io::BufReader::with_capacity(64 << 10, stream);
     let pool = &tiers.dram;
+    let same_host = puts.is_some();
     // Every lease this client holds; all end when it goes away.
     let mut leases: HashMap<u64, ReadLease> = HashMap::new();
     // Blocks reserved and being written by this client; dropped (their
@@ -130,6 +135,9 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             Opcode::ShmPut => match ShmPutRequest::from_bytes(&body) {
                 Err(err) => (err.code(), Vec::new()),
                 Ok(_) if slots.len() >= MAX_LEASES => (ErrorCode::Busy, Vec::new()),
+                Ok(req) if req.checksum.is_none() && !same_host => {
+                    (ErrorCode::Malformed, Vec::new())
+                }
                 Ok(req) => {
                     let key = req.key.clone();
                     let reserved = tiers
@@ -151,11 +159,14 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                 }
             },
-            Opcode::ShmCommit => match ShmSlot::from_bytes(&body) {
+            Opcode::ShmCommit => match ShmCommitRequest::from_bytes(&body) {
                 Err(err) => (err.code(), Vec::new()),
+                Ok(req) if req.checksum.is_some() && !same_host => {
+                    (ErrorCode::Malformed, Vec::new())
+                }
                 Ok(req) => match slots.remove(&req.slot) {
                     None => (ErrorCode::NoReservation, Vec::new()),
-                    Some((slot, key, tag)) => match slot.commit() {
+                    Some((slot, key, tag)) => match commit(tiers, slot, req.checksum) {
                         Ok(()) => {
                             tiers.set_tag(&key, tag);
                             (ErrorCode::Ok, Vec::new())
@@ -194,6 +205,16 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         );
         stream.write_all(&h.encode()).await?;
         stream.write_all(&answer).await?;
+    }
+}
+
+/// Makes a written slot visible: checked against the checksum given at
+/// reservation (`sum` none: this CPU hashes the bytes), or with the
+/// checksum its same-host writer computed of them in place.
+fn commit(tiers: &Tiers, slot: WriteSlot, sum: Option<u64>) -> Result<(), PoolError> {
+    match sum {
+        None => slot.commit(),
+        Some(sum) => tiers.commit_put(slot, sum),
     }
 }
 
@@ -353,9 +374,17 @@ mod tests {
         ShmPutRequest {
             key: key(n),
             len: bytes.len() as u64,
-            checksum: sum,
+            checksum: Some(sum),
             parent: None,
             tag: None,
+        }
+        .to_bytes()
+    }
+
+    fn commit_of(slot: ShmSlot, checksum: Option<u64>) -> Vec<u8> {
+        ShmCommitRequest {
+            slot: slot.slot,
+            checksum,
         }
         .to_bytes()
     }
@@ -371,7 +400,7 @@ mod tests {
         let slot = ShmSlot::from_bytes(&body).unwrap();
         write_pool(&tiers, slot.offset, &bytes);
         assert_eq!(
-            conn.call(Opcode::ShmCommit, &slot.to_bytes()).await.0,
+            conn.call(Opcode::ShmCommit, &commit_of(slot, None)).await.0,
             ErrorCode::Ok
         );
         let (code, body) = conn
@@ -405,16 +434,134 @@ mod tests {
         write_pool(&tiers, slot.offset, &bytes[..2999]);
         write_pool(&tiers, slot.offset + 2999, &[8]);
         assert_eq!(
-            conn.call(Opcode::ShmCommit, &slot.to_bytes()).await.0,
+            conn.call(Opcode::ShmCommit, &commit_of(slot, None)).await.0,
             ErrorCode::ChecksumMismatch
         );
         let get = KeyRequest { key: key(2) }.to_bytes();
         assert_eq!(conn.call(Opcode::ShmGet, &get).await.0, ErrorCode::NotFound);
         // The slot is gone: committing it again is refused.
         assert_eq!(
-            conn.call(Opcode::ShmCommit, &slot.to_bytes()).await.0,
+            conn.call(Opcode::ShmCommit, &commit_of(slot, None)).await.0,
             ErrorCode::NoReservation
         );
+    }
+
+    #[tokio::test]
+    async fn a_same_host_writer_says_the_checksum_of_its_bytes_in_place_at_commit() {
+        let (tiers, mut conn, _task, _) = session_with(true);
+        let bytes: Vec<u8> = (0..70_000u32).map(|i| (i * 13) as u8).collect();
+        let unhashed = |n| {
+            ShmPutRequest {
+                key: key(n),
+                len: bytes.len() as u64,
+                checksum: None,
+                parent: None,
+                tag: None,
+            }
+            .to_bytes()
+        };
+        let (code, body) = conn.call(Opcode::ShmPut, &unhashed(4)).await;
+        assert_eq!(code, ErrorCode::Ok);
+        let slot = ShmSlot::from_bytes(&body).unwrap();
+        write_pool(&tiers, slot.offset, &bytes);
+        let sum = checksum(&bytes);
+        assert_eq!(
+            conn.call(Opcode::ShmCommit, &commit_of(slot, Some(sum)))
+                .await
+                .0,
+            ErrorCode::Ok
+        );
+        let (code, body) = conn
+            .call(Opcode::ShmGet, &KeyRequest { key: key(4) }.to_bytes())
+            .await;
+        assert_eq!(code, ErrorCode::Ok);
+        let lease = ShmLease::from_bytes(&body).unwrap();
+        assert_eq!((lease.len as usize, lease.checksum), (bytes.len(), sum));
+        assert_eq!(read_pool(&tiers, lease.offset, bytes.len()), bytes);
+        assert_eq!(
+            tiers.dram.inventory(),
+            vec![(key(4), bytes.len() as u32, sum, None)]
+        );
+
+        // A commit's checksum that disagrees with the one given at
+        // reservation is refused, and the block stays unseen.
+        let (_, body) = conn
+            .call(Opcode::ShmPut, &put_request(5, &bytes, sum))
+            .await;
+        let slot = ShmSlot::from_bytes(&body).unwrap();
+        write_pool(&tiers, slot.offset, &bytes);
+        assert_eq!(
+            conn.call(Opcode::ShmCommit, &commit_of(slot, Some(sum ^ 1)))
+                .await
+                .0,
+            ErrorCode::ChecksumMismatch
+        );
+        let get = KeyRequest { key: key(5) }.to_bytes();
+        assert_eq!(conn.call(Opcode::ShmGet, &get).await.0, ErrorCode::NotFound);
+
+        // A put of a held key whose checksum comes only at commit replaces
+        // what is held, with the new bytes and checksum.
+        let other = vec![3u8; 9000];
+        let (code, body) = conn
+            .call(
+                Opcode::ShmPut,
+                &ShmPutRequest {
+                    key: key(4),
+                    len: other.len() as u64,
+                    checksum: None,
+                    parent: None,
+                    tag: None,
+                }
+                .to_bytes(),
+            )
+            .await;
+        assert_eq!(code, ErrorCode::Ok);
+        let slot = ShmSlot::from_bytes(&body).unwrap();
+        write_pool(&tiers, slot.offset, &other);
+        let commit = commit_of(slot, Some(checksum(&other)));
+        assert_eq!(conn.call(Opcode::ShmCommit, &commit).await.0, ErrorCode::Ok);
+        assert_eq!(
+            tiers.dram.inventory(),
+            vec![(key(4), other.len() as u32, checksum(&other), None)]
+        );
+    }
+
+    #[tokio::test]
+    async fn over_rdma_the_daemon_checks_every_block_itself() {
+        // Without a same-host writer that can read the pool, a put must
+        // say its checksum first and cannot vouch for its bytes at commit.
+        let (tiers, mut conn, task, _) = session_with(false);
+        let bytes = vec![5u8; 6000];
+        let unhashed = ShmPutRequest {
+            key: key(6),
+            len: bytes.len() as u64,
+            checksum: None,
+            parent: None,
+            tag: None,
+        };
+        assert_eq!(
+            conn.call(Opcode::ShmPut, &unhashed.to_bytes()).await.0,
+            ErrorCode::Malformed
+        );
+        let (code, body) = conn
+            .call(Opcode::ShmPut, &put_request(6, &bytes, checksum(&bytes)))
+            .await;
+        assert_eq!(code, ErrorCode::Ok);
+        let slot = ShmSlot::from_bytes(&body).unwrap();
+        write_pool(&tiers, slot.offset, &bytes[..5999]);
+        // The writer's word for bytes it did not write in full.
+        let vouched = commit_of(slot, Some(checksum(&bytes)));
+        assert_eq!(
+            conn.call(Opcode::ShmCommit, &vouched).await.0,
+            ErrorCode::Malformed
+        );
+        write_pool(&tiers, slot.offset + 5999, &bytes[5999..]);
+        assert_eq!(
+            conn.call(Opcode::ShmCommit, &commit_of(slot, None)).await.0,
+            ErrorCode::Ok
+        );
+        assert!(tiers.dram.contains(&key(6)));
+        assert!(!task.is_finished());
     }
 
     #[tokio::test]

@@ -215,7 +215,7 @@ where
         .reserve_put(
             put.key,
             value_len as u64,
-            put.checksum,
+            Some(put.checksum),
             cfg.request_timeout / 2,
         )
         .await;

@@ -227,21 +227,49 @@ impl Tiers {
     /// `room_to_demote` says. The put is the key's current version: a copy
     /// of other bytes under the key on a drive is stale and goes (DRAM's
     /// own is replaced by `DramPool::reserve`); `AlreadyExists` means a
-    /// tier holds exactly these bytes.
+    /// tier holds exactly these bytes. A writer that says its checksum
+    /// only at commit (`None`) commits with `commit_put`, which then does
+    /// the drive's part.
     pub async fn reserve_put(
         &self,
         key: BlockKey,
         len: u64,
-        checksum: u64,
+        checksum: Option<u64>,
         backpressure: Duration,
     ) -> Result<WriteSlot, PoolError> {
-        let mut same_on_nvme = false;
+        if let Some(checksum) = checksum {
+            if self.drop_stale_on_nvme(&key, len, checksum)? && !self.dram.contains(&key) {
+                return Err(PoolError::AlreadyExists);
+            }
+        }
+        let _gate = self.room_to_demote(len, backpressure).await;
+        self.dram.reserve_for(key, len, checksum)
+    }
+
+    /// Makes a put visible whose writer hashed its bytes where they lie in
+    /// `slot` (`sum`; `WriteSlot::commit_hashed`), first dropping a copy of
+    /// other bytes under its key on a drive, as `reserve_put` does for a
+    /// writer that said its checksum before writing.
+    pub fn commit_put(&self, slot: WriteSlot, sum: u64) -> Result<(), PoolError> {
+        self.drop_stale_on_nvme(slot.key(), slot.len() as u64, sum)?;
+        slot.commit_hashed(sum)
+    }
+
+    /// Drops what the drives hold under `key` unless it is these bytes
+    /// (`len`, `checksum`); whether a drive holds exactly them.
+    fn drop_stale_on_nvme(
+        &self,
+        key: &BlockKey,
+        len: u64,
+        checksum: u64,
+    ) -> Result<bool, PoolError> {
+        let mut same = false;
         for drive in &self.nvme {
-            match drive.record_of(&key) {
-                Some((l, sum)) if u64::from(l) == len && sum == checksum => same_on_nvme = true,
+            match drive.record_of(key) {
+                Some((l, sum)) if u64::from(l) == len && sum == checksum => same = true,
                 Some(_) => {
                     tracing::info!(%key, "put replaces other bytes held under its key on NVMe");
-                    if let Err(err) = drive.remove(&key) {
+                    if let Err(err) = drive.remove(key) {
                         tracing::warn!(%key, %err, "NVMe removal of a replaced block failed");
                         return Err(PoolError::Busy);
                     }
@@ -249,11 +277,7 @@ impl Tiers {
                 None => {}
             }
         }
-        if same_on_nvme && !self.dram.contains(&key) {
-            return Err(PoolError::AlreadyExists);
-        }
-        let _gate = self.room_to_demote(len, backpressure).await;
-        self.dram.reserve(key, len, checksum)
+        Ok(same)
     }
 
     /// Remembers that `key` went from one tier to another, for the meta

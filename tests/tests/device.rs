@@ -156,12 +156,16 @@ async fn blocks_go_between_device_memory_and_the_same_host_pool_byte_for_byte() 
     let gpu = HostStandIn::new();
     let client = client_on(&cluster.meta_addr, &gpu, 128 << 10, Some(&socket));
     round_trip(&client, &gpu).await;
-    // Every block was read straight from the pool, registered with the
-    // GPU once (the round trip also reads each block to the host once).
+    // Every block was put straight into the pool and read straight from
+    // it, registered with the GPU once (the round trip also reads each
+    // block to the host once).
     assert!(gpu.registered_bytes() >= 64 << 20, "the pool is registered");
-    // One upload a piece of each block (odd blocks land in two pieces).
+    // One copy a piece of each block that is not empty: ten each way
+    // (block 0's first piece is empty when put; gets split odd blocks).
     let pieces = SIZES.len() + SIZES.len() / 2;
+    assert_eq!(gpu.downloads_to_registered(), pieces as u64);
     assert_eq!(gpu.uploads_from_registered(), pieces as u64);
+    assert_eq!(client.shm_writes(), SIZES.len() as u64);
     drop(client);
     assert_eq!(gpu.registered_bytes(), 0, "and unregistered with its link");
     let _ = std::fs::remove_dir_all(dir);
@@ -173,6 +177,44 @@ async fn a_copy_from_the_device_that_fails_stores_none_of_its_chunk() {
     let gpu = HostStandIn::new();
     // One block a chunk: each stage holds one 200 KB block.
     let client = client_on(&cluster.meta_addr, &gpu, 100_000, None);
+    copy_down_fails_for_block_2(&client, &gpu).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_from_the_device_into_the_pool_that_fails_stores_none_of_its_group() {
+    let (cluster, socket, dir) = with_shared_pool(64 << 20, "device-fail").await;
+    let gpu = HostStandIn::new();
+    // One block a group: each group holds one 200 KB block.
+    let client = client_on(&cluster.meta_addr, &gpu, 100_000, Some(&socket));
+    copy_down_fails_for_block_2(&client, &gpu).await;
+    // Blocks 0 and 1 went straight into the pool; block 2's copy there
+    // failed (a failed copy is not counted). Block 3's copy into its room
+    // was queued by then: the call waited for it before giving up its
+    // rooms. Blocks 3 to 5 then went through staging on a new lane.
+    assert_eq!(gpu.downloads_to_registered(), 3);
+    assert_eq!(gpu.copies().1, 3 + 3);
+    // Block 2's room was freed with its connection: it goes in now.
+    let n = 200_000;
+    let addr = gpu.alloc(n);
+    gpu.write(addr, &block_bytes(2, n));
+    let again = vec![(hash(52), vec![Span::new(addr, n)])];
+    // SAFETY: the stand-in's region lives as long as `gpu`.
+    let put = unsafe {
+        client
+            .put_spans(&ns(), &again, None, &[], PutOptions::default())
+            .await
+    }
+    .unwrap();
+    assert_eq!(put, vec![PutOutcome::Stored]);
+    let key = mooncake_proto::BlockKey::new(ns(), hash(52));
+    assert_eq!(client.get(&key).await.unwrap().unwrap(), block_bytes(2, n));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Puts six blocks of 200 KB from device memory, the third copy down
+/// (block 2's) failing: that block alone fails, is not stored, and the
+/// others read back byte for byte.
+async fn copy_down_fails_for_block_2(client: &Client, gpu: &HostStandIn) {
     let n = 200_000;
     let regions: Vec<usize> = (0..6)
         .map(|i| {
@@ -186,7 +228,6 @@ async fn a_copy_from_the_device_that_fails_stores_none_of_its_chunk() {
         .enumerate()
         .map(|(i, &a)| (hash(50 + i as u64), vec![Span::new(a, n)]))
         .collect();
-    // The third copy down (block 2's) fails.
     gpu.fail_copy(3);
     // SAFETY: the stand-in's regions live as long as `gpu`.
     let put = unsafe {

@@ -6,16 +6,14 @@
 //! copied down into one stage while the chunk before it is put from the
 //! other. A block is reported done only once its copy finished; one whose
 //! copy failed is reported failed, so no partial block is ever a hit, and
-//! a put whose copy down failed stores nothing.
+//! a put whose copy down failed stores nothing. Where the same-host
+//! daemon's pool is registered with the GPU, blocks skip staging
+//! (`direct`).
 
 use super::*;
 use crate::device::cuda::Cuda;
-use crate::device::{up, Device, DeviceChoice, Memory, Span, Stage};
-use crate::transport::shm::Direct;
-use mooncake_proto::message::Tier;
+use crate::device::{down, up, Device, DeviceChoice, Memory, Span, Stage, COPY_FAILED};
 
-/// Per-block outcome of a device copy that failed.
-const COPY_FAILED: ErrorCode = ErrorCode::Internal;
 /// Per-block outcome of a block with pieces in host and GPU memory, or on
 /// two GPUs: refused (the compatible API's `INVALID_PARAMS`).
 const MIXED: ErrorCode = ErrorCode::Malformed;
@@ -166,7 +164,16 @@ impl Client {
                         tags: &tag,
                     };
                     // SAFETY: the caller's promise, passed on.
-                    unsafe { self.put_staged(namespace, staged, opts, &mut out).await? };
+                    let rest =
+                        unsafe { self.put_to_pool(namespace, staged, opts, &mut out) }.await?;
+                    if !rest.is_empty() {
+                        let staged = Staged {
+                            idx: &rest,
+                            ..staged
+                        };
+                        // SAFETY: as above.
+                        unsafe { self.put_staged(namespace, staged, opts, &mut out).await? };
+                    }
                 }
             }
         }
@@ -227,7 +234,7 @@ impl Client {
 
     /// The stage in `slot`, made (or swapped for a larger one) to hold
     /// `len` bytes for GPU `ordinal`.
-    fn stage<'s>(
+    pub(super) fn stage<'s>(
         &self,
         slot: &'s mut Option<Stage>,
         ordinal: i32,
@@ -271,96 +278,6 @@ impl Client {
             .into_iter()
             .map(|o| o.expect("every block answered"))
             .collect())
-    }
-
-    /// Of the blocks `idx`, those the same-host daemon holds in DRAM, read
-    /// straight from its pool into GPU memory (`transport::shm::device`):
-    /// an outcome for each block read (or failed) so, `None` for the rest.
-    /// `None` without a same-host link whose pool the GPU reaches.
-    async unsafe fn get_from_pool(&self, gets: Gets<'_>) -> Option<Vec<Option<GetOutcome>>> {
-        let Gets {
-            namespace,
-            ordinal,
-            idx,
-            hashes,
-            blocks,
-        } = gets;
-        let device = self.device()?;
-        let link = self.shm_connect(None)?;
-        if !link.on_device(device.as_ref()) {
-            return None;
-        }
-        // Only blocks whose copy this daemon holds in DRAM are asked of it
-        // (it counts what it does not hold as a miss of its own).
-        let all: Vec<BlockHash> = idx.iter().map(|&i| hashes[i]).collect();
-        let mut locations: Vec<Option<Location>> = all
-            .iter()
-            .map(|h| self.locations.get(&BlockKey::new(namespace.clone(), *h)))
-            .collect();
-        let unknown: Vec<usize> = (0..all.len()).filter(|&j| locations[j].is_none()).collect();
-        self.locate(namespace, &all, &unknown, &mut locations)
-            .await
-            .ok()?;
-        let here: Vec<usize> = (0..all.len())
-            .filter(|&j| locations[j].is_some_and(|l| self.in_pool_of(&l, &link.addr)))
-            .collect();
-        let mut out = vec![None; idx.len()];
-        if here.is_empty() {
-            return Some(out);
-        }
-        let mut slot = None;
-        let stage = self
-            .stage(&mut slot, ordinal, 1)
-            .inspect_err(|err| tracing::warn!(%err, "no GPU lane"))
-            .ok()?;
-        let hs: Vec<BlockHash> = here.iter().map(|&j| all[j]).collect();
-        let spans: Vec<&[Span]> = here.iter().map(|&j| &blocks[idx[j]][..]).collect();
-        // SAFETY: the caller's promise, passed on. Bounded as every call
-        // is: a daemon that stops answering is left for staging.
-        let asked = unsafe { link.get_to_device(namespace, &hs, &spans, stage) };
-        let answer = tokio::time::timeout(self.cfg.timeout, asked)
-            .await
-            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
-        let (direct, copied) = match answer {
-            Ok(answer) => answer,
-            Err(err) => {
-                tracing::debug!(%err, "same-host pool unreachable; reading through staging");
-                // Dropping the stage waits for what it queued, before any
-                // other copy into the same memory.
-                drop(slot);
-                return None;
-            }
-        };
-        if let Err(err) = &copied {
-            tracing::warn!(%err, "blocks could not be copied to the GPU from the same-host pool");
-            slot = None;
-        }
-        let mut hits = 0;
-        for (&j, d) in here.iter().zip(direct) {
-            out[j] = match d {
-                Direct::Hit(n) if copied.is_ok() => {
-                    hits += 1;
-                    Some(GetOutcome::Hit(n))
-                }
-                Direct::Hit(_) => Some(GetOutcome::Failed(COPY_FAILED)),
-                Direct::TooLarge => Some(GetOutcome::Failed(ErrorCode::TooLarge)),
-                Direct::Elsewhere => None,
-            };
-        }
-        self.transports.read(TransportKind::Shm, hits);
-        if let Some(stage) = slot {
-            self.stages.give(stage);
-        }
-        Some(out)
-    }
-
-    /// Whether a copy of the block at `location` lies in the DRAM of the
-    /// daemon at `addr`.
-    fn in_pool_of(&self, location: &Location, addr: &str) -> bool {
-        location
-            .daemons
-            .with_tiers()
-            .any(|(d, tier)| tier == Tier::Dram && self.peer(d).is_ok_and(|p| p.addr == addr))
     }
 
     /// `get_into_spans` of the blocks `idx`, all on GPU `ordinal`, through
@@ -535,21 +452,22 @@ impl Client {
 /// What `get_staged` reads: the blocks `idx` of `blocks` (their hashes in
 /// `hashes`), all on GPU `ordinal`.
 #[derive(Clone, Copy)]
-struct Gets<'a> {
-    namespace: &'a Namespace,
-    ordinal: i32,
-    idx: &'a [usize],
-    hashes: &'a [BlockHash],
-    blocks: &'a [Vec<Span>],
+pub(super) struct Gets<'a> {
+    pub(super) namespace: &'a Namespace,
+    pub(super) ordinal: i32,
+    pub(super) idx: &'a [usize],
+    pub(super) hashes: &'a [BlockHash],
+    pub(super) blocks: &'a [Vec<Span>],
 }
 
 /// What `put_staged` puts: the blocks `idx` of `blocks`, on GPU `ordinal`.
-struct Staged<'a> {
-    ordinal: i32,
-    idx: &'a [usize],
-    blocks: &'a [(BlockHash, Vec<Span>)],
-    parents: &'a [Option<BlockHash>],
-    tags: &'a (dyn Fn(usize) -> Option<Arc<EngineTag>> + Sync),
+#[derive(Clone, Copy)]
+pub(super) struct Staged<'a> {
+    pub(super) ordinal: i32,
+    pub(super) idx: &'a [usize],
+    pub(super) blocks: &'a [(BlockHash, Vec<Span>)],
+    pub(super) parents: &'a [Option<BlockHash>],
+    pub(super) tags: &'a (dyn Fn(usize) -> Option<Arc<EngineTag>> + Sync),
 }
 
 /// Consecutive runs of blocks whose sizes add up to at most `limit` (a
@@ -570,26 +488,8 @@ fn chunks(sizes: &[usize], limit: usize) -> Vec<std::ops::Range<usize>> {
     out
 }
 
-fn total(spans: &[Span]) -> usize {
+pub(super) fn total(spans: &[Span]) -> usize {
     spans.iter().map(|s| s.len).sum()
-}
-
-/// Queues copying the spans, in order, to `dst` (pinned, in `stage`).
-///
-/// # Safety
-/// As `Stage::download`.
-unsafe fn down(
-    stage: &mut Stage,
-    dst: *mut u8,
-    spans: &[Span],
-) -> Result<(), crate::device::DeviceError> {
-    let mut at = 0;
-    for span in spans.iter().filter(|s| s.len > 0) {
-        // SAFETY: the caller's promise.
-        unsafe { stage.download(dst.add(at), span.addr, span.len)? };
-        at += span.len;
-    }
-    Ok(())
 }
 
 /// The spans as slices (host memory).

@@ -32,7 +32,9 @@ use crate::metrics::ClientMetrics;
 use crate::pieces::{Dest, Value};
 use crate::transport::shm::ShmLink;
 use crate::transport::stream::StreamTransport;
-use crate::transport::{hits, stored, GetItem, PutItem, Read, Transport, TransportCounters};
+use crate::transport::{
+    hits, stored, GetItem, PutItem, Read, Transport, TransportCounters, Written,
+};
 use crate::{ClientError, ErrorSource};
 use mooncake_net::quic::QuicConnector;
 use mooncake_net::ClientTls;
@@ -47,6 +49,7 @@ use crate::MetaResolver;
 mod config;
 mod control;
 mod device;
+mod direct;
 mod get;
 mod paths;
 mod put;
@@ -195,7 +198,7 @@ impl Transport for Unreachable {
         &'a self,
         _: &'a Namespace,
         _: &'a [PutItem<'b>],
-    ) -> futures::future::BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>> {
+    ) -> futures::future::BoxFuture<'a, Result<Vec<Written>, ClientError>> {
         Box::pin(std::future::ready(Err(ClientError::Invalid(
             self.why.clone(),
         ))))

@@ -110,15 +110,7 @@ impl Client {
         (parents, tags): (&[Option<BlockHash>], &[Option<Arc<EngineTag>>]),
         opts: PutOptions,
     ) -> Result<Vec<PutOutcome>, ClientError> {
-        let replicas = match opts.replicas {
-            0 => self.cfg.replicas,
-            n => n,
-        };
-        if usize::from(replicas) > MAX_COPIES {
-            return Err(ClientError::Invalid(format!(
-                "{replicas} copies asked; at most {MAX_COPIES}"
-            )));
-        }
+        let replicas = self.copies_of(opts)?;
         let started = std::time::Instant::now();
         let mut out = Vec::with_capacity(blocks.len());
         let mut start = 0;
@@ -141,6 +133,20 @@ impl Client {
         Ok(out)
     }
 
+    /// The copies a put with `opts` asks; refused past `MAX_COPIES`.
+    pub(super) fn copies_of(&self, opts: PutOptions) -> Result<u8, ClientError> {
+        let replicas = match opts.replicas {
+            0 => self.cfg.replicas,
+            n => n,
+        };
+        if usize::from(replicas) > MAX_COPIES {
+            return Err(ClientError::Invalid(format!(
+                "{replicas} copies asked; at most {MAX_COPIES}"
+            )));
+        }
+        Ok(replicas)
+    }
+
     /// Stores one block.
     pub async fn put_one(&self, key: &BlockKey, value: &[u8]) -> Result<PutOutcome, ClientError> {
         let out = self.put(&key.namespace, &[(key.hash, value)]).await?;
@@ -151,91 +157,106 @@ impl Client {
         &self,
         namespace: &Namespace,
         blocks: &[(BlockHash, Value<'_>)],
-        (parents, tags): (&[Option<BlockHash>], &[Option<Arc<EngineTag>>]),
+        named: (&[Option<BlockHash>], &[Option<Arc<EngineTag>>]),
         replicas: u8,
     ) -> Result<Vec<PutOutcome>, ClientError> {
-        let mut items = Vec::with_capacity(blocks.len());
-        for (hash, value) in blocks {
-            let size = u32::try_from(value.len())
-                .map_err(|_| ClientError::Invalid(format!("block {hash} is over 4 GiB")))?;
-            items.push((*hash, size));
-        }
-        let (slots, daemons) = self.reservations[usize::from(replicas)]
-            .call(namespace.clone(), items, |namespace, items| async move {
-                let start: PutStartResponse = self
-                    .meta_call(
-                        Opcode::PutStart,
-                        &PutStartRequest {
-                            namespace,
-                            node: self.cfg.node.clone(),
-                            replicas,
-                            items,
-                        },
-                        "put_start",
-                    )
-                    .await?;
-                Ok((start.slots, start.daemons))
-            })
-            .await?;
-        self.learn_daemons(&daemons);
-
-        let mut outcomes = vec![PutOutcome::Failed(ErrorCode::Internal); blocks.len()];
+        let sizes = sizes_of(blocks.iter().map(|(h, v)| (*h, v.len())))?;
+        let slots = self.place(namespace, &sizes, replicas).await?;
         let mut by_daemon: HashMap<u32, Vec<PutItem<'_>>> = HashMap::new();
-        let mut sums = vec![0u64; blocks.len()];
         for (index, (slot, (hash, value))) in slots.iter().zip(blocks).enumerate() {
-            match slot {
-                Slot::Place(copies) => {
-                    sums[index] = value.checksum();
-                    let item = PutItem {
-                        index,
-                        hash: *hash,
-                        value: *value,
-                        checksum: sums[index],
-                        parent: parents[index],
-                        tag: tags[index].clone(),
-                    };
-                    for daemon in copies.iter() {
-                        by_daemon.entry(daemon).or_default().push(item.clone());
-                    }
+            if let Slot::Place(copies) = slot {
+                // A block with one copy is hashed by its transport: on
+                // the same host in the pass that copies it into the
+                // pool. One with several is hashed once, here, so that
+                // every copy is checked against the same checksum.
+                let checksum = (copies.len() > 1).then(|| value.checksum());
+                let item = PutItem {
+                    index,
+                    hash: *hash,
+                    value: *value,
+                    checksum,
+                    parent: named.0[index],
+                    tag: named.1[index].clone(),
+                };
+                for daemon in copies.iter() {
+                    by_daemon.entry(daemon).or_default().push(item.clone());
                 }
-                Slot::Skip(ErrorCode::AlreadyExists) => outcomes[index] = PutOutcome::AlreadyExists,
-                Slot::Skip(code) => outcomes[index] = PutOutcome::Failed(*code),
             }
         }
-
         let writes = by_daemon.into_iter().map(|(daemon, items)| async move {
             let result = self.put_on_daemon(daemon, namespace, &items).await;
             (daemon, items, result)
         });
-        // Per block placed: the daemons that stored it, and the first
-        // refusal of one that did not.
-        let mut stored_on: HashMap<usize, (Copies, Option<ErrorCode>)> = HashMap::new();
+        let mut wrote = Wrote::new(blocks.len());
         for (daemon, items, result) in join_all(writes).await {
-            let codes = match result {
-                Ok(codes) => codes,
-                Err(err) => {
-                    tracing::warn!(daemon, %err, "put to daemon failed");
-                    vec![err.code().unwrap_or(ErrorCode::Unavailable); items.len()]
-                }
-            };
-            for (item, code) in items.iter().zip(codes) {
-                let (copies, refused) = stored_on.entry(item.index).or_default();
-                // A daemon that already holds the key has complete, verified
-                // bytes for it: committing makes them visible.
-                if matches!(code, ErrorCode::Ok | ErrorCode::AlreadyExists) {
-                    copies.push(daemon);
-                } else {
-                    refused.get_or_insert(code);
-                }
+            let given: Vec<_> = items.iter().map(|it| (it.index, it.checksum)).collect();
+            wrote.record(daemon, &given, result);
+        }
+        self.settle(namespace, &sizes, &slots, wrote, named, replicas)
+            .await
+    }
+
+    /// Phase one of a put: a place for each block (`sizes`: hash and
+    /// length) on `replicas` daemons, from the meta service.
+    pub(super) async fn place(
+        &self,
+        namespace: &Namespace,
+        sizes: &[(BlockHash, u32)],
+        replicas: u8,
+    ) -> Result<Vec<Slot>, ClientError> {
+        let (slots, daemons) = self.reservations[usize::from(replicas)]
+            .call(
+                namespace.clone(),
+                sizes.to_vec(),
+                |namespace, items| async move {
+                    let start: PutStartResponse = self
+                        .meta_call(
+                            Opcode::PutStart,
+                            &PutStartRequest {
+                                namespace,
+                                node: self.cfg.node.clone(),
+                                replicas,
+                                items,
+                            },
+                            "put_start",
+                        )
+                        .await?;
+                    Ok((start.slots, start.daemons))
+                },
+            )
+            .await?;
+        self.learn_daemons(&daemons);
+        Ok(slots)
+    }
+
+    /// Phase two: each block's outcome from its place (`slots`) and what
+    /// its daemons did (`wrote`), and the blocks stored made visible at
+    /// the meta service (a place that nothing was written to given up).
+    pub(super) async fn settle(
+        &self,
+        namespace: &Namespace,
+        sizes: &[(BlockHash, u32)],
+        slots: &[Slot],
+        wrote: Wrote,
+        (parents, tags): (&[Option<BlockHash>], &[Option<Arc<EngineTag>>]),
+        replicas: u8,
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        let mut outcomes = vec![PutOutcome::Failed(ErrorCode::Internal); sizes.len()];
+        for (index, slot) in slots.iter().enumerate() {
+            match slot {
+                Slot::Place(_) => {}
+                Slot::Skip(ErrorCode::AlreadyExists) => outcomes[index] = PutOutcome::AlreadyExists,
+                Slot::Skip(code) => outcomes[index] = PutOutcome::Failed(*code),
             }
         }
+        let Wrote { stored_on, sums } = wrote;
         // Committed in the batch's order, so that a chain's blocks appear
         // (and are published to event subscribers) parent first.
         let mut stored_on: Vec<_> = stored_on.into_iter().collect();
         stored_on.sort_unstable_by_key(|(index, _)| *index);
         let mut commits = Vec::with_capacity(stored_on.len());
         for (index, (copies, refused)) in &stored_on {
-            let (hash, value) = blocks[*index];
+            let (hash, size) = sizes[*index];
             outcomes[*index] = match (refused, copies.len()) {
                 (Some(code), 0) => PutOutcome::Failed(*code),
                 (Some(_), n) => PutOutcome::Short { copies: n as u8 },
@@ -244,7 +265,7 @@ impl Client {
             commits.push(CommitItem {
                 hash,
                 stored_on: *copies,
-                size: value.len() as u32,
+                size,
                 checksum: sums[*index],
                 parent: parents[*index],
                 tag: tags[*index].clone(),
@@ -301,7 +322,7 @@ impl Client {
                 self.locations
                     .insert(BlockKey::new(namespace.clone(), item.hash), location);
             } else {
-                let index = blocks
+                let index = sizes
                     .iter()
                     .position(|(h, _)| *h == item.hash)
                     .expect("hash of this batch");
@@ -316,36 +337,104 @@ impl Client {
         daemon: u32,
         namespace: &Namespace,
         items: &[PutItem<'_>],
-    ) -> Result<Vec<ErrorCode>, ClientError> {
+    ) -> Result<Vec<Written>, ClientError> {
         let peer = self.peer(daemon)?;
         if let Some(link) = self.shm_link(&peer.addr, peer.data.kind()) {
             match link.put(namespace, items).await {
-                Ok(codes) => {
-                    self.transports.wrote(TransportKind::Shm, stored(&codes));
-                    return Ok(codes);
+                Ok(written) => {
+                    self.transports.wrote(TransportKind::Shm, stored(&written));
+                    return Ok(written);
                 }
                 Err(err) => self.shm_lost(&err, peer.data.kind()),
             }
         }
         if let Some(rdma) = &peer.rdma {
             match rdma.put(namespace, items).await {
-                Ok(codes) => {
-                    self.transports.wrote(TransportKind::Rdma, stored(&codes));
-                    return Ok(codes);
+                Ok(written) => {
+                    self.transports.wrote(TransportKind::Rdma, stored(&written));
+                    return Ok(written);
                 }
                 Err(err) => self.rdma_failed(&err, peer.data.kind()),
             }
         }
-        let codes = peer.data.put(namespace, items).await?;
-        self.transports.wrote(peer.data.kind(), stored(&codes));
-        Ok(codes)
+        let written = peer.data.put(namespace, items).await?;
+        self.transports.wrote(peer.data.kind(), stored(&written));
+        Ok(written)
     }
+}
+
+/// What the daemons did with a put's blocks, by the block's index: the
+/// daemons that stored it and the first refusal of one that did not, and
+/// the checksum it was stored under.
+pub(super) struct Wrote {
+    stored_on: HashMap<usize, (Copies, Option<ErrorCode>)>,
+    sums: Vec<u64>,
+}
+
+impl Wrote {
+    pub(super) fn new(blocks: usize) -> Wrote {
+        Wrote {
+            stored_on: HashMap::new(),
+            sums: vec![0; blocks],
+        }
+    }
+
+    /// What `daemon` did with the blocks `given` (index, and the checksum
+    /// the writer gave, if it gave one): `result`, a status each.
+    pub(super) fn record(
+        &mut self,
+        daemon: u32,
+        given: &[(usize, Option<u64>)],
+        result: Result<Vec<Written>, ClientError>,
+    ) {
+        let written = match result {
+            Ok(written) => written,
+            Err(err) => {
+                tracing::warn!(daemon, %err, "put to daemon failed");
+                let code = err.code().unwrap_or(ErrorCode::Unavailable);
+                vec![Written { code, checksum: 0 }; given.len()]
+            }
+        };
+        for (&(index, checksum), w) in given.iter().zip(written) {
+            let (copies, refused) = self.stored_on.entry(index).or_default();
+            // A daemon that already holds the key has complete, verified
+            // bytes for it: committing makes them visible.
+            if matches!(w.code, ErrorCode::Ok | ErrorCode::AlreadyExists) {
+                copies.push(daemon);
+                self.sums[index] = checksum.unwrap_or(w.checksum);
+            } else {
+                refused.get_or_insert(w.code);
+            }
+        }
+    }
+
+    /// Block `index` was not written: its place is given up.
+    pub(super) fn not_written(&mut self, index: usize, code: ErrorCode) {
+        self.stored_on
+            .entry(index)
+            .or_default()
+            .1
+            .get_or_insert(code);
+    }
+}
+
+/// Each block's hash and length, refused past 4 GiB.
+pub(super) fn sizes_of(
+    blocks: impl Iterator<Item = (BlockHash, usize)>,
+) -> Result<Vec<(BlockHash, u32)>, ClientError> {
+    blocks
+        .map(|(hash, len)| {
+            let size = u32::try_from(len)
+                .map_err(|_| ClientError::Invalid(format!("block {hash} is over 4 GiB")))?;
+            Ok((hash, size))
+        })
+        .collect()
 }
 
 /// Where the put's chunk that starts at `start` ends: at most `MAX_BATCH`
 /// blocks, and at most `MAX_COMMIT_TAG_BYTES` of engine tags (at least one
 /// block), so that its commit fits a control frame.
-fn chunk_end(tags: &[Option<Arc<EngineTag>>], start: usize) -> usize {
+pub(super) fn chunk_end(tags: &[Option<Arc<EngineTag>>], start: usize) -> usize {
     let mut bytes = 0;
     let mut end = start;
     for tag in tags[start..].iter().take(MAX_BATCH) {

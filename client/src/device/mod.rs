@@ -18,9 +18,12 @@ mod stand_in;
 
 use std::ptr::NonNull;
 
-pub(crate) use staging::up;
+pub(crate) use staging::{down, up};
 pub(crate) use staging::{Stage, Stages};
 pub use stand_in::HostStandIn;
+
+/// Per-block outcome of a device copy that failed.
+pub(crate) const COPY_FAILED: mooncake_proto::ErrorCode = mooncake_proto::ErrorCode::Internal;
 
 /// What memory an address lies in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,7 +34,9 @@ impl Stage {
     }
 
     /// # Safety
-    /// As `Lane::download`; `dst` lies in `self.buf`.
+    /// As `Lane::download`; `dst` lies in `self.buf`, or in host memory
+    /// registered with the device that stays mapped until the stage is
+    /// waited on.
     pub(crate) unsafe fn download(
         &mut self,
         dst: *mut u8,
@@ -93,6 +95,25 @@ pub(crate) unsafe fn up(
         unsafe { stage.upload(span.addr, src.add(at), len)? };
         at += len;
         n -= len;
+    }
+    Ok(())
+}
+
+/// Queues copying the spans, in order, to `dst` (pinned: in `stage`, or
+/// registered).
+///
+/// # Safety
+/// As `Stage::download`, for the spans' total length at `dst`.
+pub(crate) unsafe fn down(
+    stage: &mut Stage,
+    dst: *mut u8,
+    spans: &[super::Span],
+) -> Result<(), DeviceError> {
+    let mut at = 0;
+    for span in spans.iter().filter(|s| s.len > 0) {
+        // SAFETY: the caller's promise.
+        unsafe { stage.download(dst.add(at), span.addr, span.len)? };
+        at += span.len;
     }
     Ok(())
 }

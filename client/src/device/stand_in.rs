@@ -34,6 +34,8 @@ struct State {
     registered: BTreeMap<usize, usize>,
     /// Uploads whose source was registered host memory (not staging).
     uploads_from_registered: u64,
+    /// Downloads whose destination was registered host memory.
+    downloads_to_registered: u64,
 }
 
 /// Whether `[addr, addr + len)` lies inside one of `ranges`.
@@ -134,6 +136,11 @@ impl HostStandIn {
     /// Uploads so far whose source was registered host memory.
     pub fn uploads_from_registered(&self) -> u64 {
         self.state.lock().uploads_from_registered
+    }
+
+    /// Downloads so far whose destination was registered host memory.
+    pub fn downloads_to_registered(&self) -> u64 {
+        self.state.lock().downloads_to_registered
     }
 
     /// Bytes of host memory registered and not yet unregistered.
@@ -259,6 +266,13 @@ impl Lane for StandInLane {
                     }
                     Copy::Down { .. } => {
                         state.downloads += 1;
+                        if inside(
+                            state.registered.range(..=host).map(|(&a, &n)| (a, n)),
+                            host,
+                            len,
+                        ) {
+                            state.downloads_to_registered += 1;
+                        }
                         std::ptr::copy_nonoverlapping(dev as *const u8, host as *mut u8, len)
                     }
                 }

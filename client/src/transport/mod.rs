@@ -38,12 +38,13 @@ pub trait Transport: Send + Sync {
         items: &'a mut [GetItem<'b>],
     ) -> BoxFuture<'a, Result<Vec<Read>, ClientError>>;
 
-    /// Writes each item's value; the daemon's status for each.
+    /// Writes each item's value; the daemon's status for each, with the
+    /// checksum it was stored under.
     fn put<'a, 'b: 'a>(
         &'a self,
         namespace: &'a Namespace,
         items: &'a [PutItem<'b>],
-    ) -> BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>>;
+    ) -> BoxFuture<'a, Result<Vec<Written>, ClientError>>;
 }
 
 /// One block to read, and where its bytes go.
@@ -62,12 +63,32 @@ pub struct PutItem<'v> {
     pub index: usize,
     pub hash: BlockHash,
     pub value: Value<'v>,
-    /// XXH3-64 of `value`, which the daemon checks before storing it.
-    pub checksum: u64,
+    /// XXH3-64 of `value`, which the daemon checks before storing it;
+    /// `None` to have the transport compute it: as the bytes land in the
+    /// same-host pool (one pass for the copy and its checksum), else
+    /// before it sends them.
+    pub checksum: Option<u64>,
     /// The block whose prefix this one extends, for prefix-aware eviction.
     pub parent: Option<BlockHash>,
     /// What the engine calls it, kept by the daemon with it.
     pub tag: Option<std::sync::Arc<mooncake_proto::message::EngineTag>>,
+}
+
+impl PutItem<'_> {
+    /// Its checksum: the one given, else computed now.
+    pub(crate) fn sum(&self) -> u64 {
+        self.checksum.unwrap_or_else(|| self.value.checksum())
+    }
+}
+
+/// What became of one block written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// The daemon's status.
+    pub code: ErrorCode,
+    /// XXH3-64 of the bytes written: the item's, or computed by the
+    /// transport (meaningful where `code` is `Ok`).
+    pub checksum: u64,
 }
 
 /// What one read found, before it is told to the caller.
@@ -144,9 +165,9 @@ pub(crate) fn hits(reads: &[Read]) -> usize {
     reads.iter().filter(|r| matches!(r, Read::Hit(_))).count()
 }
 
-/// Successes among `codes`.
-pub(crate) fn stored(codes: &[ErrorCode]) -> usize {
-    codes.iter().filter(|c| **c == ErrorCode::Ok).count()
+/// Successes among `written`.
+pub(crate) fn stored(written: &[Written]) -> usize {
+    written.iter().filter(|w| w.code == ErrorCode::Ok).count()
 }
 
 /// Appends one request frame to `frames`.

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use mooncake_proto::message::{
-    Body, KeyRequest, RdmaAccept, ShmLease, ShmPutRequest, ShmRelease, ShmSlot,
+    Body, KeyRequest, RdmaAccept, ShmCommitRequest, ShmLease, ShmPutRequest, ShmRelease, ShmSlot,
 };
 use mooncake_proto::transport::TransportKind;
 use mooncake_proto::{BlockKey, ErrorCode, Namespace, Opcode};
@@ -27,7 +27,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::transport::outbox::Outbox;
-use crate::transport::{answer, push_frame, GetItem, PutItem, Read, Transport};
+use crate::transport::{answer, push_frame, GetItem, PutItem, Read, Transport, Written};
 use crate::{ClientError, ErrorSource};
 use mooncake_net::rdma::nic::{MemoryRegion, Nic, Op, Queue};
 use mooncake_net::rdma::regions::RemotePool;
@@ -486,15 +486,17 @@ impl RdmaLink {
         &self,
         namespace: &Namespace,
         items: &[PutItem<'_>],
-    ) -> io::Result<Vec<ErrorCode>> {
+    ) -> io::Result<Vec<Written>> {
         let (mut lane, _permit) = self.lane().await?;
         let mut outbox = Outbox::default();
         let first = lane.next_id + 1;
-        for it in items {
+        // The daemon checks the bytes against these at commit.
+        let sums: Vec<u64> = items.iter().map(PutItem::sum).collect();
+        for (it, &sum) in items.iter().zip(&sums) {
             let body = ShmPutRequest {
                 key: BlockKey::new(namespace.clone(), it.hash),
                 len: it.value.len() as u64,
-                checksum: it.checksum,
+                checksum: Some(sum),
                 parent: it.parent,
                 tag: it.tag.clone(),
             }
@@ -561,7 +563,11 @@ impl RdmaLink {
             direct.iter().chain(&reserved).map(|e| **e).collect();
         for (_, slot) in &committing {
             let id = lane.id();
-            commits.push(Opcode::ShmCommit, id, &slot.to_bytes());
+            let commit = ShmCommitRequest {
+                slot: slot.slot,
+                checksum: None,
+            };
+            commits.push(Opcode::ShmCommit, id, &commit.to_bytes());
         }
         for (k, (i, _)) in committing.iter().enumerate() {
             commits.before_answer(&mut lane.conn, k).await?;
@@ -570,7 +576,11 @@ impl RdmaLink {
                 .0;
         }
         self.put_back(lane);
-        Ok(codes)
+        Ok(codes
+            .into_iter()
+            .zip(sums)
+            .map(|(code, checksum)| Written { code, checksum })
+            .collect())
     }
 
     fn error(&self, err: io::Error) -> ClientError {
@@ -602,7 +612,7 @@ impl Transport for RdmaLink {
         &'a self,
         namespace: &'a Namespace,
         items: &'a [PutItem<'b>],
-    ) -> BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>> {
+    ) -> BoxFuture<'a, Result<Vec<Written>, ClientError>> {
         Box::pin(async move {
             let result = self.put_blocks(namespace, items).await;
             result.map_err(|err| self.error(err))

@@ -23,7 +23,8 @@ use std::path::Path;
 use std::ptr::NonNull;
 
 use mooncake_proto::message::{
-    Body, KeyRequest, PutHead, ShmHello, ShmLease, ShmPutRequest, ShmRelease, ShmSlot, ShmTouch,
+    Body, KeyRequest, PutHead, ShmCommitRequest, ShmHello, ShmLease, ShmPutRequest, ShmRelease,
+    ShmSlot, ShmTouch,
 };
 use mooncake_proto::shm_index::{Digest, IndexTable};
 use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode};
@@ -33,11 +34,11 @@ use futures::future::BoxFuture;
 use mooncake_proto::transport::TransportKind;
 
 use super::outbox::{Outbox, WINDOW};
-use super::{answer, GetItem, PutItem, Read, Transport};
+use super::{answer, GetItem, PutItem, Read, Transport, Written};
 use crate::{ClientError, ErrorSource};
 
 mod device;
-pub(crate) use device::Direct;
+pub(crate) use device::{Direct, FromDevice};
 
 /// A mapping of a daemon's pool (read for gets, written only into room
 /// the daemon reserved for a put), or of its index (read only).
@@ -419,7 +420,7 @@ impl ShmLink {
         &self,
         namespace: &Namespace,
         items: &[PutItem<'_>],
-    ) -> io::Result<Vec<ErrorCode>> {
+    ) -> io::Result<Vec<Written>> {
         let inline = self.inline_puts.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(codes) = self.put_batch(namespace, items, inline).await? {
             return Ok(codes);
@@ -437,12 +438,17 @@ impl ShmLink {
 
     /// One try of `put_blocks`, small blocks inline if `inline`; `None` if
     /// the daemon refused a put with bytes.
+    ///
+    /// A block written into the pool is copied and hashed in one pass, and
+    /// that checksum, of the bytes as they lie in the pool, goes with its
+    /// commit: the daemon need not read them again (checked against the
+    /// item's own checksum, where it has one).
     async fn put_batch(
         &self,
         namespace: &Namespace,
         items: &[PutItem<'_>],
         inline: bool,
-    ) -> io::Result<Option<Vec<ErrorCode>>> {
+    ) -> io::Result<Option<Vec<Written>>> {
         let inline = |it: &PutItem<'_>| inline && it.value.len() <= INLINE_PUT;
         let mut conn = self.conn().await?;
         // Requests in the order they go out, each with the item it is for
@@ -453,7 +459,13 @@ impl ShmLink {
         // any met that cap (`Busy`).
         let mut outbox = Outbox::default();
         let mut queued: Vec<(Opcode, usize)> = Vec::new();
-        let mut codes = vec![ErrorCode::Ok; items.len()];
+        let mut written: Vec<Written> = items
+            .iter()
+            .map(|it| Written {
+                code: ErrorCode::Ok,
+                checksum: it.checksum.unwrap_or(0),
+            })
+            .collect();
         let (mut next, mut k) = (0, 0);
         while k < queued.len() || next < items.len() {
             while next < items.len() && queued.len() - k < WINDOW {
@@ -461,9 +473,10 @@ impl ShmLink {
                 let key = BlockKey::new(namespace.clone(), it.hash);
                 let id = queued.len() as u64 + 1;
                 if inline(it) {
+                    written[next].checksum = it.sum();
                     let head = PutHead {
                         key,
-                        checksum: it.checksum,
+                        checksum: written[next].checksum,
                         parent: it.parent,
                         tag: it.tag.clone(),
                     }
@@ -481,6 +494,7 @@ impl ShmLink {
                     let body = ShmPutRequest {
                         key,
                         len: it.value.len() as u64,
+                        // Else said at commit, of the bytes in the pool.
                         checksum: it.checksum,
                         parent: it.parent,
                         tag: it.tag.clone(),
@@ -508,17 +522,20 @@ impl ShmLink {
                     let room = unsafe {
                         std::slice::from_raw_parts_mut(self.map.ptr.as_ptr().add(offset), len)
                     };
-                    // The daemon checks the stored bytes at commit.
-                    items[i].value.copy_to(0, room);
+                    written[i].checksum = items[i].value.copy_with_checksum(room);
+                    let commit = ShmCommitRequest {
+                        slot: slot.slot,
+                        checksum: Some(written[i].checksum),
+                    };
                     let id = queued.len() as u64 + 1;
-                    outbox.push(Opcode::ShmCommit, id, &slot.to_bytes());
+                    outbox.push(Opcode::ShmCommit, id, &commit.to_bytes());
                     queued.push((Opcode::ShmCommit, i));
                 }
-                _ => codes[i] = status,
+                _ => written[i].code = status,
             }
         }
         self.put_back(conn, Vec::new());
-        Ok(Some(codes))
+        Ok(Some(written))
     }
 
     /// Copies one leased block into its buffer and checks it.
@@ -558,7 +575,7 @@ impl Transport for ShmLink {
         &'a self,
         namespace: &'a Namespace,
         items: &'a [PutItem<'b>],
-    ) -> BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>> {
+    ) -> BoxFuture<'a, Result<Vec<Written>, ClientError>> {
         Box::pin(async move {
             let result = self.put_blocks(namespace, items).await;
             result.map_err(|err| self.error(err))

@@ -11,7 +11,7 @@ use mooncake_proto::message::{Body, KeyRequest, PutHead, GET_HEAD_LEN};
 use mooncake_proto::transport::TransportKind;
 use mooncake_proto::{BlockKey, ErrorCode, Namespace, Opcode};
 
-use super::{GetItem, PutItem, Read, Transport};
+use super::{GetItem, PutItem, Read, Transport, Written};
 use crate::{ClientError, ErrorSource};
 use mooncake_net::ConnPool;
 use mooncake_net::FrameReader;
@@ -59,7 +59,7 @@ impl Transport for StreamTransport {
         &'a self,
         namespace: &'a Namespace,
         items: &'a [PutItem<'b>],
-    ) -> BoxFuture<'a, Result<Vec<ErrorCode>, ClientError>> {
+    ) -> BoxFuture<'a, Result<Vec<Written>, ClientError>> {
         Box::pin(async move {
             let bytes = items.iter().map(|it| it.value.len()).sum();
             let per = self.part_len(items.len(), bytes);
@@ -141,14 +141,17 @@ impl StreamTransport {
         &self,
         namespace: &Namespace,
         items: &[PutItem<'_>],
-    ) -> Result<Vec<ErrorCode>, ClientError> {
+    ) -> Result<Vec<Written>, ClientError> {
         let pool = &self.pool;
+        // The checksum goes in the head, before the bytes.
+        let sums: Vec<u64> = items.iter().map(PutItem::sum).collect();
         let heads: Vec<Vec<u8>> = items
             .iter()
-            .map(|it| {
+            .zip(&sums)
+            .map(|(it, &checksum)| {
                 PutHead {
                     key: BlockKey::new(namespace.clone(), it.hash),
-                    checksum: it.checksum,
+                    checksum,
                     parent: it.parent,
                     tag: it.tag.clone(),
                 }
@@ -167,13 +170,14 @@ impl StreamTransport {
                 writer.flush().await
             };
             let read = async {
-                let mut codes = Vec::with_capacity(items.len());
-                for _ in items {
+                let mut written = Vec::with_capacity(items.len());
+                for &checksum in &sums {
                     let header = reader.next_header(Opcode::Put).await?;
                     reader.discard(header.body_len as usize).await?;
-                    codes.push(ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal));
+                    let code = ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal);
+                    written.push(Written { code, checksum });
                 }
-                Ok::<_, ClientError>(codes)
+                Ok::<_, ClientError>(written)
             };
             let (written, read) = tokio::join!(write, read);
             match (written, read) {

@@ -108,7 +108,11 @@ impl Body for ShmTouch {
 pub struct ShmPutRequest {
     pub key: BlockKey,
     pub len: u64,
-    pub checksum: u64,
+    /// The writer's checksum of the bytes it will write, which the daemon
+    /// checks at commit. `None` only from a same-host client: it hashes
+    /// the bytes where they landed in the pool and says the checksum with
+    /// its commit (`ShmCommitRequest`), so that they are read once.
+    pub checksum: Option<u64>,
     /// As in `PutHead`.
     pub parent: Option<BlockHash>,
     /// As in `PutHead`.
@@ -119,7 +123,7 @@ impl Body for ShmPutRequest {
     fn encode(&self, w: &mut Writer) {
         encode_key(w, &self.key);
         w.u64(self.len);
-        w.u64(self.checksum);
+        encode_checksum(w, self.checksum);
         encode_parent(w, &self.parent);
         encode_tag(w, &self.tag);
     }
@@ -128,15 +132,14 @@ impl Body for ShmPutRequest {
         Ok(ShmPutRequest {
             key: decode_key(r)?,
             len: r.u64()?,
-            checksum: r.u64()?,
+            checksum: decode_checksum(r)?,
             parent: decode_parent(r)?,
             tag: decode_tag(r)?,
         })
     }
 }
 
-/// Where to write a reserved block (`ShmPut`'s answer), and the slot to
-/// commit (`ShmCommit`'s request).
+/// Where to write a reserved block (`ShmPut`'s answer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShmSlot {
     pub slot: u64,
@@ -154,5 +157,50 @@ impl Body for ShmSlot {
             slot: r.u64()?,
             offset: r.u64()?,
         })
+    }
+}
+
+/// Makes a block written into the shared pool visible (`ShmCommit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmCommitRequest {
+    /// The slot `ShmPut` answered.
+    pub slot: u64,
+    /// `None`: the daemon hashes the slot's bytes and checks them against
+    /// the checksum given at `ShmPut` (RDMA, where only the daemon's CPU
+    /// can read them). `Some`: a same-host writer's checksum of the bytes
+    /// as they lie in the slot, which it hashed after writing them; the
+    /// daemon keeps it (refused where it disagrees with one given at
+    /// `ShmPut`, and over RDMA).
+    pub checksum: Option<u64>,
+}
+
+impl Body for ShmCommitRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.slot);
+        encode_checksum(w, self.checksum);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmCommitRequest {
+            slot: r.u64()?,
+            checksum: decode_checksum(r)?,
+        })
+    }
+}
+
+fn encode_checksum(w: &mut Writer, sum: Option<u64>) {
+    w.u8(sum.is_some() as u8);
+    w.u64(sum.unwrap_or(0));
+}
+
+fn decode_checksum(r: &mut Reader<'_>) -> Result<Option<u64>, ProtoError> {
+    let given = r.bool("checksum given")?;
+    match (given, r.u64()?) {
+        (true, sum) => Ok(Some(sum)),
+        (false, 0) => Ok(None),
+        (false, _) => Err(ProtoError::Invalid {
+            field: "checksum",
+            why: "a checksum given as absent".into(),
+        }),
     }
 }

@@ -56,17 +56,23 @@ fn every_body_round_trips_and_refuses_truncation() {
         namespace: ns(),
         hashes: vec![h, h],
     });
-    for tag in [
-        None,
-        Some(Arc::new(EngineTag::new(None, vec![9; 16]).unwrap())),
+    for (tag, checksum) in [
+        (None, Some(5)),
+        (
+            Some(Arc::new(EngineTag::new(None, vec![9; 16]).unwrap())),
+            None,
+        ),
     ] {
         round_trip(ShmPutRequest {
             key: BlockKey::new(ns(), h),
             len: 4096,
-            checksum: 5,
+            checksum,
             parent: Some(h),
             tag,
         });
+    }
+    for checksum in [None, Some(0), Some(u64::MAX)] {
+        round_trip(ShmCommitRequest { slot: 9, checksum });
     }
     round_trip(RouteRequest {
         keys: KeysRequest {

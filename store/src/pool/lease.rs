@@ -13,7 +13,8 @@ pub struct WriteSlot {
     pub(super) parent: Option<mooncake_proto::BlockHash>,
     pub(super) offset: u64,
     pub(super) len: usize,
-    pub(super) checksum: u64,
+    /// The writer's checksum, where it said it before writing.
+    pub(super) checksum: Option<u64>,
     pub(super) committed: bool,
 }
 
@@ -21,6 +22,19 @@ impl WriteSlot {
     /// Where the block's bytes go in the pool's region.
     pub fn byte_offset(&self) -> u64 {
         self.offset
+    }
+
+    pub fn key(&self) -> &BlockKey {
+        &self.key
+    }
+
+    /// The block's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// Names the block whose prefix this one extends (same namespace).
@@ -42,11 +56,15 @@ impl WriteSlot {
     }
 
     /// `commit`, for a writer that already hashed the bytes in this slot
-    /// as they landed (`sum` must be the checksum of `buf_mut()`).
+    /// as they landed (`sum` must be the checksum of `buf_mut()`): this
+    /// daemon as a value arrived, or a same-host client that wrote them
+    /// into the shared pool itself. Checked against the checksum given at
+    /// reservation, if one was; kept as the block's checksum.
     pub fn commit_hashed(mut self, sum: u64) -> Result<(), PoolError> {
-        if sum != self.checksum {
+        if self.checksum.is_some_and(|said| said != sum) {
             return Err(PoolError::ChecksumMismatch);
         }
+        self.checksum = Some(sum);
         let mut inner = self.pool.inner.lock();
         let inner = &mut *inner;
         inner.clock += 1;
@@ -57,6 +75,7 @@ impl WriteSlot {
             .get_mut(&self.key)
             .expect("a reserved block stays indexed until committed or dropped");
         block.ready = true;
+        block.checksum = sum;
         block.stamp = inner.clock;
         block.parent = self.parent;
         block.queue = queue;
@@ -74,7 +93,7 @@ impl WriteSlot {
             let entry = Entry {
                 offset: self.offset,
                 len: self.len as u64,
-                checksum: self.checksum,
+                checksum: sum,
             };
             index.publish(&self.key, entry);
         }

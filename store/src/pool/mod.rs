@@ -319,6 +319,19 @@ impl DramPool {
         len: u64,
         checksum: u64,
     ) -> Result<WriteSlot, PoolError> {
+        self.reserve_for(key, len, Some(checksum))
+    }
+
+    /// `reserve`, for a writer that says its checksum only once it has
+    /// hashed its bytes in the slot (`None`; `WriteSlot::commit_hashed`).
+    /// Bytes already held under the key cannot be told the same then, so
+    /// they are replaced.
+    pub fn reserve_for(
+        self: &Arc<Self>,
+        key: BlockKey,
+        len: u64,
+        checksum: Option<u64>,
+    ) -> Result<WriteSlot, PoolError> {
         if len > self.cfg.max_block {
             return Err(PoolError::TooLarge(len));
         }
@@ -347,7 +360,7 @@ impl DramPool {
             if !held.ready {
                 return Err(PoolError::Busy);
             }
-            if u64::from(held.len) == len && held.checksum == checksum {
+            if u64::from(held.len) == len && Some(held.checksum) == checksum {
                 return Err(PoolError::AlreadyExists);
             }
             // Not reported as removed: the meta service already has this
@@ -400,7 +413,8 @@ impl DramPool {
                 alloc,
                 tenant,
                 len: len as u32,
-                checksum,
+                // Set at commit where the writer says it only then.
+                checksum: checksum.unwrap_or(0),
                 ready: false,
                 leases: 0,
                 pins: 0,

@@ -1,17 +1,27 @@
-//! Same-host gets into GPU memory with no staging copy: the pool's mapping
-//! is registered with the GPU once (page-locked, so its copy engines reach
-//! it), each block is leased and copied up straight from the pool, and
-//! this CPU checks the pool's bytes against the block's checksum while the
-//! copies run. The leases end only once the copies are done, so the bytes
-//! copied are the bytes checked. A block that does not check out is read
-//! again the usual way (staged, where a corrupt copy is reported).
+//! Same-host gets into and puts from GPU memory with no staging copy: the
+//! pool's mapping is registered with the GPU once (page-locked, so its
+//! copy engines reach it).
+//!
+//! - A get leases each block and the GPU copies it up straight from the
+//!   pool, while this CPU checks the pool's bytes against the block's
+//!   checksum. The leases end only once the copies are done, so the bytes
+//!   copied are the bytes checked. A block that does not check out is
+//!   read again the usual way (staged, where a corrupt copy is reported).
+//! - A put reserves room for each block and the GPU copies it down
+//!   straight into that room. Once the copies are done this CPU hashes
+//!   the rooms (on several threads for a large group) and each commit
+//!   carries the checksum of the bytes as they lie in the pool: the
+//!   checksum is of what is stored, read once.
+
+use std::sync::Arc;
 
 use mooncake_proto::checksum::checksum;
 use mooncake_proto::frame::MAX_BATCH;
+use mooncake_proto::message::EngineTag;
 use mooncake_proto::BlockHash;
 
 use super::*;
-use crate::device::{up, Device, DeviceError, Span, Stage};
+use crate::device::{down, up, Device, DeviceError, Span, Stage, COPY_FAILED};
 
 /// What became of one block read straight into GPU memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +34,15 @@ pub(crate) enum Direct {
     /// Not in the pool, or its bytes did not check out: read it another
     /// way.
     Elsewhere,
+}
+
+/// One block put straight from GPU memory.
+pub(crate) struct FromDevice<'a> {
+    pub hash: BlockHash,
+    /// Its bytes, in order: device memory of the stage's GPU.
+    pub spans: &'a [Span],
+    pub parent: Option<BlockHash>,
+    pub tag: Option<Arc<EngineTag>>,
 }
 
 impl ShmLink {
@@ -144,33 +163,311 @@ impl ShmLink {
     /// For each `(index, offset, length, checksum)`: the length if the
     /// pool's bytes there match; a large batch on several threads.
     fn verify(&self, checks: &[(usize, usize, usize, u64)]) -> Vec<(usize, Option<usize>)> {
-        let check = |group: &[(usize, usize, usize, u64)]| -> Vec<(usize, Option<usize>)> {
-            group
-                .iter()
-                .map(|&(i, offset, len, sum)| {
-                    // SAFETY: in bounds (checked when leased), and leased:
-                    // in place, unwritten, until released.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts(self.map.ptr.as_ptr().add(offset), len)
-                    };
-                    (i, (checksum(bytes) == sum).then_some(len))
-                })
-                .collect()
+        let bytes = checks.iter().map(|c| c.2).sum();
+        self.spread(checks, bytes, |&(i, offset, len, sum)| {
+            // SAFETY: in bounds (checked when leased), and leased: in
+            // place, unwritten, until released.
+            let bytes = unsafe { self.room(offset, len) };
+            (i, (checksum(bytes) == sum).then_some(len))
+        })
+    }
+
+    /// Stores blocks straight from device memory (see the module's
+    /// comment): a status and checksum for each block, in order, and how
+    /// the copies went. A failed copy ends the call: the blocks of its
+    /// group fail (their rooms freed with the connection), and the blocks
+    /// after them get no status.
+    ///
+    /// Blocks go in groups of at most `group_bytes` (at least one block),
+    /// on the two stages' lanes in turn: a group's room is reserved and
+    /// its copies queued as each reservation is answered; then the group
+    /// before it is waited for, hashed and committed while these copies
+    /// run. A call holds room for about two groups at a time, so a group
+    /// is also at most a sixteenth of the pool: the room that puts in
+    /// progress may hold is a quarter of it (`Busy` past that), and other
+    /// writers share it.
+    ///
+    /// # Safety
+    /// The spans must be device memory of the stages' GPU, readable until
+    /// the call returns; the pool must be registered with that GPU
+    /// (`on_device`).
+    pub(crate) async unsafe fn put_from_device(
+        &self,
+        namespace: &Namespace,
+        blocks: &[FromDevice<'_>],
+        group_bytes: usize,
+        stages: [&mut Stage; 2],
+    ) -> io::Result<(Vec<Written>, Result<(), DeviceError>)> {
+        let group_bytes = group_bytes.min(self.map.len / 16);
+        let conn = self.conn().await?;
+        let mut run = PutRun {
+            conn,
+            outbox: Outbox::default(),
+            queued: Vec::new(),
+            read: 0,
+            written: vec![
+                Written {
+                    code: ErrorCode::Ok,
+                    checksum: 0,
+                };
+                blocks.len()
+            ],
         };
-        let bytes: usize = checks.iter().map(|c| c.2).sum();
-        if bytes < PARALLEL_BYTES || self.copy_threads < 2 || checks.len() < 2 {
-            return check(checks);
+        // Dropped before the run's connection: a call given up midway (its
+        // deadline) frees its rooms only once no copy can still land in
+        // them.
+        let mut lanes = CopiesDone(stages);
+        // The group whose copies run.
+        let mut running: Option<Group> = None;
+        let (mut start, mut turn) = (0, 0);
+        loop {
+            let next = match start < blocks.len() {
+                true => {
+                    let end = group_end(blocks, start, group_bytes);
+                    let lane = turn % 2;
+                    turn += 1;
+                    // SAFETY: the caller's promise, passed on.
+                    let (rooms, queued) = unsafe {
+                        run.reserve(self, namespace, &blocks[start..end], start, lanes.0[lane])
+                    }
+                    .await?;
+                    start = end;
+                    Some(Group {
+                        rooms,
+                        end,
+                        lane,
+                        queued,
+                    })
+                }
+                false => None,
+            };
+            if let Some(Group {
+                rooms,
+                end,
+                lane,
+                queued,
+            }) = running.take()
+            {
+                if let Err(err) = queued.and_then(|()| lanes.0[lane].wait()) {
+                    // Not put back: closing the connection frees every
+                    // room this call still holds, once both lanes are
+                    // done (`lanes`, dropped first).
+                    for room in rooms {
+                        run.written[room.block].code = COPY_FAILED;
+                    }
+                    let mut written = std::mem::take(&mut run.written);
+                    written.truncate(end);
+                    return Ok((written, Err(err)));
+                }
+                let bytes = rooms.iter().map(|r| r.len).sum();
+                let sums = self.spread(&rooms, bytes, |room| {
+                    // SAFETY: in bounds, reserved for this block, its copy
+                    // done.
+                    checksum(unsafe { self.room(room.offset, room.len) })
+                });
+                run.commit(&rooms, sums);
+            }
+            running = next;
+            if running.is_none() {
+                break;
+            }
         }
-        let per = checks.len().div_ceil(self.copy_threads);
+        while run.read < run.queued.len() {
+            run.answer().await?;
+        }
+        let PutRun { conn, written, .. } = run;
+        self.put_back(conn, Vec::new());
+        Ok((written, Ok(())))
+    }
+
+    /// `len` bytes of the pool at `offset`.
+    ///
+    /// # Safety
+    /// In bounds, and not written while the slice lives (leased, or
+    /// reserved for a block whose bytes are in place).
+    unsafe fn room(&self, offset: usize, len: usize) -> &[u8] {
+        // SAFETY: the caller's promise.
+        unsafe { std::slice::from_raw_parts(self.map.ptr.as_ptr().add(offset), len) }
+    }
+
+    /// `f` of each item, in order: on `copy_threads` threads when the
+    /// items' `bytes` are worth starting them.
+    fn spread<T: Sync, R: Send>(
+        &self,
+        items: &[T],
+        bytes: usize,
+        f: impl Fn(&T) -> R + Sync,
+    ) -> Vec<R> {
+        if bytes < PARALLEL_BYTES || self.copy_threads < 2 || items.len() < 2 {
+            return items.iter().map(f).collect();
+        }
+        let per = items.len().div_ceil(self.copy_threads);
+        let f = &f;
         std::thread::scope(|s| {
-            let threads: Vec<_> = checks
+            let threads: Vec<_> = items
                 .chunks(per)
-                .map(|g| s.spawn(move || check(g)))
+                .map(|g| s.spawn(move || g.iter().map(f).collect::<Vec<R>>()))
                 .collect();
             threads
                 .into_iter()
-                .flat_map(|t| t.join().expect("a checksum thread panicked"))
+                .flat_map(|t| t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
                 .collect()
         })
     }
+}
+
+/// Room reserved in the pool for one block of a put from device memory.
+struct Room {
+    /// The block's index in the call.
+    block: usize,
+    slot: u64,
+    offset: usize,
+    len: usize,
+}
+
+/// A group of blocks of a put from device memory whose copies run.
+struct Group {
+    rooms: Vec<Room>,
+    /// Where the group ends in the call's blocks.
+    end: usize,
+    /// The stage whose lane copies it.
+    lane: usize,
+    /// Whether every copy was queued.
+    queued: Result<(), DeviceError>,
+}
+
+/// The requests of one `put_from_device` on its connection, sent while
+/// their answers are read, in order (request k has id k + 1).
+struct PutRun {
+    conn: UnixStream,
+    outbox: Outbox,
+    /// Each request queued, with the block it is for.
+    queued: Vec<(Opcode, usize)>,
+    /// Answers read.
+    read: usize,
+    written: Vec<Written>,
+}
+
+impl PutRun {
+    fn push(&mut self, op: Opcode, block: usize, body: &[u8]) {
+        self.outbox.push(op, self.queued.len() as u64 + 1, body);
+        self.queued.push((op, block));
+    }
+
+    /// Reads the next answer: a commit's status is the block's; a
+    /// reservation's, with its body, is returned.
+    async fn answer(&mut self) -> io::Result<Option<(usize, ErrorCode, Vec<u8>)>> {
+        self.outbox.before_answer(&mut self.conn, self.read).await?;
+        let (op, block) = self.queued[self.read];
+        let (status, body) = answer(&mut self.conn, op, self.read as u64 + 1).await?;
+        self.read += 1;
+        if op == Opcode::ShmCommit {
+            self.written[block].code = status;
+            return Ok(None);
+        }
+        Ok(Some((block, status, body)))
+    }
+
+    /// Reserves room for `blocks` (the call's blocks from `first` on) and
+    /// queues each one's copy into its room on `stage` as its reservation
+    /// is answered: the rooms, and whether every copy was queued (after a
+    /// refused one the others are not; the rooms are still returned).
+    ///
+    /// # Safety
+    /// As `ShmLink::put_from_device`, for `stage`.
+    async unsafe fn reserve(
+        &mut self,
+        link: &ShmLink,
+        namespace: &Namespace,
+        blocks: &[FromDevice<'_>],
+        first: usize,
+        stage: &mut Stage,
+    ) -> io::Result<(Vec<Room>, Result<(), DeviceError>)> {
+        for (k, block) in blocks.iter().enumerate() {
+            let body = ShmPutRequest {
+                key: BlockKey::new(namespace.clone(), block.hash),
+                len: total(block.spans) as u64,
+                checksum: None,
+                parent: block.parent,
+                tag: block.tag.clone(),
+            }
+            .to_bytes();
+            self.push(Opcode::ShmPut, first + k, &body);
+        }
+        let last = self.queued.len();
+        let mut rooms = Vec::with_capacity(blocks.len());
+        let mut queued = Ok(());
+        while self.read < last {
+            let Some((i, status, body)) = self.answer().await? else {
+                continue;
+            };
+            if status != ErrorCode::Ok {
+                self.written[i].code = status;
+                continue;
+            }
+            let slot = ShmSlot::from_bytes(&body).map_err(io::Error::other)?;
+            let (offset, len) = (slot.offset as usize, total(blocks[i - first].spans));
+            if offset.checked_add(len).is_none_or(|end| end > link.map.len) {
+                return Err(io::Error::other("a reservation outside the shared pool"));
+            }
+            if queued.is_ok() {
+                // SAFETY: in bounds (checked above), reserved for this
+                // block alone; the pool is registered with the device and
+                // stays mapped; the spans are the caller's.
+                let room = unsafe { link.map.ptr.as_ptr().add(offset) };
+                queued = unsafe { down(stage, room, blocks[i - first].spans) };
+            }
+            rooms.push(Room {
+                block: i,
+                slot: slot.slot,
+                offset,
+                len,
+            });
+        }
+        Ok((rooms, queued))
+    }
+
+    /// Queues the commits of `rooms`, each with its checksum.
+    fn commit(&mut self, rooms: &[Room], sums: Vec<u64>) {
+        for (room, sum) in rooms.iter().zip(sums) {
+            self.written[room.block].checksum = sum;
+            let commit = ShmCommitRequest {
+                slot: room.slot,
+                checksum: Some(sum),
+            };
+            self.push(Opcode::ShmCommit, room.block, &commit.to_bytes());
+        }
+    }
+}
+
+/// Waits for both stages' copies when dropped.
+struct CopiesDone<'s>([&'s mut Stage; 2]);
+
+impl Drop for CopiesDone<'_> {
+    fn drop(&mut self) {
+        for stage in &mut self.0 {
+            if let Err(err) = stage.wait() {
+                tracing::warn!(%err, "a copy from the GPU of a put given up failed");
+            }
+        }
+    }
+}
+
+/// Where the group of blocks that starts at `start` ends: at most
+/// `bytes`, at least one block.
+fn group_end(blocks: &[FromDevice<'_>], start: usize, bytes: usize) -> usize {
+    let mut sum = 0;
+    let mut end = start;
+    while end < blocks.len() {
+        sum += total(blocks[end].spans);
+        if end > start && sum > bytes {
+            break;
+        }
+        end += 1;
+    }
+    end
+}
+
+fn total(spans: &[Span]) -> usize {
+    spans.iter().map(|s| s.len).sum()
 }
