@@ -205,7 +205,7 @@ async fn hello(
 #[cfg(test)]
 mod tests {
     use mooncake_client::transport::rdma::RdmaLink;
-    use mooncake_client::transport::{GetItem, PutItem, Read, Transport};
+    use mooncake_client::transport::{GetItem, PutItem, Read, Transport, Written};
     use mooncake_net::rdma::Registered;
     use mooncake_proto::checksum::checksum;
     use mooncake_proto::message::Location;
@@ -272,13 +272,21 @@ mod tests {
                 index: k,
                 hash: BlockHash([k as u8 + 1; 32]),
                 value: v.as_slice().into(),
-                checksum: checksum(v),
+                // The first one's is computed by the transport.
+                checksum: (k > 0).then(|| checksum(v)),
                 parent: None,
                 tag: None,
             })
             .collect();
-        let codes = link.put(&ns, &puts).await.unwrap();
-        assert_eq!(codes, vec![ErrorCode::Ok; 3]);
+        let written = link.put(&ns, &puts).await.unwrap();
+        let stored: Vec<_> = values
+            .iter()
+            .map(|v| Written {
+                code: ErrorCode::Ok,
+                checksum: checksum(v),
+            })
+            .collect();
+        assert_eq!(written, stored);
         let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|n| vec![0u8; *n]).collect();
         let mut gets: Vec<GetItem<'_>> = bufs
             .iter_mut()
@@ -315,11 +323,15 @@ mod tests {
             index: 0,
             hash: BlockHash([9; 32]),
             value: value.into(),
-            checksum: sum,
+            checksum: Some(sum),
             parent: None,
             tag: None,
         }];
-        assert_eq!(direct.put(&ns, &put).await.unwrap(), vec![ErrorCode::Ok]);
+        let stored = Written {
+            code: ErrorCode::Ok,
+            checksum: sum,
+        };
+        assert_eq!(direct.put(&ns, &put).await.unwrap(), vec![stored]);
         let expected = memory[..1 << 20].to_vec();
         let (_, into) = memory.split_at_mut(2 << 20);
         let mut get = [GetItem {
