@@ -46,8 +46,11 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     sessions.inc();
     let _open = Open(sessions);
     // A request's header, body and a small put's bytes in one read where
-    // they came together; answers are written through unbuffered.
+    // they came together. Answers gather in `out`, written at once when no
+    // whole request is left to read without waiting (a client keeps many
+    // unanswered: one write for all their answers, not two each).
     let stream = &mut tokio::io::BufReader::with_capacity(64 << 10, stream);
+    let mut out: Vec<u8> = Vec::with_capacity(4 << 10);
     let pool = &tiers.dram;
     let same_host = puts.is_some();
     // Every lease this client holds; all end when it goes away.
@@ -58,6 +61,10 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut slots: HashMap<u64, (WriteSlot, BlockKey, Option<Arc<EngineTag>>)> = HashMap::new();
     let mut next_lease = 1u64;
     loop {
+        if !out.is_empty() && !request_waits(stream.buffer()) {
+            stream.write_all(&out).await?;
+            out.clear();
+        }
         let mut raw = [0u8; HEADER_LEN];
         tokio::select! {
             read = stream.read_exact(&mut raw) => match read {
@@ -70,7 +77,10 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         let parsed = Header::parse(&raw);
         if let (Ok(Some(h)), Some(service)) = (&parsed, puts) {
             if !h.response && h.opcode == Opcode::Put {
-                // It answers, or ends the session on a broken frame.
+                // It answers, or ends the session on a broken frame: the
+                // answers before it go first.
+                stream.write_all(&out).await?;
+                out.clear();
                 service
                     .put_on(*h, stream)
                     .await
@@ -93,15 +103,13 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 h
             }
             Ok(_) => {
-                stream
-                    .write_all(&Header::error_reply(&raw, ErrorCode::UnknownOpcode as u16))
-                    .await?;
+                out.extend_from_slice(&Header::error_reply(&raw, ErrorCode::UnknownOpcode as u16));
+                stream.write_all(&out).await?;
                 return Ok(());
             }
             Err(err) => {
-                stream
-                    .write_all(&Header::error_reply(&raw, err.code() as u16))
-                    .await?;
+                out.extend_from_slice(&Header::error_reply(&raw, err.code() as u16));
+                stream.write_all(&out).await?;
                 return Ok(());
             }
         };
@@ -203,8 +211,24 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             code as u16,
             answer.len() as u32,
         );
-        stream.write_all(&h.encode()).await?;
-        stream.write_all(&answer).await?;
+        out.extend_from_slice(&h.encode());
+        out.extend_from_slice(&answer);
+    }
+}
+
+/// Whether `buffered` holds a whole request (header and body) to serve
+/// without reading: else the answers gathered go out first.
+fn request_waits(buffered: &[u8]) -> bool {
+    let Some(raw) = buffered.get(..HEADER_LEN) else {
+        return false;
+    };
+    match Header::parse(raw) {
+        // A put's value is read from the socket: its answers go first.
+        Ok(Some(h)) => {
+            h.opcode != Opcode::Put && buffered.len() >= HEADER_LEN + h.body_len as usize
+        }
+        // A broken header is answered at once.
+        _ => true,
     }
 }
 
@@ -311,6 +335,59 @@ mod tests {
         .to_bytes();
         body.extend_from_slice(bytes);
         body
+    }
+
+    #[tokio::test]
+    async fn requests_sent_together_are_answered_in_order_around_a_put_with_its_bytes() {
+        let (_tiers, mut conn, _task, _) = session_with(true);
+        let small = vec![7u8; 3000];
+        let large = vec![8u8; 50_000];
+        // Three requests in one write: a reservation, a put with its
+        // bytes (whose answer the daemon writes itself), a lease of a
+        // block it does not hold; then, after those answers, a fourth.
+        let sent = [
+            (Opcode::ShmPut, put_request(1, &large, checksum(&large))),
+            (Opcode::Put, put_with_bytes(2, &small, checksum(&small))),
+            (Opcode::ShmGet, KeyRequest { key: key(3) }.to_bytes()),
+            (Opcode::ShmGet, KeyRequest { key: key(2) }.to_bytes()),
+        ];
+        let mut frames = Vec::new();
+        for (id, (op, body)) in sent.iter().enumerate().take(3) {
+            frames.extend_from_slice(
+                &Header::request(*op, id as u64 + 1, body.len() as u32).encode(),
+            );
+            frames.extend_from_slice(body);
+        }
+        conn.0.write_all(&frames).await.unwrap();
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let mut raw = [0u8; HEADER_LEN];
+            conn.0.read_exact(&mut raw).await.unwrap();
+            let h = Header::parse(&raw).unwrap().unwrap();
+            let mut body = vec![0u8; h.body_len as usize];
+            conn.0.read_exact(&mut body).await.unwrap();
+            answers.push((
+                h.opcode,
+                h.request_id,
+                ErrorCode::from_u16(h.status).unwrap(),
+            ));
+        }
+        assert_eq!(
+            answers,
+            vec![
+                (Opcode::ShmPut, 1, ErrorCode::Ok),
+                (Opcode::Put, 2, ErrorCode::Ok),
+                (Opcode::ShmGet, 3, ErrorCode::NotFound),
+            ]
+        );
+        // The session goes on: the block put with its bytes is there.
+        conn.1 = 3;
+        let (code, body) = conn.call(sent[3].0, &sent[3].1).await;
+        assert_eq!(code, ErrorCode::Ok);
+        assert_eq!(
+            ShmLease::from_bytes(&body).unwrap().len as usize,
+            small.len()
+        );
     }
 
     #[tokio::test]

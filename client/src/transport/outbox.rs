@@ -1,11 +1,12 @@
 //! Requests on a lease connection (same-host socket, RDMA control port),
-//! sent while their answers are read. The daemon answers each request as
-//! it reads it and reads no further while its answers go unread
-//! (`store/src/leases.rs`), so a client that sent a whole batch before
-//! reading would leave both sides waiting on each other once the batch
-//! outgrew the socket's buffers: at 4,096 requests of one call on a Unix
-//! socket, for example. An `Outbox` keeps at most `WINDOW` requests
-//! unanswered, sent in turns of half as many.
+//! sent while their answers are read. The daemon answers the requests it
+//! has read (together, in one write) before it reads more, and reads no
+//! further while its answers go unread (`store/src/leases.rs`), so a
+//! client that sent a whole batch before reading would leave both sides
+//! waiting on each other once the batch outgrew the socket's buffers: at
+//! 4,096 requests of one call on a Unix socket, for example. An `Outbox`
+//! keeps at most `WINDOW` requests unanswered, sent in turns of half as
+//! many.
 
 use std::io;
 
