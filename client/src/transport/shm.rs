@@ -80,6 +80,16 @@ impl Mapping {
         let ptr = NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("null mapping"))?;
         Ok(Mapping { ptr, len })
     }
+
+    /// `len` bytes at `offset`.
+    ///
+    /// # Safety
+    /// In bounds, and not written while the slice lives (leased, or
+    /// reserved for a block whose bytes are in place).
+    unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        // SAFETY: the caller's promise.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }
+    }
 }
 
 /// The daemon's block index, mapped read-only.

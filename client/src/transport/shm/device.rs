@@ -110,7 +110,10 @@ impl ShmLink {
         }
         let mut out = vec![Direct::Elsewhere; hashes.len()];
         let mut leases = Vec::new();
-        // Blocks copied up: (index, where in the pool, length, checksum).
+        // This CPU checks the pool's bytes while the GPU copies them.
+        let most = blocks.iter().flat_map(|b| b.iter()).map(|s| s.len).sum();
+        let mut hashing = Hashing::new(self, most);
+        // Blocks copied up, in the order hashed: (index, length, checksum).
         let mut checks = Vec::new();
         let mut queued = Ok(());
         for (i, spans) in blocks.iter().enumerate() {
@@ -138,13 +141,17 @@ impl ShmLink {
             // is registered with the device; the spans are the caller's.
             let src = unsafe { self.map.ptr.as_ptr().add(offset) };
             match unsafe { up(stage, src, len, spans) } {
-                Ok(()) => checks.push((i, offset, len, lease.checksum)),
+                Ok(()) => {
+                    checks.push((i, len, lease.checksum));
+                    // SAFETY: in bounds, leased until after `finish`.
+                    unsafe { hashing.push(offset, len) }.await?;
+                }
                 Err(err) => queued = Err(err),
             }
         }
-        // This CPU checks the pool's bytes while the GPU copies them.
-        for (i, checked) in self.verify(&checks) {
-            if let Some(len) = checked {
+        let sums = hashing.finish().await?;
+        for ((i, len, want), sum) in checks.into_iter().zip(sums) {
+            if sum == want {
                 out[i] = Direct::Hit(len);
             }
         }
@@ -160,18 +167,6 @@ impl ShmLink {
         Ok((out, queued.and(waited)))
     }
 
-    /// For each `(index, offset, length, checksum)`: the length if the
-    /// pool's bytes there match; a large batch on several threads.
-    fn verify(&self, checks: &[(usize, usize, usize, u64)]) -> Vec<(usize, Option<usize>)> {
-        let bytes = checks.iter().map(|c| c.2).sum();
-        self.spread(checks, bytes, |&(i, offset, len, sum)| {
-            // SAFETY: in bounds (checked when leased), and leased: in
-            // place, unwritten, until released.
-            let bytes = unsafe { self.room(offset, len) };
-            (i, (checksum(bytes) == sum).then_some(len))
-        })
-    }
-
     /// Stores blocks straight from device memory (see the module's
     /// comment): a status and checksum for each block, in order, and how
     /// the copies went. A failed copy ends the call: the blocks of its
@@ -180,9 +175,10 @@ impl ShmLink {
     ///
     /// Blocks go in groups of at most `group_bytes` (at least one block),
     /// on the two stages' lanes in turn: a group's room is reserved and
-    /// its copies queued as each reservation is answered; then the group
-    /// before it is waited for, hashed and committed while these copies
-    /// run. A call holds room for about two groups at a time, so a group
+    /// its copies queued as each reservation is answered. Once a group's
+    /// copies are done, its rooms are hashed on blocking threads while the
+    /// next group is reserved and its copies queued, then committed. A
+    /// call holds room for about two groups at a time, so a group
     /// is also at most a sixteenth of the pool: the room that puts in
     /// progress may hold is a quarter of it (`Busy` past that), and other
     /// writers share it.
@@ -205,9 +201,12 @@ impl ShmLink {
             outbox: Outbox::default(),
             queued: Vec::new(),
             read: 0,
+            groups: 0,
+            // Each block's status comes from its reservation's answer or its
+            // commit's: none means not stored.
             written: vec![
                 Written {
-                    code: ErrorCode::Ok,
+                    code: ErrorCode::Unavailable,
                     checksum: 0,
                 };
                 blocks.len()
@@ -217,60 +216,55 @@ impl ShmLink {
         // deadline) frees its rooms only once no copy can still land in
         // them.
         let mut lanes = CopiesDone(stages);
-        // The group whose copies run.
-        let mut running: Option<Group> = None;
-        let (mut start, mut turn) = (0, 0);
-        loop {
-            let next = match start < blocks.len() {
-                true => {
-                    let end = group_end(blocks, start, group_bytes);
-                    let lane = turn % 2;
-                    turn += 1;
-                    // SAFETY: the caller's promise, passed on.
-                    let (rooms, queued) = unsafe {
-                        run.reserve(self, namespace, &blocks[start..end], start, lanes.0[lane])
-                    }
-                    .await?;
-                    start = end;
-                    Some(Group {
-                        rooms,
-                        end,
-                        lane,
-                        queued,
-                    })
+        let mut next = 0;
+        // SAFETY (for each `reserve`): the caller's promise, passed on.
+        let mut running = match blocks.is_empty() {
+            true => None,
+            false => Some(
+                unsafe { run.group(self, namespace, blocks, &mut next, &mut lanes, group_bytes) }
+                    .await?,
+            ),
+        };
+        while let Some(Group {
+            rooms,
+            end,
+            lane,
+            queued,
+        }) = running.take()
+        {
+            if let Err(err) = queued.and_then(|()| lanes.0[lane].wait()) {
+                for room in rooms {
+                    run.written[room.block].code = COPY_FAILED;
                 }
-                false => None,
-            };
-            if let Some(Group {
-                rooms,
-                end,
-                lane,
-                queued,
-            }) = running.take()
-            {
-                if let Err(err) = queued.and_then(|()| lanes.0[lane].wait()) {
-                    // Not put back: closing the connection frees every
-                    // room this call still holds, once both lanes are
-                    // done (`lanes`, dropped first).
-                    for room in rooms {
-                        run.written[room.block].code = COPY_FAILED;
-                    }
-                    let mut written = std::mem::take(&mut run.written);
-                    written.truncate(end);
-                    return Ok((written, Err(err)));
+                // The commits sent before, answered; then the connection
+                // is not put back: closing it frees every room this call
+                // still holds, once both lanes are done (`lanes`, dropped
+                // first).
+                while run.read < run.queued.len() {
+                    run.answer().await?;
                 }
-                let bytes = rooms.iter().map(|r| r.len).sum();
-                let sums = self.spread(&rooms, bytes, |room| {
-                    // SAFETY: in bounds, reserved for this block, its copy
-                    // done.
-                    checksum(unsafe { self.room(room.offset, room.len) })
-                });
-                run.commit(&rooms, sums);
+                let mut written = std::mem::take(&mut run.written);
+                written.truncate(end);
+                return Ok((written, Err(err)));
             }
-            running = next;
-            if running.is_none() {
-                break;
+            // The group's rooms are hashed while the next group's are
+            // reserved and its copies queued on the other lane.
+            let bytes = rooms.iter().map(|r| r.len).sum();
+            let mut hashing = Hashing::new(self, bytes);
+            for room in &rooms {
+                // SAFETY: in bounds, reserved for this block, its copy
+                // done; committed only after `finish`.
+                unsafe { hashing.push(room.offset, room.len) }.await?;
             }
+            if next < blocks.len() {
+                running = Some(
+                    unsafe {
+                        run.group(self, namespace, blocks, &mut next, &mut lanes, group_bytes)
+                    }
+                    .await?,
+                );
+            }
+            run.commit(&rooms, hashing.finish().await?);
         }
         while run.read < run.queued.len() {
             run.answer().await?;
@@ -278,41 +272,6 @@ impl ShmLink {
         let PutRun { conn, written, .. } = run;
         self.put_back(conn, Vec::new());
         Ok((written, Ok(())))
-    }
-
-    /// `len` bytes of the pool at `offset`.
-    ///
-    /// # Safety
-    /// In bounds, and not written while the slice lives (leased, or
-    /// reserved for a block whose bytes are in place).
-    unsafe fn room(&self, offset: usize, len: usize) -> &[u8] {
-        // SAFETY: the caller's promise.
-        unsafe { std::slice::from_raw_parts(self.map.ptr.as_ptr().add(offset), len) }
-    }
-
-    /// `f` of each item, in order: on `copy_threads` threads when the
-    /// items' `bytes` are worth starting them.
-    fn spread<T: Sync, R: Send>(
-        &self,
-        items: &[T],
-        bytes: usize,
-        f: impl Fn(&T) -> R + Sync,
-    ) -> Vec<R> {
-        if bytes < PARALLEL_BYTES || self.copy_threads < 2 || items.len() < 2 {
-            return items.iter().map(f).collect();
-        }
-        let per = items.len().div_ceil(self.copy_threads);
-        let f = &f;
-        std::thread::scope(|s| {
-            let threads: Vec<_> = items
-                .chunks(per)
-                .map(|g| s.spawn(move || g.iter().map(f).collect::<Vec<R>>()))
-                .collect();
-            threads
-                .into_iter()
-                .flat_map(|t| t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect()
-        })
     }
 }
 
@@ -346,6 +305,8 @@ struct PutRun {
     /// Answers read.
     read: usize,
     written: Vec<Written>,
+    /// Groups reserved so far (they take the two lanes in turn).
+    groups: usize,
 }
 
 impl PutRun {
@@ -427,6 +388,37 @@ impl PutRun {
         Ok((rooms, queued))
     }
 
+    /// Reserves room for the group of blocks that starts at `*next` (at
+    /// most `bytes`, at least one block) and queues its copies on the
+    /// lane after the last group's; moves `*next` past it.
+    ///
+    /// # Safety
+    /// As `ShmLink::put_from_device`.
+    async unsafe fn group(
+        &mut self,
+        link: &ShmLink,
+        namespace: &Namespace,
+        blocks: &[FromDevice<'_>],
+        next: &mut usize,
+        lanes: &mut CopiesDone<'_>,
+        bytes: usize,
+    ) -> io::Result<Group> {
+        let (start, end) = (*next, group_end(blocks, *next, bytes));
+        let lane = self.groups % 2;
+        self.groups += 1;
+        *next = end;
+        // SAFETY: the caller's promise, passed on.
+        let (rooms, queued) =
+            unsafe { self.reserve(link, namespace, &blocks[start..end], start, lanes.0[lane]) }
+                .await?;
+        Ok(Group {
+            rooms,
+            end,
+            lane,
+            queued,
+        })
+    }
+
     /// Queues the commits of `rooms`, each with its checksum.
     fn commit(&mut self, rooms: &[Room], sums: Vec<u64>) {
         for (room, sum) in rooms.iter().zip(sums) {
@@ -437,6 +429,101 @@ impl PutRun {
             };
             self.push(Opcode::ShmCommit, room.block, &commit.to_bytes());
         }
+    }
+}
+
+/// Bytes one hashing task takes, about.
+const PART: usize = 2 << 20;
+
+/// Checksums of byte ranges of the pool, computed on the runtime's
+/// blocking threads while the caller goes on (reads answers, queues
+/// copies): at most `copy_threads` tasks at once, each of about `PART`
+/// bytes; the sums in the order the ranges were given. For fewer bytes
+/// than `PARALLEL_BYTES` in all, or one copy thread, each range is hashed
+/// at once on the caller's thread.
+struct Hashing {
+    map: Arc<Mapping>,
+    /// Tasks at once, at most; below 2, none.
+    threads: usize,
+    part: Vec<(usize, usize)>,
+    part_bytes: usize,
+    tasks: std::collections::VecDeque<tokio::task::JoinHandle<Vec<u64>>>,
+    sums: Vec<u64>,
+}
+
+impl Hashing {
+    /// For ranges of `link`'s pool, `bytes` of them at most.
+    fn new(link: &ShmLink, bytes: usize) -> Hashing {
+        let threads = match bytes < PARALLEL_BYTES {
+            true => 1,
+            false => link.copy_threads,
+        };
+        Hashing {
+            map: link.map.clone(),
+            threads,
+            part: Vec::new(),
+            part_bytes: 0,
+            tasks: Default::default(),
+            sums: Vec::new(),
+        }
+    }
+
+    /// Hashes `len` bytes of the pool at `offset`, now or on a task; waits
+    /// for the oldest task while `threads` run.
+    ///
+    /// # Safety
+    /// In bounds, and unwritten until `finish` returns (or the tasks end,
+    /// if it is never called: they hold the mapping).
+    async unsafe fn push(&mut self, offset: usize, len: usize) -> io::Result<()> {
+        if self.threads < 2 {
+            // SAFETY: the caller's promise.
+            self.sums
+                .push(checksum(unsafe { self.map.slice(offset, len) }));
+            return Ok(());
+        }
+        self.part.push((offset, len));
+        self.part_bytes += len;
+        if self.part_bytes >= PART {
+            self.spawn().await?;
+        }
+        Ok(())
+    }
+
+    async fn spawn(&mut self) -> io::Result<()> {
+        if self.part.is_empty() {
+            return Ok(());
+        }
+        if self.tasks.len() >= self.threads {
+            let oldest = self.tasks.pop_front().expect("tasks running");
+            self.sums.extend(joined(oldest).await?);
+        }
+        let (map, part) = (self.map.clone(), std::mem::take(&mut self.part));
+        self.part_bytes = 0;
+        self.tasks.push_back(tokio::task::spawn_blocking(move || {
+            part.iter()
+                // SAFETY: `push`'s promise; `map` keeps the mapping.
+                .map(|&(offset, len)| checksum(unsafe { map.slice(offset, len) }))
+                .collect()
+        }));
+        Ok(())
+    }
+
+    /// The sums of every range pushed, in order.
+    async fn finish(mut self) -> io::Result<Vec<u64>> {
+        self.spawn().await?;
+        while let Some(task) = self.tasks.pop_front() {
+            self.sums.extend(joined(task).await?);
+        }
+        Ok(self.sums)
+    }
+}
+
+/// A hashing task's sums; its panic goes on in the caller.
+async fn joined(task: tokio::task::JoinHandle<Vec<u64>>) -> io::Result<Vec<u64>> {
+    match task.await {
+        Ok(sums) => Ok(sums),
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        Err(err) => Err(io::Error::other(err)),
     }
 }
 
