@@ -176,7 +176,13 @@ impl Client {
         for (j, slot) in slots.iter().enumerate() {
             let Slot::Place(copies) = slot else { continue };
             let only = copies.iter().next().filter(|_| copies.len() == 1);
-            match only.filter(|&d| self.peer(d).is_ok_and(|p| p.addr == link.addr)) {
+            // One daemon: the first placed in the link's pool (another id
+            // at the same address would be a stale one).
+            let ours = |d: u32| match daemon {
+                Some(first) => d == first,
+                None => self.peer(d).is_ok_and(|p| p.addr == link.addr),
+            };
+            match only.filter(|&d| ours(d)) {
                 Some(d) => {
                     daemon = Some(d);
                     here.push(j);
