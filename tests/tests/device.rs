@@ -101,6 +101,35 @@ fn empty_device_blocks(gpu: &HostStandIn) -> (Vec<usize>, Vec<Vec<Span>>) {
     (regions, blocks)
 }
 
+/// Blocks of `n` bytes side by side in one device region, block `i`
+/// keyed `keys[i]` and holding `block_bytes(seed(i), n)`.
+fn side_by_side(
+    gpu: &HostStandIn,
+    keys: &[BlockHash],
+    n: usize,
+    seed: impl Fn(usize) -> u64,
+) -> Vec<(BlockHash, Vec<Span>)> {
+    let src = gpu.alloc(n * keys.len());
+    for i in 0..keys.len() {
+        gpu.write(src + i * n, &block_bytes(seed(i), n));
+    }
+    keys.iter()
+        .enumerate()
+        .map(|(i, k)| (*k, vec![Span::new(src + i * n, n)]))
+        .collect()
+}
+
+/// Puts `blocks` (no chain, default options).
+///
+/// # Safety
+/// As `Client::put_spans`.
+async unsafe fn put_all(client: &Client, blocks: &[(BlockHash, Vec<Span>)]) -> Vec<PutOutcome> {
+    // SAFETY: the caller's promise.
+    unsafe { client.put_spans(&ns(), blocks, None, &[], PutOptions::default()) }
+        .await
+        .unwrap()
+}
+
 async fn round_trip(client: &Client, gpu: &HostStandIn) {
     let (_, from) = device_blocks(gpu, 100);
     assert_eq!(client.memory_of(from[0][0].addr), Memory::Device(0));
@@ -184,27 +213,16 @@ async fn a_large_batch_hashed_on_four_threads_goes_straight_between_device_and_p
     cfg.copy_threads = 4;
     let client = Client::new(cfg);
     let (n, count) = (300_001usize, 96u64);
-    let src = gpu.alloc(n * count as usize);
-    for i in 0..count as usize {
-        gpu.write(src + i * n, &block_bytes(900 + i as u64, n));
-    }
-    let from: Vec<(BlockHash, Vec<Span>)> = (0..count as usize)
-        .map(|i| (hash(900 + i as u64), vec![Span::new(src + i * n, n)]))
-        .collect();
+    let keys: Vec<BlockHash> = (0..count).map(|i| hash(900 + i)).collect();
+    let from = side_by_side(&gpu, &keys, n, |i| 900 + i as u64);
     // SAFETY: live stand-in regions, apart.
-    let put = unsafe {
-        client
-            .put_spans(&ns(), &from, None, &[], PutOptions::default())
-            .await
-    }
-    .unwrap();
+    let put = unsafe { put_all(&client, &from) }.await;
     assert!(put.iter().all(|o| *o == PutOutcome::Stored), "{put:?}");
     assert_eq!(gpu.downloads_to_registered(), count);
     let dst = gpu.alloc(n * count as usize);
     let into: Vec<Vec<Span>> = (0..count as usize)
         .map(|i| vec![Span::new(dst + i * n, n)])
         .collect();
-    let keys: Vec<BlockHash> = from.iter().map(|(h, _)| *h).collect();
     // SAFETY: as above.
     let got = unsafe { client.get_into_spans(&ns(), &keys, &into).await }.unwrap();
     assert!(got.iter().all(|o| *o == GetOutcome::Hit(n)), "{got:?}");
@@ -246,12 +264,7 @@ async fn a_copy_from_the_device_into_the_pool_that_fails_stores_none_of_its_grou
     gpu.write(addr, &block_bytes(2, n));
     let again = vec![(hash(52), vec![Span::new(addr, n)])];
     // SAFETY: the stand-in's region lives as long as `gpu`.
-    let put = unsafe {
-        client
-            .put_spans(&ns(), &again, None, &[], PutOptions::default())
-            .await
-    }
-    .unwrap();
+    let put = unsafe { put_all(&client, &again) }.await;
     assert_eq!(put, vec![PutOutcome::Stored]);
     let key = mooncake_proto::BlockKey::new(ns(), hash(52));
     assert_eq!(client.get(&key).await.unwrap().unwrap(), block_bytes(2, n));
@@ -277,12 +290,7 @@ async fn copy_down_fails_for_block_2(client: &Client, gpu: &HostStandIn) {
         .collect();
     gpu.fail_copy(3);
     // SAFETY: the stand-in's regions live as long as `gpu`.
-    let put = unsafe {
-        client
-            .put_spans(&ns(), &blocks, None, &[], PutOptions::default())
-            .await
-    }
-    .unwrap();
+    let put = unsafe { put_all(client, &blocks) }.await;
     for (i, outcome) in put.iter().enumerate() {
         match i {
             2 => assert_eq!(
@@ -381,12 +389,7 @@ async fn host_and_device_blocks_share_a_batch_and_a_block_of_both_is_refused() {
     ];
     assert_eq!(client.memory_of(on_host.as_ptr() as usize), Memory::Host);
     // SAFETY: live device regions and a live host vector.
-    let put = unsafe {
-        client
-            .put_spans(&ns(), &blocks, None, &[], PutOptions::default())
-            .await
-    }
-    .unwrap();
+    let put = unsafe { put_all(&client, &blocks) }.await;
     assert_eq!(
         put,
         vec![
@@ -519,12 +522,7 @@ async fn random_sizes_splits_and_stages_come_back_byte_for_byte() {
             regions.push(dst);
         }
         // SAFETY: live stand-in regions, apart.
-        let put = unsafe {
-            client
-                .put_spans(&ns(), &from, None, &[], PutOptions::default())
-                .await
-        }
-        .unwrap();
+        let put = unsafe { put_all(&client, &from) }.await;
         let keys: Vec<BlockHash> = from.iter().map(|b| b.0).collect();
         let got = unsafe { client.get_into_spans(&ns(), &keys, &into).await }.unwrap();
         for (i, &n) in sizes.iter().enumerate() {
@@ -561,23 +559,11 @@ async fn thousands_of_blocks_in_one_call_go_through_the_same_host_pool() {
     for (round, n) in [(0u64, 2_000usize), (1, 20_000)] {
         let count = 4_096;
         let keys: Vec<BlockHash> = (0..count as u64).map(|i| hash((round << 32) | i)).collect();
-        let src = gpu.alloc(n * count);
-        let bytes: Vec<Vec<u8>> = (0..count)
-            .map(|i| block_bytes((round << 32) | i as u64, n))
-            .collect();
-        for (i, b) in bytes.iter().enumerate() {
-            gpu.write(src + i * n, b);
-        }
-        let from: Vec<(BlockHash, Vec<Span>)> = (0..count)
-            .map(|i| (keys[i], vec![Span::new(src + i * n, n)]))
-            .collect();
+        let seed = |i: usize| (round << 32) | i as u64;
+        let bytes: Vec<Vec<u8>> = (0..count).map(|i| block_bytes(seed(i), n)).collect();
+        let from = side_by_side(&gpu, &keys, n, seed);
         // SAFETY: live stand-in regions, apart.
-        let put = unsafe {
-            client
-                .put_spans(&ns(), &from, None, &[], PutOptions::default())
-                .await
-        }
-        .unwrap();
+        let put = unsafe { put_all(&client, &from) }.await;
         let first = |bad: Option<usize>| bad.map(|i| format!("block {i} of {n} B"));
         let first_put = |put: &[PutOutcome]| {
             let bad = put.iter().position(|o| *o != PutOutcome::Stored);
@@ -619,12 +605,7 @@ async fn thousands_of_blocks_in_one_call_go_through_the_same_host_pool() {
             .map(|i| (hash((round << 32) | (1 << 20) | i as u64), spans[i].clone()))
             .collect();
         // SAFETY: as above.
-        let put = unsafe {
-            client
-                .put_spans(&ns(), &again, None, &[], PutOptions::default())
-                .await
-        }
-        .unwrap();
+        let put = unsafe { put_all(&client, &again) }.await;
         assert_eq!(first_put(&put), None);
         let all: Vec<BlockHash> = keys
             .iter()
