@@ -256,6 +256,9 @@ pub async fn start(
     }
     if let Some(path) = config.shm_socket.clone() {
         shm::usable(&path).map_err(DaemonError::Config)?;
+        let socket = shm::bind(path.clone()).map_err(|err| {
+            DaemonError::Config(format!("shm_socket = {}: {err}", path.display()))
+        })?;
         let (service, advertise) = (service.clone(), advertise.clone());
         let stop = shutdown.child_token();
         let sessions = metrics.shm_sessions.clone();
@@ -263,7 +266,7 @@ pub async fn start(
         let sessions_tracker = background.clone();
         listeners.push(tokio::spawn(async move {
             let served = shm::run(
-                path.clone(),
+                socket,
                 service,
                 advertise,
                 (sessions, max_sessions),

@@ -26,19 +26,39 @@ use tokio_util::task::TaskTracker;
 
 use crate::server::DataService;
 
-/// Serves same-host clients on `path` until `shutdown`, at most
+/// The same-host socket, bound: it accepts from then on (a daemon binds it
+/// before it registers, so that a client that sees the daemon can
+/// connect). The socket file goes when it is dropped.
+pub struct Socket {
+    listener: UnixListener,
+    _cleanup: RemoveOnDrop,
+}
+
+/// Binds the same-host socket at `path` (a stale file there replaced).
+pub fn bind(path: PathBuf) -> io::Result<Socket> {
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    Ok(Socket {
+        listener,
+        _cleanup: RemoveOnDrop(path),
+    })
+}
+
+/// Serves same-host clients on `socket` until `shutdown`, at most
 /// `max_sessions` at once (more are closed at once, and logged).
 pub async fn run(
-    path: PathBuf,
+    socket: Socket,
     service: Arc<DataService>,
     advertise: String,
     (sessions, max_sessions): (prometheus::IntGauge, usize),
     (tasks, shutdown): (&TaskTracker, CancellationToken),
 ) -> io::Result<()> {
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)?;
-    tracing::info!(path = %path.display(), "same-host clients served over shared memory");
-    let _cleanup = RemoveOnDrop(path);
+    // The socket file stays until this returns.
+    let Socket {
+        listener,
+        _cleanup: file,
+    } = socket;
+    tracing::info!(path = %file.0.display(), "same-host clients served over shared memory");
     // Clients read the index and never write it: they get it read-only.
     let index = match service.tiers.dram.shared_index() {
         Some((fd, len)) => Some((Arc::new(read_only(fd)?), len)),

@@ -57,6 +57,19 @@ async fn put_each(client: &Client, sizes: &[usize]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_daemon_already_serves_its_same_host_socket() {
+    // The socket is bound before the daemon registers: a client that can
+    // see the daemon can connect, and its first put goes through the pool.
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 16 << 20, false).await;
+    assert!(std::os::unix::net::UnixStream::connect(dir.join("daemon.sock")).is_ok());
+    let client = client(&cluster, &dir.join("daemon.sock"));
+    put_each(&client, &[100_000]).await;
+    assert_eq!(client.shm_writes(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_host_puts_and_gets_go_through_shared_memory_byte_for_byte() {
     let dir = scratch();
     let cluster = cluster_with_shm(&dir, 64 << 20, false).await;

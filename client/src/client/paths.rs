@@ -15,13 +15,20 @@ impl Client {
     /// Makes the same-host link and waits (at most `within`) until this
     /// process's view of the daemon's pool is in place, so that the first
     /// reads do not share a core with setting it up (a few seconds for a
-    /// large pool of 4 KiB pages). `false` without a link, or if time ran
-    /// out. For a worker's warm-up; calls work without it.
+    /// large pool of 4 KiB pages). A daemon not serving its socket yet is
+    /// tried again (once a second). `false` without a link, or if time
+    /// ran out. For a worker's warm-up; calls work without it.
     pub async fn same_host_ready(&self, within: std::time::Duration) -> bool {
-        let Some(link) = self.shm_connect(None) else {
-            return false;
-        };
         let deadline = std::time::Instant::now() + within;
+        let link = loop {
+            if let Some(link) = self.shm_connect(None) {
+                break link;
+            }
+            if self.cfg.shm_socket.is_none() || std::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
         while !link.populated() {
             if std::time::Instant::now() >= deadline {
                 return false;
