@@ -49,12 +49,13 @@ pub fn run(args: BenchPoolArgs) -> Result<(), Failure> {
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); Eviction::ALL.len()];
         for _ in 0..args.rounds {
             for (i, order) in Eviction::ALL.into_iter().enumerate() {
-                let started = Instant::now();
                 let pool = trace::Pool {
                     block_bytes,
                     ..trace::Pool::new(cap, order)
                 };
-                let r = trace::simulate_pool(&requests, pool, 512).map_err(Failure::other)?;
+                let sim = trace::SimPool::new(&pool).map_err(Failure::other)?;
+                let started = Instant::now();
+                let r = trace::replay_pool(&requests, &sim, 512).map_err(Failure::other)?;
                 // One get or one put per block of each request.
                 rates[i].push(r.blocks as f64 / started.elapsed().as_secs_f64());
             }

@@ -154,7 +154,16 @@ pub fn simulate_pool(
     pool: Pool,
     block_tokens: u64,
 ) -> anyhow::Result<SimResult> {
-    let sim = SimPool::new(&pool)?;
+    replay_pool(trace, &SimPool::new(&pool)?, block_tokens)
+}
+
+/// `simulate_pool` through a pool already made (`bench-pool` times only
+/// this: the reads and puts, not the pool's creation).
+pub fn replay_pool(
+    trace: &[Request],
+    sim: &SimPool,
+    block_tokens: u64,
+) -> anyhow::Result<SimResult> {
     let mut r = SimResult::default();
     for req in trace {
         let matched = req
