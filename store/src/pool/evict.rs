@@ -107,14 +107,15 @@ pub struct EvictionEvents {
 
 /// Recently evicted blocks (2Q), oldest first, with the queue each left
 /// and the units it held. Kept by a 64-bit fingerprint of the key (a
-/// seeded hash, computed once per call), not the key: an entry is 24 bytes
-/// and no key is cloned; two keys sharing a fingerprint (about one pair in
-/// 2^64) only make one of them look recently evicted.
+/// seeded hash, computed once per call), not the key: a ghost takes 16
+/// bytes in the map and 8 in the queue, and no key is cloned; two keys
+/// sharing a fingerprint (about one pair in 2^64) only make one of them
+/// look recently evicted.
 #[derive(Default)]
 pub(super) struct Ghosts {
     seed: foldhash::quality::RandomState,
     order: VecDeque<u64>,
-    entries: HashMap<u64, (Queue, u64), BuildHasherDefault<Fingerprint>>,
+    entries: HashMap<u64, Ghost, BuildHasherDefault<Fingerprint>>,
 }
 
 impl Ghosts {
@@ -124,7 +125,7 @@ impl Ghosts {
 
     fn remember(&mut self, key: &BlockKey, from: (Queue, u64), cap: usize) {
         let f = self.fingerprint(key);
-        if self.entries.insert(f, from).is_none() {
+        if self.entries.insert(f, Ghost::new(from)).is_none() {
             self.order.push_back(f);
         }
         while self.order.len() > cap {
@@ -137,11 +138,11 @@ impl Ghosts {
     /// Where `key` was evicted from recently, if it was; forgets it.
     fn take(&mut self, key: &BlockKey) -> Option<(Queue, u64)> {
         let f = self.fingerprint(key);
-        self.entries.remove(&f)
+        self.entries.remove(&f).map(Ghost::get)
     }
 
     fn get(&self, key: &BlockKey) -> Option<(Queue, u64)> {
-        self.entries.get(&self.fingerprint(key)).copied()
+        self.entries.get(&self.fingerprint(key)).map(|g| g.get())
     }
 
     /// Keeps `key` remembered, with no units left to grow probation by: a
@@ -149,9 +150,32 @@ impl Ghosts {
     /// get or the meta service told it of the lookup, or both).
     fn spend(&mut self, key: &BlockKey) {
         let f = self.fingerprint(key);
-        if let Some((_, units)) = self.entries.get_mut(&f) {
-            *units = 0;
+        if let Some(g) = self.entries.get_mut(&f) {
+            *g = Ghost::new((g.get().0, 0));
         }
+    }
+}
+
+/// A ghost's queue (the top bit) and units (the rest), in 4 bytes: with
+/// its fingerprint an entry of the map is 16 bytes, not 24.
+#[derive(Clone, Copy)]
+struct Ghost(u32);
+
+impl Ghost {
+    const MAIN: u32 = 1 << 31;
+
+    fn new((queue, units): (Queue, u64)) -> Ghost {
+        let units = units.min(u64::from(Self::MAIN - 1)) as u32;
+        Ghost(units | if queue == Queue::Main { Self::MAIN } else { 0 })
+    }
+
+    fn get(self) -> (Queue, u64) {
+        let queue = if self.0 & Self::MAIN != 0 {
+            Queue::Main
+        } else {
+            Queue::Probation
+        };
+        (queue, u64::from(self.0 & !Self::MAIN))
     }
 }
 
