@@ -380,6 +380,11 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     cfg.meta
         .validate()
         .map_err(|e| Failure::usage(format!("[meta] {e}")))?;
+    // Both checked before either starts: a bad daemon setting stops `up`
+    // before its meta service leads.
+    cfg.daemon
+        .validate()
+        .map_err(|e| Failure::usage(format!("[daemon] {e}")))?;
     let registry = Registry::new();
     let meta_listener = bind(&cfg.meta.listen, "meta service").await?;
     let daemon_listener = bind(&cfg.daemon.listen, "daemon").await?;
@@ -551,6 +556,8 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     if let Some(a) = args.admin {
         cfg.admin = a;
     }
+    cfg.validate()
+        .map_err(|e| Failure::usage(format!("[daemon] {e}")))?;
     let etcd = args.etcd.connect().await?;
     if cfg.meta.is_none() && etcd.is_none() {
         return Err(Failure::usage(

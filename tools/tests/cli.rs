@@ -115,6 +115,38 @@ fn errors_say_what_to_do_and_exit_with_distinct_codes() {
 }
 
 #[test]
+fn a_bad_daemon_setting_stops_up_and_daemon_before_anything_starts() {
+    let meta = format!("127.0.0.1:{}", free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
+    let up = [
+        "up",
+        "--meta-listen",
+        &meta,
+        "--listen",
+        &listen,
+        "--admin",
+        "",
+    ];
+    let daemon = [
+        "daemon", "--meta", &meta, "--listen", &listen, "--admin", "",
+    ];
+    for args in [&up[..], &daemon[..]] {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--dram", "0"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        // One line, and no meta service led or daemon registered first.
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains("[daemon] dram = 0B"), "{err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
 fn a_value_larger_than_any_daemon_takes_is_refused_with_its_size() {
     let store = Store::up_sized("4MiB", &[]);
     let value = vec![7u8; 5 << 20];
