@@ -147,6 +147,30 @@ fn a_bad_daemon_setting_stops_up_and_daemon_before_anything_starts() {
 }
 
 #[test]
+fn a_config_file_that_does_not_parse_is_one_line_with_where_it_went_wrong() {
+    let dir = common::cluster::scratch_dir("bad-config");
+    let path = dir.join("store.toml");
+    std::fs::write(&path, "[daemon]\ndram = \"lots\"\n").unwrap();
+    let missing = dir.join("missing.toml");
+    for (file, says) in [
+        (&path, "line 2, column 8: \"lots\" is not a size"),
+        (&missing, "cannot read"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["up", "--config"])
+            .arg(file)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        assert!(err.contains(says), "{err}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn a_value_larger_than_any_daemon_takes_is_refused_with_its_size() {
     let store = Store::up_sized("4MiB", &[]);
     let value = vec![7u8; 5 << 20];
