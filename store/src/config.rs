@@ -278,6 +278,9 @@ impl DaemonConfig {
                     .into(),
             );
         }
+        if let Some(path) = &self.shm_socket {
+            crate::shm::usable(path)?;
+        }
         for (field, quota) in [
             ("dram_quota", &self.dram_quota),
             ("nvme_quota", &self.nvme_quota),

@@ -255,7 +255,6 @@ pub async fn start(
         }
     }
     if let Some(path) = config.shm_socket.clone() {
-        shm::usable(&path).map_err(DaemonError::Config)?;
         let socket = shm::bind(path.clone()).map_err(|err| {
             DaemonError::Config(format!("shm_socket = {}: {err}", path.display()))
         })?;

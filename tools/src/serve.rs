@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use mooncake_coord::{Coordinator, EtcdConfig, EtcdCoordinator, MemberKind};
-use mooncake_local::LocalStore;
+use mooncake_local::{LocalError, LocalStore};
+use mooncake_meta::MetaError;
 use mooncake_proto::units::{parse_duration, ByteSize, HumanDuration};
+use mooncake_store_daemon::DaemonError;
 use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -400,7 +402,13 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
         REGISTER_WITHIN,
     )
     .await
-    .map_err(|e| Failure::other(e.into()))?;
+    .map_err(|e| match &e {
+        // A setting only starting could check (a socket's directory).
+        LocalError::Daemon(DaemonError::Config(_)) | LocalError::Meta(MetaError::Config(_)) => {
+            Failure::usage(e.to_string())
+        }
+        _ => Failure::other(e.into()),
+    })?;
     let health: Health = Arc::new(|| (true, "ok: meta service and daemon serving".into()));
     let views = Views {
         health,
@@ -572,7 +580,10 @@ pub async fn daemon(args: DaemonArgs) -> Result<(), Failure> {
     let admin_addr = (cfg.admin.clone(), cfg.metrics_token.clone());
     let daemon = mooncake_store_daemon::start(cfg, listener, coordinator, &registry, stop.clone())
         .await
-        .map_err(|e| Failure::other(e.into()))?;
+        .map_err(|e| match e {
+            DaemonError::Config(_) => Failure::usage(format!("daemon: {e}")),
+            e => Failure::other(e.into()),
+        })?;
     let health: Health = Arc::new(|| (true, "ok: daemon serving".into()));
     let views = Views {
         health,

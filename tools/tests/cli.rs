@@ -130,19 +130,29 @@ fn a_bad_daemon_setting_stops_up_and_daemon_before_anything_starts() {
     let daemon = [
         "daemon", "--meta", &meta, "--listen", &listen, "--admin", "",
     ];
+    let socket = format!("/nonexistent-{}/shm.sock", std::process::id());
+    let bad = [
+        (["--dram", "0"], "[daemon] dram = 0B".to_string()),
+        (
+            ["--shm-socket", &socket],
+            format!("[daemon] shm_socket = {socket}: no directory"),
+        ),
+    ];
     for args in [&up[..], &daemon[..]] {
-        let out = Command::new(BIN)
-            .args(args)
-            .args(["--dram", "0"])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        // One line, and no meta service led or daemon registered first.
-        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
-        assert!(err.contains("[daemon] dram = 0B"), "{err}");
-        assert!(out.stdout.is_empty(), "{args:?}");
+        for (setting, says) in &bad {
+            let out = Command::new(BIN)
+                .args(args)
+                .args(setting)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?} {setting:?}: {err}");
+            // One line, and no meta service led or daemon listened first.
+            assert_eq!(err.trim_end().lines().count(), 1, "{setting:?}: {err}");
+            assert!(err.contains(says.as_str()), "{err}");
+            assert!(out.stdout.is_empty(), "{args:?}");
+        }
     }
 }
 
