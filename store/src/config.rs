@@ -259,7 +259,18 @@ impl DaemonConfig {
                 "auth_timeout, idle_timeout and put_stall_timeout must be more than 0".into(),
             );
         }
-        self.nvme_drives()?;
+        for (path, _) in self.nvme_drives()? {
+            match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => {
+                    return Err(format!(
+                        "nvme = {}: no directory {}",
+                        path.display(),
+                        dir.display()
+                    ));
+                }
+                _ => {}
+            }
+        }
         if self.rdma_listen.is_some() && self.auth.is_some() {
             return Err(
                 "rdma_listen lets peers read and write the whole pool: it cannot be combined with auth"

@@ -379,8 +379,13 @@ async fn serve_rdma(
     ))
 }
 
-/// Opens one NVMe drive: its space reserved, its engine (io_uring, or
-/// pread/pwrite where io_uring is unavailable), its index recovered.
+/// Whether this host can give `config`'s DRAM pool the memory it asks
+/// (`start` checks it again): for a caller that starts other servers
+/// first, such as `up`'s meta service.
+pub fn memory_fits(config: &DaemonConfig) -> Result<(), String> {
+    memory::check(config.dram.0, config.hugepages).map(|_| ())
+}
+
 /// The DRAM pool and the NVMe drives of `config`, opened: blocking work.
 fn open_storage(
     config: &DaemonConfig,
@@ -411,6 +416,8 @@ fn open_storage(
     Ok((Arc::new(pool), drives))
 }
 
+/// Opens one NVMe drive: its space reserved, its engine (io_uring, or
+/// pread/pwrite where io_uring is unavailable), its index recovered.
 fn open_drive(
     path: &std::path::Path,
     capacity: u64,

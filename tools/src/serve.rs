@@ -387,6 +387,8 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     cfg.daemon
         .validate()
         .map_err(|e| Failure::usage(format!("[daemon] {e}")))?;
+    mooncake_store_daemon::memory_fits(&cfg.daemon)
+        .map_err(|e| Failure::other(anyhow::anyhow!("daemon: {e}")))?;
     let registry = Registry::new();
     let meta_listener = bind(&cfg.meta.listen, "meta service").await?;
     let daemon_listener = bind(&cfg.daemon.listen, "daemon").await?;

@@ -131,11 +131,17 @@ fn a_bad_daemon_setting_stops_up_and_daemon_before_anything_starts() {
         "daemon", "--meta", &meta, "--listen", &listen, "--admin", "",
     ];
     let socket = format!("/nonexistent-{}/shm.sock", std::process::id());
+    let drive = format!("/nonexistent-{}/drive.bin", std::process::id());
+    let drive_spec = format!("{drive}:1GiB");
     let bad = [
         (["--dram", "0"], "[daemon] dram = 0B".to_string()),
         (
             ["--shm-socket", &socket],
             format!("[daemon] shm_socket = {socket}: no directory"),
+        ),
+        (
+            ["--nvme", &drive_spec],
+            format!("[daemon] nvme = {drive}: no directory"),
         ),
     ];
     for args in [&up[..], &daemon[..]] {
