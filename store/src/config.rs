@@ -260,16 +260,7 @@ impl DaemonConfig {
             );
         }
         for (path, _) in self.nvme_drives()? {
-            match path.parent() {
-                Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => {
-                    return Err(format!(
-                        "nvme = {}: no directory {}",
-                        path.display(),
-                        dir.display()
-                    ));
-                }
-                _ => {}
-            }
+            in_a_directory("nvme", &path)?;
         }
         if self.rdma_listen.is_some() && self.auth.is_some() {
             return Err(
@@ -290,7 +281,7 @@ impl DaemonConfig {
             );
         }
         if let Some(path) = &self.shm_socket {
-            crate::shm::usable(path)?;
+            in_a_directory("shm_socket", path)?;
         }
         for (field, quota) in [
             ("dram_quota", &self.dram_quota),
@@ -438,6 +429,19 @@ fn hostname() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+/// Whether the directory `path` (setting `field`) would be made in exists:
+/// a daemon makes its files and sockets, not their directories.
+fn in_a_directory(field: &str, path: &std::path::Path) -> Result<(), String> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(format!(
+            "{field} = {}: no directory {}",
+            path.display(),
+            dir.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

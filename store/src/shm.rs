@@ -16,7 +16,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use mooncake_proto::message::{Body, ShmHello};
@@ -175,19 +175,6 @@ fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> i
         return Err(io::Error::other("hello sent in part"));
     }
     Ok(())
-}
-
-/// Whether `path` names a socket a daemon could serve on (its directory
-/// exists).
-pub fn usable(path: &Path) -> Result<(), String> {
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(format!(
-            "shm_socket = {}: no directory {}",
-            path.display(),
-            dir.display()
-        )),
-        _ => Ok(()),
-    }
 }
 
 #[cfg(test)]

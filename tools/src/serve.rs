@@ -405,7 +405,7 @@ pub async fn up(args: UpArgs) -> Result<(), Failure> {
     )
     .await
     .map_err(|e| match &e {
-        // A setting only starting could check (a socket's directory).
+        // A setting only starting could refuse (a socket it cannot bind).
         LocalError::Daemon(DaemonError::Config(_)) | LocalError::Meta(MetaError::Config(_)) => {
             Failure::usage(e.to_string())
         }
