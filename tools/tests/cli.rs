@@ -146,20 +146,30 @@ fn a_bad_daemon_setting_stops_up_and_daemon_before_anything_starts() {
     ];
     for args in [&up[..], &daemon[..]] {
         for (setting, says) in &bad {
-            let out = Command::new(BIN)
-                .args(args)
-                .args(setting)
-                .stdin(Stdio::null())
-                .output()
-                .unwrap();
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(2), "{args:?} {setting:?}: {err}");
-            // One line, and no meta service led or daemon listened first.
-            assert_eq!(err.trim_end().lines().count(), 1, "{setting:?}: {err}");
-            assert!(err.contains(says.as_str()), "{err}");
-            assert!(out.stdout.is_empty(), "{args:?}");
+            let args: Vec<&str> = args.iter().chain(setting).copied().collect();
+            refused_at_start(&args, says);
         }
     }
+}
+
+/// Runs the binary with `args` and holds it to a usage error at start:
+/// exit 2, one line on stderr that says `says`, nothing on stdout (no
+/// server announced it was up).
+fn refused_at_start(args: &[&str], says: &str) {
+    let out = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line: {args:?}: {err}"
+    );
+    assert!(err.contains(says), "{err}");
+    assert!(out.stdout.is_empty(), "{args:?}");
 }
 
 #[test]
@@ -172,16 +182,7 @@ fn a_config_file_that_does_not_parse_is_one_line_with_where_it_went_wrong() {
         (&path, "line 2, column 8: \"lots\" is not a size"),
         (&missing, "cannot read"),
     ] {
-        let out = Command::new(BIN)
-            .args(["up", "--config"])
-            .arg(file)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-        assert!(err.contains(says), "{err}");
+        refused_at_start(&["up", "--config", file.to_str().unwrap()], says);
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
