@@ -201,7 +201,10 @@ fn a_daemon_with_a_drive_hits_what_simulate_predicts_and_drops_no_evicted_block(
     let series = |name: &str| scrape(admin, name);
     let evicted = series("mooncake_daemon_evictions_total{tier=\"dram\"}");
     let demoted = series("mooncake_daemon_tier_moves_total{direction=\"demote\"}");
-    assert!(evicted > 10_000, "DRAM evicted only {evicted} blocks");
+    // Both traces turn the pool over several times (the Mooncake trace's
+    // first 1,500 requests evict over 10,000 blocks, shared-prompt's about
+    // 6,300): the drive is exercised, not a corner of it.
+    assert!(evicted > 2 * 2048, "DRAM evicted only {evicted} blocks");
     assert_eq!(demoted, evicted, "evicted from DRAM, not sent to the drive");
     assert!(series("mooncake_daemon_gets_total{result=\"hit\",tier=\"nvme\"}") > 0);
 
