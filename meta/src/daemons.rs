@@ -29,6 +29,12 @@ struct Member {
     stats: PoolStats,
     /// Bytes placed on it since its last heartbeat (not in `stats` yet).
     placed: u64,
+    /// Bytes placed on it over its capacity, since it joined (starting
+    /// level with the least loaded daemon then). Full daemons take new
+    /// blocks in turn by it: by `placed`, which each report resets, a
+    /// daemon that reports after every eviction (as daemons do) would take
+    /// every new block of a full cluster.
+    load: f64,
     last_seen: Instant,
     /// Gets answered per second between its last two heartbeats.
     reads_per_sec: u64,
@@ -74,6 +80,12 @@ impl Daemons {
             requires_auth: _,
         } = req;
         let mut members = self.members.write();
+        let load = members
+            .values()
+            .filter(|m| m.alive)
+            .map(|m| m.load)
+            .min_by(f64::total_cmp)
+            .unwrap_or(0.0);
         let hint_free = id_hint != 0 && members.get(&id_hint).is_none_or(|m| m.addr == addr);
         let id = if hint_free {
             members.retain(|id, m| *id == id_hint || m.addr != addr);
@@ -96,6 +108,7 @@ impl Daemons {
                     ..PoolStats::default()
                 },
                 placed: 0,
+                load,
                 last_seen: now,
                 reads_per_sec: 0,
                 alive: true,
@@ -173,12 +186,12 @@ impl Daemons {
     /// most room. A daemon evicts only what a put needs, so in a busy
     /// cluster every pool is full: one with less than `FULL_MARGIN` of its
     /// pool free is full, and among full daemons new blocks go to the one
-    /// given the least of its capacity since its last report, so that they
-    /// spread evenly instead of following the last few free bytes. Draining
-    /// daemons take nothing.
+    /// given the least of its capacity so far (`Member::load`), so that
+    /// they spread evenly instead of following the last few free bytes or
+    /// the timing of reports. Draining daemons take nothing.
     #[cfg(test)]
     pub fn place(&self, size: u64, node: &str) -> Option<u32> {
-        self.place_copies(size, node, 1).first()
+        self.place_copies(size, node, 1, None).first()
     }
 
     /// Where the `copies` copies of a new block go, each on a distinct host
@@ -186,14 +199,30 @@ impl Daemons {
     /// `place` puts a single copy, each next one as `place` puts a block
     /// of a writer on no host, among the hosts not chosen yet. Fewer if
     /// fewer hosts can take it; none if no daemon can.
-    pub fn place_copies(&self, size: u64, node: &str, copies: usize) -> Copies {
+    ///
+    /// A block stored again after `evicted_by` evicted it goes back there
+    /// (its first copy), if no daemon of the writer's host has room for it
+    /// and `evicted_by` can take it: has room, or no daemon has. Its pool
+    /// remembers the key and keeps the block as one that came back (2Q's
+    /// main queue); anywhere else it would start as a new block.
+    pub fn place_copies(
+        &self,
+        size: u64,
+        node: &str,
+        copies: usize,
+        evicted_by: Option<u32>,
+    ) -> Copies {
         let mut members = self.members.write();
         let mut chosen = Copies::default();
         let mut hosts: Vec<String> = Vec::new();
         let now = Instant::now();
         for i in 0..copies.clamp(1, MAX_COPIES) {
-            let writer = if i == 0 { node } else { "" };
-            let Some(id) = self.place_one(&members, size, writer, (&hosts, &[]), now) else {
+            let (writer, back) = match i {
+                0 => (node, evicted_by),
+                _ => ("", None),
+            };
+            let Some(id) = self.place_one(&members, size, (writer, back), (&hosts, &[]), now)
+            else {
                 break;
             };
             self.placed_on(&mut members, id, size);
@@ -206,6 +235,7 @@ impl Daemons {
     fn placed_on(&self, members: &mut HashMap<u32, Member>, id: u32, size: u64) {
         let m = members.get_mut(&id).expect("just chosen");
         m.placed += size;
+        m.load += size as f64 / m.stats.capacity.max(1) as f64;
         m.placed_since += 1;
         self.placed_total.fetch_add(1, Ordering::Relaxed);
     }
@@ -242,19 +272,26 @@ impl Daemons {
             .filter(|(id, m)| !allow(**id, m.stats.capacity))
             .map(|(id, _)| *id)
             .collect();
-        let id = self.place_one(&members, size, "", (&taken, &barred), Instant::now())?;
+        let id = self.place_one(
+            &members,
+            size,
+            ("", None),
+            (&taken, &barred),
+            Instant::now(),
+        )?;
         self.placed_on(&mut members, id, size);
         Some(id)
     }
 
     /// One daemon for a copy, on none of the hosts in `taken`. The writer's
-    /// own daemon is always open to it; a daemon warming up that has had
-    /// its share is passed over while another can take the block.
+    /// own daemon is always open to it, then the daemon that evicted the
+    /// block (`back`); a daemon warming up that has had its share is
+    /// passed over while another can take the block.
     fn place_one(
         &self,
         members: &HashMap<u32, Member>,
         size: u64,
-        node: &str,
+        (node, back): (&str, Option<u32>),
         (taken, barred): (&[String], &[u32]),
         now: Instant,
     ) -> Option<u32> {
@@ -288,16 +325,19 @@ impl Daemons {
             members
                 .iter()
                 .filter(|(id, m)| open(m) && !barred.contains(id) && eligible(m))
-                .min_by(|(a, x), (b, y)| {
-                    // placed / capacity, compared without division.
-                    let l = u128::from(x.placed) * u128::from(y.stats.capacity);
-                    let r = u128::from(y.placed) * u128::from(x.stats.capacity);
-                    l.cmp(&r).then(a.cmp(b))
-                })
+                .min_by(|(a, x), (b, y)| x.load.total_cmp(&y.load).then(a.cmp(b)))
                 .map(|(id, _)| *id)
         };
         let any = |_: &Member| true;
+        let back = back.filter(|id| {
+            let full = || roomiest(&any).is_none();
+            !barred.contains(id)
+                && members
+                    .get(id)
+                    .is_some_and(|m| open(m) && (roomy(m) || full()))
+        });
         local
+            .or(back)
             .or_else(|| roomiest(&settled))
             .or_else(|| least_loaded(&settled))
             .or_else(|| roomiest(&any))
@@ -533,6 +573,108 @@ mod tests {
     }
 
     #[test]
+    fn a_full_daemon_that_reports_after_every_eviction_takes_only_its_share() {
+        // Daemons report at once when they evict, so in a full cluster the
+        // daemon that took the last block reports before the next one
+        // comes. Placed by what each was given since its last report, it
+        // would take every block; it takes its turn.
+        let d = Daemons::default();
+        let t = Instant::now();
+        let ids: Vec<u32> = ["a:1", "b:1", "c:1"]
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| d.register(req(&format!("n{i}"), addr, 100, 0), t))
+            .collect();
+        let full = PoolStats {
+            capacity: 100,
+            used: 100,
+            ..Default::default()
+        };
+        for id in &ids {
+            d.heartbeat(*id, full, t);
+        }
+        let mut picks = Vec::new();
+        for _ in 0..30 {
+            let id = d.place(10, "").unwrap();
+            d.heartbeat(id, full, t);
+            picks.push(id);
+        }
+        for id in &ids {
+            assert_eq!(picks.iter().filter(|p| *p == id).count(), 10, "{picks:?}");
+        }
+        // One that joins later starts level with the least loaded: it
+        // takes its turn, not every block until it has caught up.
+        let late = d.register(req("n3", "d:1", 100, 0), t);
+        d.heartbeat(late, full, t);
+        let t = t + WARMUP;
+        for id in ids.iter().chain([&late]) {
+            d.heartbeat(*id, full, t);
+        }
+        let picks: Vec<u32> = (0..8).map(|_| d.place(10, "").unwrap()).collect();
+        assert_eq!(picks.iter().filter(|p| **p == late).count(), 2, "{picks:?}");
+    }
+
+    #[test]
+    fn a_block_stored_again_goes_back_to_the_daemon_that_evicted_it() {
+        let d = Daemons::default();
+        let t = Instant::now();
+        let ids: Vec<u32> = ["a:1", "b:1", "c:1"]
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| d.register(req(&format!("n{i}"), addr, 100, 0), t))
+            .collect();
+        let fill = |id: u32, used: u64| {
+            let stats = PoolStats {
+                capacity: 100,
+                used,
+                ..Default::default()
+            };
+            d.heartbeat(id, stats, t);
+        };
+        for id in &ids {
+            fill(*id, 100);
+        }
+        let back = ids[1];
+        for _ in 0..4 {
+            let copies = d.place_copies(10, "", 1, Some(back));
+            assert_eq!(
+                copies.first(),
+                Some(back),
+                "every pool full: back where it was"
+            );
+        }
+        let two = d.place_copies(10, "", 2, Some(back));
+        assert_eq!(two.first(), Some(back));
+        assert_eq!(two.len(), 2, "its other copy elsewhere");
+
+        fill(ids[2], 0);
+        assert_eq!(
+            d.place_copies(10, "", 1, Some(back)).first(),
+            Some(ids[2]),
+            "a daemon with room to spare takes it without evicting"
+        );
+        fill(ids[2], 100);
+        assert_eq!(
+            d.place_copies(10, "n0", 1, Some(back)).first(),
+            Some(back),
+            "the writer's own daemon, full, does not keep it from going back"
+        );
+        d.set_draining(back, true);
+        assert_ne!(
+            d.place_copies(10, "", 1, Some(back)).first(),
+            Some(back),
+            "draining"
+        );
+        d.set_draining(back, false);
+        d.expire(Duration::ZERO, t + Duration::from_secs(1));
+        assert_eq!(
+            d.place_copies(10, "", 1, Some(back)).first(),
+            None,
+            "all dead"
+        );
+    }
+
+    #[test]
     fn copies_go_to_distinct_hosts_the_writers_first() {
         let d = Daemons::default();
         let t = Instant::now();
@@ -541,7 +683,7 @@ mod tests {
         let b = d.register(req("gpu-1", "b:1", 1000, 0), t);
         let c = d.register(req("gpu-2", "c:1", 100, 0), t);
         let e = d.register(req("gpu-3", "e:1", 100, 0), t);
-        let three = d.place_copies(10, "gpu-2", 3);
+        let three = d.place_copies(10, "gpu-2", 3, None);
         assert_eq!(three.len(), 3);
         assert_eq!(three.first(), Some(c), "the writer's host first");
         assert!(
@@ -550,13 +692,13 @@ mod tests {
         );
         assert!(three.contains(e));
         assert_eq!(
-            d.place_copies(10, "", 4).len(),
+            d.place_copies(10, "", 4, None).len(),
             3,
             "three hosts, three copies"
         );
         assert!(d.set_draining(e, true));
         assert_eq!(
-            d.place_copies(10, "", 3).len(),
+            d.place_copies(10, "", 3, None).len(),
             2,
             "a draining host takes none"
         );
@@ -621,7 +763,7 @@ mod tests {
                 }
             }
             let node = format!("h{writer}");
-            let copies = d.place_copies(size, &node, asked);
+            let copies = d.place_copies(size, &node, asked, None);
             let infos = d.infos();
             let info = |id: u32| infos.iter().find(|i| i.id == id).unwrap().clone();
             proptest::prop_assert_eq!(copies.len(), asked.min(open_hosts.len()));

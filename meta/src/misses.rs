@@ -1,14 +1,22 @@
-//! Readers that come back for blocks a daemon evicted: the signal a 2Q
-//! pool grows its probation by (`store/src/pool/evict.rs`: a block
-//! probation let go before anyone read it, then wanted, means probation is
-//! too small for how soon this workload reads what it writes, as a decode
-//! node reads what a prefill node put). A daemon sees that signal only when
-//! a get reaches it, but a reader whose lookup finds the block gone from the
-//! index never asks the daemon. The meta service saw the daemon report the
-//! eviction, so it remembers the last evictions and, when a lookup or a
-//! prefix match misses one of them, tells the daemon in the answer to its
-//! next heartbeat. Bounded: the last `cap` evictions, and at most
-//! `MAX_BATCH` keys waiting for each daemon.
+//! Blocks a daemon evicted recently, remembered by the meta service for
+//! two uses, both for the daemons' 2Q pools (`store/src/pool/evict.rs`):
+//!
+//! - Readers that come back for them: the signal a 2Q pool grows its
+//!   probation by (a block probation let go before anyone read it, then
+//!   wanted, means probation is too small for how soon this workload reads
+//!   what it writes, as a decode node reads what a prefill node put). A
+//!   daemon sees that signal only when a get reaches it, but a reader whose
+//!   lookup finds the block gone from the index never asks the daemon. So
+//!   when a lookup or a prefix match misses one of them, the meta service
+//!   tells the daemon in the answer to its next heartbeat.
+//! - Writers that store them again: such a block goes back to the daemon
+//!   that evicted it (`Daemons::place_copies`), whose pool remembers the key
+//!   and takes the block straight into main, as one that came back. On any
+//!   other daemon it would start in probation again, and a cluster of
+//!   several daemons would lose much of what 2Q keeps over LRU.
+//!
+//! Bounded: the last `cap` evictions, and at most `MAX_BATCH` keys waiting
+//! for each daemon.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -26,14 +34,22 @@ pub struct Misses {
 
 #[derive(Default)]
 struct Inner {
-    /// Each key evicted recently: its daemon and the eviction's number.
-    evicted: HashMap<BlockKey, (u32, u64)>,
+    /// Each key evicted recently.
+    evicted: HashMap<BlockKey, Evicted>,
     /// The evictions in order, oldest first (a key evicted again since
     /// appears twice; only its latest number counts).
     order: VecDeque<(BlockKey, u64)>,
     next: u64,
     /// Keys missed, waiting for their daemon's next heartbeat.
     told: HashMap<u32, Vec<BlockKey>>,
+}
+
+struct Evicted {
+    daemon: u32,
+    /// The eviction's number.
+    at: u64,
+    /// A reader missed it, and its daemon was told (or will be).
+    told: bool,
 }
 
 impl Misses {
@@ -49,17 +65,18 @@ impl Misses {
         let mut inner = self.inner.lock();
         let n = inner.next;
         inner.next += 1;
-        inner.evicted.insert(key.clone(), (daemon, n));
+        let evicted = Evicted {
+            daemon,
+            at: n,
+            told: false,
+        };
+        inner.evicted.insert(key.clone(), evicted);
         inner.order.push_back((key.clone(), n));
         while inner.order.len() > self.cap {
             let Some((old, at)) = inner.order.pop_front() else {
                 break;
             };
-            if inner
-                .evicted
-                .get(&old)
-                .is_some_and(|(_, latest)| *latest == at)
-            {
+            if inner.evicted.get(&old).is_some_and(|e| e.at == at) {
                 inner.evicted.remove(&old);
             }
         }
@@ -78,16 +95,39 @@ impl Misses {
         if inner.evicted.is_empty() {
             return;
         }
+        let inner = &mut *inner;
         for hash in hashes {
             let key = BlockKey::new(ns.clone(), *hash);
-            let Some((daemon, _)) = inner.evicted.remove(&key) else {
+            let Some(evicted) = inner.evicted.get_mut(&key).filter(|e| !e.told) else {
                 continue;
             };
-            let queue = inner.told.entry(daemon).or_default();
+            evicted.told = true;
+            let queue = inner.told.entry(evicted.daemon).or_default();
             if queue.len() < MAX_BATCH {
                 queue.push(key);
             }
         }
+    }
+
+    /// These blocks are being stored again: for each, the daemon that
+    /// evicted it recently, if one did. Each is then forgotten (stored, it
+    /// is no longer an eviction; evicted again, it is a new one).
+    pub fn returning<'a>(
+        &self,
+        ns: &Namespace,
+        hashes: impl IntoIterator<Item = &'a BlockHash>,
+    ) -> Vec<Option<u32>> {
+        let mut inner = self.inner.lock();
+        hashes
+            .into_iter()
+            .map(|hash| {
+                if inner.evicted.is_empty() {
+                    return None;
+                }
+                let key = BlockKey::new(ns.clone(), *hash);
+                inner.evicted.remove(&key).map(|e| e.daemon)
+            })
+            .collect()
     }
 
     /// What to tell `daemon` now.
@@ -133,7 +173,31 @@ mod tests {
         assert_eq!(misses.take(1), [key(1)]);
         assert_eq!(misses.take(2), [key(2)]);
         assert!(misses.take(1).is_empty(), "told once");
-        assert_eq!(misses.held(), (0, 0));
+        assert_eq!(
+            misses.held(),
+            (2, 0),
+            "kept for a writer that stores them again"
+        );
+    }
+
+    #[test]
+    fn a_block_stored_again_returns_to_the_daemon_that_evicted_it_last() {
+        let misses = Misses::new(100);
+        misses.evicted(1, &key(1));
+        misses.evicted(2, &key(2));
+        misses.evicted(3, &key(1));
+        // A reader missed both first: they are still known to the writer.
+        misses.missed(&ns(), &[key(1).hash, key(2).hash]);
+        let hashes = [key(1).hash, key(2).hash, key(4).hash];
+        assert_eq!(misses.returning(&ns(), &hashes), [Some(3), Some(2), None]);
+        assert_eq!(
+            misses.returning(&ns(), &hashes),
+            [None, None, None],
+            "stored again, no longer an eviction"
+        );
+        let other = Namespace::new("u").unwrap();
+        misses.evicted(1, &key(5));
+        assert_eq!(misses.returning(&other, &[key(5).hash]), [None]);
     }
 
     #[test]
@@ -162,8 +226,12 @@ mod tests {
             misses.evicted(3, k);
         }
         misses.missed(&ns(), keys[..10].iter().map(|k| &k.hash));
-        assert_eq!(misses.held(), (0, 10));
+        assert_eq!(misses.held(), (keys.len(), 10));
         misses.forget(3);
-        assert_eq!(misses.held(), (0, 0), "a daemon gone is told nothing");
+        assert_eq!(
+            misses.held(),
+            (keys.len(), 0),
+            "a daemon gone is told nothing"
+        );
     }
 }

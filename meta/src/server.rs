@@ -741,10 +741,14 @@ fn put_start(
     }
     .clamp(1, mooncake_proto::message::MAX_COPIES as u8);
     let mut placed = Vec::new();
+    let evicted_by = state
+        .misses
+        .returning(&req.namespace, req.items.iter().map(|(hash, _)| hash));
     let slots = req
         .items
         .iter()
-        .map(|(hash, size)| {
+        .zip(evicted_by)
+        .map(|((hash, size), evicted_by)| {
             let size = u64::from(*size);
             if largest == 0 {
                 return Slot::Skip(ErrorCode::Unavailable);
@@ -758,9 +762,10 @@ fn put_start(
             if room == 0 {
                 return Slot::Skip(ErrorCode::Busy);
             }
-            let daemons = state
-                .daemons
-                .place_copies(size, &req.node, usize::from(copies));
+            let daemons =
+                state
+                    .daemons
+                    .place_copies(size, &req.node, usize::from(copies), evicted_by);
             if daemons.is_empty() {
                 // Live daemons, all draining: none offers room (a refusal;
                 // no live daemon at all is `Unavailable`, above).

@@ -315,3 +315,65 @@ async fn a_chain_put_through_the_client_is_evicted_from_its_tail() {
     assert!(!held(&a[2]), "the chain's tail was evicted");
     assert!(b.iter().all(held));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_put_again_after_its_eviction_goes_back_to_the_daemon_that_evicted_it() {
+    // Three daemons of 1 MiB (four blocks of 256 KiB each), given 36
+    // blocks: every pool is full and has evicted most of what it took.
+    // A block stored again goes back where it was (its pool remembers the
+    // key, and under 2Q keeps it as a block that came back), though new
+    // blocks spread over all three.
+    let cfg = mooncake_tests::daemon_config(1 << 20);
+    let daemons = vec![cfg.clone(), cfg.clone(), cfg];
+    let cluster = TestCluster::start_with(mooncake_tests::fast_meta(), daemons).await;
+    let client = cluster.client();
+    let ns = ns("t/back");
+    let value = |i: u64| block_bytes(i, 256 << 10);
+    let key = |i: u64| BlockKey::new(ns.clone(), hash(i));
+    let holder = |i: u64| {
+        let held = |d: &mooncake_tests::TestDaemon| d.handle.pool.contains(&key(i));
+        cluster.daemons.iter().position(held)
+    };
+    let mut home = Vec::new();
+    for i in 0..36 {
+        let out = client.put(&ns, &[(hash(i), &value(i))]).await.unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored], "block {i}");
+        home.push(holder(i).expect("just stored"));
+    }
+    for d in 0..3 {
+        assert!(
+            home.iter().filter(|h| **h == d).count() >= 6,
+            "spread: {home:?}"
+        );
+    }
+    let evicted: Vec<u64> = (0..36).filter(|i| holder(*i).is_none()).collect();
+    assert!(evicted.len() >= 20, "{evicted:?}");
+    // The meta service has heard of the evictions and of full pools.
+    let hashes: Vec<BlockHash> = evicted.iter().map(|i| hash(*i)).collect();
+    let known = mooncake_tests::eventually(std::time::Duration::from_secs(5), || async {
+        let gone = client.exists(&ns, &hashes).await.unwrap();
+        let stats = client.cluster_stats().await.unwrap();
+        let full = stats.daemons.iter().all(|d| d.used * 10 >= d.capacity * 9);
+        gone.iter().all(|e| !e) && full
+    })
+    .await;
+    assert!(known, "evictions and full pools reported");
+    // Those one daemon evicted, stored again one after the other: spread
+    // in turn, two in three would land elsewhere.
+    let from_one: Vec<u64> = evicted
+        .into_iter()
+        .filter(|i| home[*i as usize] == 1)
+        .collect();
+    assert!(from_one.len() >= 6, "{from_one:?}");
+    for i in from_one {
+        let out = client.put(&ns, &[(hash(i), &value(i))]).await.unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored], "block {i} again");
+        assert_eq!(
+            holder(i),
+            Some(home[i as usize]),
+            "block {i} back where it was"
+        );
+        let got = client.get(&key(i)).await.unwrap().unwrap();
+        assert_eq!(got, value(i));
+    }
+}
