@@ -48,6 +48,11 @@ pub struct SimulateArgs {
     /// back into DRAM (the daemon's `promote_after`; 0: never).
     #[arg(long, default_value_t = 2)]
     promote_after: u32,
+    /// Also split each cache size over this many daemons, as a cluster
+    /// holds it: adds the hit rate of each order there (blocks placed as
+    /// the meta service places them in a full cluster).
+    #[arg(long)]
+    daemons: Option<usize>,
     /// Write the curves here as an SVG plot.
     #[arg(long)]
     svg: Option<PathBuf>,
@@ -66,6 +71,9 @@ struct Row {
     min: f64,
     /// With a drive behind the pool.
     tiers: Option<Tiers>,
+    /// The same memory over `--daemons` daemons, in the order of
+    /// `Eviction::ALL`.
+    cluster: Option<Vec<f64>>,
 }
 
 /// One DRAM size with a drive behind it.
@@ -84,9 +92,18 @@ struct Tiers {
 
 impl Row {
     fn pool(&self, order: Eviction) -> f64 {
-        let i = Eviction::ALL.iter().position(|o| *o == order);
-        self.pool[i.expect("every order is simulated")]
+        self.pool[order_index(order)]
     }
+
+    /// Split over `--daemons` daemons, if asked.
+    fn cluster(&self, order: Eviction) -> Option<f64> {
+        Some(self.cluster.as_ref()?[order_index(order)])
+    }
+}
+
+fn order_index(order: Eviction) -> usize {
+    let i = Eviction::ALL.iter().position(|o| *o == order);
+    i.expect("every order is simulated")
 }
 
 pub fn run(args: SimulateArgs) -> Result<(), Failure> {
@@ -113,6 +130,13 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
     if capacities.contains(&0) {
         return Err(Failure::usage("--capacities must be at least 1 block each"));
     }
+    if let Some(n) = args.daemons {
+        if n < 2 || capacities.iter().any(|c| *c < n) {
+            return Err(Failure::usage(
+                "--daemons must be at least 2, and at most the smallest cache size",
+            ));
+        }
+    }
     let bar = if args.json {
         ProgressBar::hidden()
     } else {
@@ -123,16 +147,29 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
     };
     let mut rows = Vec::with_capacity(capacities.len());
     for &cap in &capacities {
+        let pool = |order| trace::Pool {
+            probation_share: args.probation_share,
+            ..trace::Pool::new(cap, order)
+        };
         let mut rates = Vec::new();
         for order in Eviction::ALL {
-            let pool = trace::Pool {
-                probation_share: args.probation_share,
-                ..trace::Pool::new(cap, order)
-            };
-            let r =
-                trace::simulate_pool(&requests, pool, args.block_tokens).map_err(Failure::other)?;
+            let r = trace::simulate_pool(&requests, pool(order), args.block_tokens)
+                .map_err(Failure::other)?;
             rates.push(r.token_hit_rate());
         }
+        let cluster = match args.daemons {
+            Some(n) => Some(
+                Eviction::ALL
+                    .iter()
+                    .map(|order| {
+                        trace::simulate_cluster(&requests, pool(*order), n, args.block_tokens)
+                            .map(|r| r.token_hit_rate())
+                    })
+                    .collect::<anyhow::Result<Vec<f64>>>()
+                    .map_err(Failure::other)?,
+            ),
+            None => None,
+        };
         let tiers = match args.nvme {
             Some(drive) => Some(tiers(&args, &requests, cap, drive)?),
             None => None,
@@ -145,11 +182,66 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
                 .token_hit_rate(),
             min: trace::simulate_belady(&requests, cap, args.block_tokens).token_hit_rate(),
             tiers,
+            cluster,
         });
         bar.inc(1);
     }
     bar.finish_and_clear();
     if let Some(path) = &args.svg {
+        let mut series = vec![
+            Series {
+                name: "Belady's MIN",
+                color: "#2ca02c",
+                points: rows.iter().map(|r| (r.cap as f64, r.min)).collect(),
+            },
+            Series {
+                name: "frequency oracle",
+                color: "#9467bd",
+                points: rows.iter().map(|r| (r.cap as f64, r.freq)).collect(),
+            },
+            Series {
+                name: "daemon, 2q",
+                color: "#1f77b4",
+                points: rows
+                    .iter()
+                    .map(|r| (r.cap as f64, r.pool(Eviction::TwoQ)))
+                    .collect(),
+            },
+            Series {
+                name: "daemon, lru",
+                color: "#ff7f0e",
+                points: rows
+                    .iter()
+                    .map(|r| (r.cap as f64, r.pool(Eviction::Lru)))
+                    .collect(),
+            },
+            Series {
+                name: "exact LRU",
+                color: "#d62728",
+                points: rows.iter().map(|r| (r.cap as f64, r.lru)).collect(),
+            },
+            Series {
+                name: "theoretical maximum",
+                color: "#999999",
+                points: vec![(0.0, max), (footprint as f64, max)],
+            },
+        ];
+        let split = args.daemons.map(|n| {
+            [
+                (Eviction::TwoQ, format!("{n} daemons, 2q"), "#17becf"),
+                (Eviction::Lru, format!("{n} daemons, lru"), "#e377c2"),
+            ]
+        });
+        for (order, name, color) in split.iter().flatten() {
+            let points = rows
+                .iter()
+                .filter_map(|r| Some((r.cap as f64, r.cluster(*order)?)));
+            series.push(Series {
+                name,
+                color,
+                points: points.collect(),
+            });
+        }
         let svg = line_chart(
             &format!(
                 "Token hit rate against cache size ({} requests)",
@@ -157,44 +249,7 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
             ),
             "cache size (blocks)",
             "token hit rate",
-            &[
-                Series {
-                    name: "Belady's MIN",
-                    color: "#2ca02c",
-                    points: rows.iter().map(|r| (r.cap as f64, r.min)).collect(),
-                },
-                Series {
-                    name: "frequency oracle",
-                    color: "#9467bd",
-                    points: rows.iter().map(|r| (r.cap as f64, r.freq)).collect(),
-                },
-                Series {
-                    name: "daemon, 2q",
-                    color: "#1f77b4",
-                    points: rows
-                        .iter()
-                        .map(|r| (r.cap as f64, r.pool(Eviction::TwoQ)))
-                        .collect(),
-                },
-                Series {
-                    name: "daemon, lru",
-                    color: "#ff7f0e",
-                    points: rows
-                        .iter()
-                        .map(|r| (r.cap as f64, r.pool(Eviction::Lru)))
-                        .collect(),
-                },
-                Series {
-                    name: "exact LRU",
-                    color: "#d62728",
-                    points: rows.iter().map(|r| (r.cap as f64, r.lru)).collect(),
-                },
-                Series {
-                    name: "theoretical maximum",
-                    color: "#999999",
-                    points: vec![(0.0, max), (footprint as f64, max)],
-                },
-            ],
+            &series,
         );
         std::fs::write(path, svg)
             .map_err(|e| Failure::other(anyhow::anyhow!("cannot write {}: {e}", path.display())))?;
@@ -208,6 +263,13 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
                                        "min_token_hit_rate": r.min});
                 for order in Eviction::ALL {
                     point[format!("daemon_{order}_token_hit_rate")] = json!(r.pool(order));
+                }
+                if let (Some(n), Some(_)) = (args.daemons, &r.cluster) {
+                    let mut split = json!({"count": n});
+                    for order in Eviction::ALL {
+                        split[format!("{order}_token_hit_rate")] = json!(r.cluster(order));
+                    }
+                    point["daemons"] = split;
                 }
                 if let Some(t) = &r.tiers {
                     point["nvme"] = json!({
@@ -273,6 +335,9 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
             closed
         );
     }
+    if let Some(n) = args.daemons {
+        print_cluster(&rows, n);
+    }
     if let Some(drive) = args.nvme {
         print_tiers(&rows, drive, args.promote_after);
     }
@@ -280,6 +345,32 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
         println!("plot: {}", path.display());
     }
     Ok(())
+}
+
+fn print_cluster(rows: &[Row], n: usize) {
+    println!();
+    println!("the same memory over {n} daemons, blocks placed as the meta service places them:");
+    println!(
+        "{:>10} {:>12} {:>16} {:>11} {:>15}",
+        "blocks",
+        "daemon lru",
+        format!("{n} daemons lru"),
+        "daemon 2q",
+        format!("{n} daemons 2q")
+    );
+    for r in rows {
+        let (Some(lru), Some(two_q)) = (r.cluster(Eviction::Lru), r.cluster(Eviction::TwoQ)) else {
+            continue;
+        };
+        println!(
+            "{:>10} {:>11.2}% {:>15.2}% {:>10.2}% {:>14.2}%",
+            r.cap,
+            100.0 * r.pool(Eviction::Lru),
+            100.0 * lru,
+            100.0 * r.pool(Eviction::TwoQ),
+            100.0 * two_q,
+        );
+    }
 }
 
 /// The daemon's 2q pool of `cap` blocks with a drive of `drive` blocks

@@ -195,6 +195,80 @@ pub fn replay_pool(
     Ok(r)
 }
 
+/// `simulate_pool` with the same memory split over `daemons` daemons of
+/// `pool.capacity / daemons` blocks each, their blocks placed as the meta
+/// service places them in a full cluster of equal daemons
+/// (`meta/src/daemons.rs`): a new block to the daemon given the fewest
+/// blocks so far, a block stored again to the daemon that evicted it (the
+/// meta service remembers the last 65,536 evictions; this, every one). A
+/// request matches its prefix across all of them, as `replay` against such
+/// a cluster does.
+pub fn simulate_cluster(
+    trace: &[Request],
+    pool: Pool,
+    daemons: usize,
+    block_tokens: u64,
+) -> anyhow::Result<SimResult> {
+    anyhow::ensure!(
+        daemons >= 1 && pool.capacity >= daemons,
+        "{} blocks cannot be split over {daemons} daemons",
+        pool.capacity
+    );
+    let each = Pool {
+        capacity: pool.capacity / daemons,
+        ..pool
+    };
+    let pools = (0..daemons)
+        .map(|_| SimPool::new(&each))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // The daemon each block was last placed on (it is there, or that
+    // daemon evicted it), and the blocks each was given.
+    let mut home: HashMap<u64, usize> = HashMap::new();
+    let mut given = vec![0u64; daemons];
+    let held = |home: &HashMap<u64, usize>, id: u64| {
+        home.get(&id)
+            .is_some_and(|d| pools[*d].dram.contains(&pools[*d].key(id)))
+    };
+    let mut r = SimResult::default();
+    for req in trace {
+        let matched = req
+            .hash_ids
+            .iter()
+            .take_while(|id| held(&home, **id))
+            .count();
+        for id in &req.hash_ids[..matched] {
+            let p = &pools[home[id]];
+            drop(p.dram.get(&p.key(*id)));
+        }
+        r.count(req, matched, block_tokens);
+        let mut parent = matched
+            .checked_sub(1)
+            .map(|i| pools[0].key(req.hash_ids[i]).hash);
+        for id in &req.hash_ids[matched..] {
+            let key = pools[0].key(*id);
+            // Stored already (on some daemon, after a hole in the chain).
+            if !held(&home, *id) {
+                let d = match home.get(id) {
+                    Some(evicted_by) => *evicted_by,
+                    None => (0..daemons).min_by_key(|d| given[*d]).expect("a daemon"),
+                };
+                given[d] += 1;
+                pools[d].put(key.clone(), parent)?;
+                home.insert(*id, d);
+            }
+            parent = Some(key.hash);
+        }
+        // As `replay_pool`: the meta service tells the daemon that evicted
+        // the block the match stopped at, after this request's puts.
+        if let Some(id) = req.hash_ids.get(matched) {
+            if let Some(d) = home.get(id) {
+                pools[*d].dram.missed(&pools[*d].key(*id));
+            }
+        }
+    }
+    Ok(r)
+}
+
 /// The daemon's DRAM pool as the simulations drive it: blocks of the
 /// pool's size, written as the daemon writes them (so that a put costs
 /// its copy and checksum), keyed by trace id.
