@@ -460,6 +460,24 @@ mod tests {
         }
     }
 
+    /// Three daemons of 100 bytes, on hosts n0, n1 and n2.
+    fn three(d: &Daemons, t: Instant) -> Vec<u32> {
+        ["a:1", "b:1", "c:1"]
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| d.register(req(&format!("n{i}"), addr, 100, 0), t))
+            .collect()
+    }
+
+    /// What a daemon of 100 bytes with `used` of them in use reports.
+    fn used(used: u64) -> PoolStats {
+        PoolStats {
+            capacity: 100,
+            used,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn an_id_from_an_earlier_leader_is_kept_unless_taken() {
         let d = Daemons::default();
@@ -553,18 +571,9 @@ mod tests {
         // needs, so a busy cluster is always full): new blocks go round.
         let d = Daemons::default();
         let t = Instant::now();
-        let ids: Vec<u32> = ["a:1", "b:1", "c:1"]
-            .iter()
-            .enumerate()
-            .map(|(i, addr)| d.register(req(&format!("n{i}"), addr, 100, 0), t))
-            .collect();
-        for (id, used) in ids.iter().zip([100, 99, 97]) {
-            let full = PoolStats {
-                capacity: 100,
-                used,
-                ..Default::default()
-            };
-            d.heartbeat(*id, full, t);
+        let ids = three(&d, t);
+        for (id, bytes) in ids.iter().zip([100, 99, 97]) {
+            d.heartbeat(*id, used(bytes), t);
         }
         let picks: Vec<u32> = (0..6).map(|_| d.place(10, "").unwrap()).collect();
         for id in &ids {
@@ -580,16 +589,8 @@ mod tests {
         // would take every block; it takes its turn.
         let d = Daemons::default();
         let t = Instant::now();
-        let ids: Vec<u32> = ["a:1", "b:1", "c:1"]
-            .iter()
-            .enumerate()
-            .map(|(i, addr)| d.register(req(&format!("n{i}"), addr, 100, 0), t))
-            .collect();
-        let full = PoolStats {
-            capacity: 100,
-            used: 100,
-            ..Default::default()
-        };
+        let ids = three(&d, t);
+        let full = used(100);
         for id in &ids {
             d.heartbeat(*id, full, t);
         }
@@ -618,19 +619,8 @@ mod tests {
     fn a_block_stored_again_goes_back_to_the_daemon_that_evicted_it() {
         let d = Daemons::default();
         let t = Instant::now();
-        let ids: Vec<u32> = ["a:1", "b:1", "c:1"]
-            .iter()
-            .enumerate()
-            .map(|(i, addr)| d.register(req(&format!("n{i}"), addr, 100, 0), t))
-            .collect();
-        let fill = |id: u32, used: u64| {
-            let stats = PoolStats {
-                capacity: 100,
-                used,
-                ..Default::default()
-            };
-            d.heartbeat(id, stats, t);
-        };
+        let ids = three(&d, t);
+        let fill = |id: u32, bytes: u64| d.heartbeat(id, used(bytes), t);
         for id in &ids {
             fill(*id, 100);
         }
