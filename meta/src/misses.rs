@@ -34,8 +34,10 @@ pub struct Misses {
 
 #[derive(Default)]
 struct Inner {
-    /// Each key evicted recently.
-    evicted: HashMap<BlockKey, Evicted>,
+    /// Each key evicted recently. Every put looks its blocks up here, so
+    /// the hash is foldhash's (seeded per process: keys come from
+    /// clients), not std's slower SipHash.
+    evicted: HashMap<BlockKey, Evicted, foldhash::quality::RandomState>,
     /// The evictions in order, oldest first (a key evicted again since
     /// appears twice; only its latest number counts).
     order: VecDeque<(BlockKey, u64)>,
