@@ -112,6 +112,17 @@ fn json_f64(json: &str, field: &str) -> f64 {
         .unwrap()
 }
 
+/// `simulate --json` of `trace` with `args`: its output.
+fn simulate_json(trace: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(["simulate", trace.to_str().unwrap(), "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    succeeded(&out);
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
 /// The Mooncake trace's first 1,500 requests, in `dir`; where that trace
 /// is not beside the repository (a fresh clone), 1,500 requests of the
 /// CLI's own shared-prompt trace (seed 1).
@@ -183,13 +194,7 @@ async fn a_cluster_of_daemons_hits_what_simulate_predicts_for_it() {
     let json = replay_one_at_a_time(&cluster.metas[0].0, &trace, "1500");
     assert_eq!(json_u64(&json, "errors"), 0, "{json}");
     assert_eq!(json_u64(&json, "wrong_bytes"), 0, "{json}");
-    let sim = Command::new(BIN)
-        .args(["simulate", trace.to_str().unwrap()])
-        .args(["--capacities", "4096", "--daemons", "4", "--json"])
-        .output()
-        .unwrap();
-    succeeded(&sim);
-    let sim = String::from_utf8_lossy(&sim.stdout).to_string();
+    let sim = simulate_json(&trace, &["--capacities", "4096", "--daemons", "4"]);
     let predicted = json_f64(&sim, "2q_token_hit_rate");
     let store_rate = json_f64(&json, "token_hit_rate");
     assert!(
@@ -244,13 +249,7 @@ fn a_daemon_with_a_drive_hits_what_simulate_predicts_and_drops_no_evicted_block(
     assert_eq!(demoted, evicted, "evicted from DRAM, not sent to the drive");
     assert!(series("mooncake_daemon_gets_total{result=\"hit\",tier=\"nvme\"}") > 0);
 
-    let sim = Command::new(BIN)
-        .args(["simulate", trace.to_str().unwrap()])
-        .args(["--capacities", "2048", "--nvme", "8000", "--json"])
-        .output()
-        .unwrap();
-    succeeded(&sim);
-    let sim = String::from_utf8_lossy(&sim.stdout).to_string();
+    let sim = simulate_json(&trace, &["--capacities", "2048", "--nvme", "8000"]);
     let predicted = json_f64(&sim, "drive_2q_token_hit_rate");
     let dram_only = json_f64(&sim, "daemon_2q_token_hit_rate");
     let store_rate = json_f64(&json, "token_hit_rate");
