@@ -8,6 +8,7 @@
 //! `mooncake-net` (its calls to daemons); never on the client SDK nor on
 //! the daemon's crate.
 
+pub mod branches;
 mod clients;
 pub mod config;
 mod daemons;
@@ -16,6 +17,7 @@ mod hot;
 mod index;
 pub mod metrics;
 mod misses;
+mod recent;
 mod removals;
 mod repair;
 mod replica;

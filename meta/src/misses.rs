@@ -18,38 +18,30 @@
 //! Bounded: the last `cap` evictions, and at most `MAX_BATCH` keys waiting
 //! for each daemon.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use mooncake_proto::frame::MAX_BATCH;
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use parking_lot::Mutex;
 
+use crate::recent::Recent;
+
 /// Evictions remembered by default.
 pub const DEFAULT_CAP: usize = 65_536;
 
 pub struct Misses {
-    cap: usize,
     inner: Mutex<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
-    /// Each key evicted recently. Every put looks its blocks up here, so
-    /// the hash is foldhash's (seeded per process: keys come from
-    /// clients), not std's slower SipHash.
-    evicted: HashMap<BlockKey, Evicted, foldhash::quality::RandomState>,
-    /// The evictions in order, oldest first (a key evicted again since
-    /// appears twice; only its latest number counts).
-    order: VecDeque<(BlockKey, u64)>,
-    next: u64,
+    /// Each key evicted recently (a key evicted again: its latest).
+    evicted: Recent<Evicted>,
     /// Keys missed, waiting for their daemon's next heartbeat.
     told: HashMap<u32, Vec<BlockKey>>,
 }
 
 struct Evicted {
     daemon: u32,
-    /// The eviction's number.
-    at: u64,
     /// A reader missed it, and its daemon was told (or will be).
     told: bool,
 }
@@ -57,31 +49,20 @@ struct Evicted {
 impl Misses {
     pub fn new(cap: usize) -> Self {
         Misses {
-            cap: cap.max(1),
-            inner: Mutex::default(),
+            inner: Mutex::new(Inner {
+                evicted: Recent::new(cap),
+                told: HashMap::new(),
+            }),
         }
     }
 
     /// `daemon` evicted `key` (its own report).
     pub fn evicted(&self, daemon: u32, key: &BlockKey) {
-        let mut inner = self.inner.lock();
-        let n = inner.next;
-        inner.next += 1;
         let evicted = Evicted {
             daemon,
-            at: n,
             told: false,
         };
-        inner.evicted.insert(key.clone(), evicted);
-        inner.order.push_back((key.clone(), n));
-        while inner.order.len() > self.cap {
-            let Some((old, at)) = inner.order.pop_front() else {
-                break;
-            };
-            if inner.evicted.get(&old).is_some_and(|e| e.at == at) {
-                inner.evicted.remove(&old);
-            }
-        }
+        self.inner.lock().evicted.insert(key.clone(), evicted);
     }
 
     /// A reader looked for these blocks and did not find them: each one a

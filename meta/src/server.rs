@@ -12,7 +12,7 @@ use mooncake_proto::message::{
     Body, ClusterStats, Empty, EventsRequest, HeartbeatRequest, InventoryRequest, KeyRequest,
     KeysRequest, ListRequest, ListResponse, Locations, PinRequest, PutCommitRequest,
     PutStartRequest, PutStartResponse, RegisterRequest, RegisterResponse, RouteRequest, Slot,
-    Statuses,
+    Statuses, ToPlace,
 };
 use mooncake_proto::transport::TransportKind;
 use mooncake_proto::{BlockKey, ErrorCode, Header, Namespace, Opcode, ProtoError};
@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use mooncake_coord::{Coordinator, MemberKind};
 
+use crate::branches::Put;
 use crate::clients::Client;
 use crate::config::MetaConfig;
 use crate::daemons::Daemons;
@@ -70,6 +71,9 @@ pub struct State {
     pub hot: crate::hot::Hot,
     /// Evicted blocks readers came back for, to tell their daemons.
     misses: crate::misses::Misses,
+    /// Prefixes readers matched and the branches put after them, to judge
+    /// which new blocks continue a branch that comes back.
+    branches: crate::branches::Branches,
     /// When the index, rebuilt from inventories, gets its namespaces'
     /// wanted copies back (`Index::restore_wants`): a daemon TTL after the
     /// term began, and again after a daemon registers later.
@@ -110,6 +114,7 @@ impl State {
             repairs: crate::repair::Repairs::new(cfg.repair_queue, cfg.repair_rate.0),
             hot: crate::hot::Hot::new(cfg.hot()),
             misses: crate::misses::Misses::new(crate::misses::DEFAULT_CAP),
+            branches: crate::branches::Branches::new(crate::branches::DEFAULT_CAP),
             restore_wants_at: Mutex::new(Some(Instant::now() + cfg.daemon_ttl.0)),
         })
     }
@@ -474,6 +479,9 @@ async fn dispatch(
             state
                 .misses
                 .missed(&req.namespace, req.hashes.get(items.len()));
+            state
+                .branches
+                .matched(&req.namespace, &req.hashes, items.len());
             metrics.match_hits.inc_by(items.len() as u64);
             metrics
                 .match_misses
@@ -743,12 +751,12 @@ fn put_start(
     let mut placed = Vec::new();
     let evicted_by = state
         .misses
-        .returning(&req.namespace, req.items.iter().map(|(hash, _)| hash));
-    let slots = req
+        .returning(&req.namespace, req.items.iter().map(|it| &it.hash));
+    let mut slots: Vec<Slot> = req
         .items
         .iter()
         .zip(evicted_by)
-        .map(|((hash, size), evicted_by)| {
+        .map(|(ToPlace { hash, size, .. }, evicted_by)| {
             let size = u64::from(*size);
             if largest == 0 {
                 return Slot::Skip(ErrorCode::Unavailable);
@@ -786,12 +794,31 @@ fn put_start(
                         }
                     }
                     placed.extend(daemons.iter());
-                    Slot::Place(daemons)
+                    Slot::Place {
+                        copies: daemons,
+                        continues: false,
+                    }
                 }
                 Reservation::Exists => Slot::Skip(ErrorCode::AlreadyExists),
             }
         })
         .collect();
+    let puts: Vec<Put> = req
+        .items
+        .iter()
+        .zip(&slots)
+        .map(|(it, slot)| Put {
+            hash: it.hash,
+            parent: it.parent,
+            placed: matches!(slot, Slot::Place { .. }),
+        })
+        .collect();
+    let judged = state.branches.judge(&req.namespace, &puts);
+    for (slot, verdict) in slots.iter_mut().zip(judged) {
+        if let Slot::Place { continues, .. } = slot {
+            *continues = verdict;
+        }
+    }
     PutStartResponse {
         slots,
         daemons: state.daemons.addrs(placed),

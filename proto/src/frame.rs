@@ -16,7 +16,7 @@
 use crate::error::ProtoError;
 
 pub const MAGIC: [u8; 2] = *b"MK";
-pub const PROTOCOL_VERSION: u8 = 7;
+pub const PROTOCOL_VERSION: u8 = 8;
 pub const HEADER_LEN: usize = 20;
 /// Largest control body (every opcode but value-carrying ones).
 pub const MAX_CONTROL_BODY: u32 = 4 << 20;

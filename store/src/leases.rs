@@ -155,6 +155,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         Err(err) => (err.code(), Vec::new()),
                         Ok(mut slot) => {
                             slot.set_parent(req.parent);
+                            slot.set_continues(req.continues);
                             let id = next_lease;
                             next_lease += 1;
                             let answer = ShmSlot {
@@ -330,6 +331,7 @@ mod tests {
             key: key(n),
             checksum: sum,
             parent: None,
+            continues: false,
             tag: None,
         }
         .to_bytes();
@@ -453,6 +455,7 @@ mod tests {
             len: bytes.len() as u64,
             checksum: Some(sum),
             parent: None,
+            continues: false,
             tag: None,
         }
         .to_bytes()
@@ -533,6 +536,7 @@ mod tests {
                 len: bytes.len() as u64,
                 checksum: None,
                 parent: None,
+                continues: false,
                 tag: None,
             }
             .to_bytes()
@@ -587,6 +591,7 @@ mod tests {
                     len: other.len() as u64,
                     checksum: None,
                     parent: None,
+                    continues: false,
                     tag: None,
                 }
                 .to_bytes(),
@@ -614,6 +619,7 @@ mod tests {
             len: bytes.len() as u64,
             checksum: None,
             parent: None,
+            continues: false,
             tag: None,
         };
         assert_eq!(

@@ -222,6 +222,7 @@ where
     match reserved {
         Ok(mut slot) => {
             slot.set_parent(put.parent);
+            slot.set_continues(put.continues);
             // A client that vanishes here, or whose bytes stop coming,
             // drops the slot: nothing becomes visible and the space is
             // freed at once. Each piece is hashed as it lands, in cache.

@@ -122,6 +122,7 @@ async fn daemon_refuses_bad_frames_and_keeps_serving() {
         w.hash(&BlockHash([1; 32]));
         w.u64(0);
         w.hash(&BlockHash([0; 32])); // no parent
+        w.u8(0); // continues
         w.u32(tag_len);
         let mut frame = Header::request(Opcode::Put, 1, (w.buf.len() + value) as u32)
             .encode()

@@ -167,6 +167,7 @@ async fn a_writer_that_vanishes_mid_value_leaves_nothing_behind() {
         key: BlockKey::new(ns(), hash(7)),
         checksum: 0,
         parent: None,
+        continues: false,
         tag: None,
     }
     .to_bytes();
@@ -205,13 +206,13 @@ async fn an_abandoned_reservation_expires_and_frees_the_key() {
                 namespace: ns(),
                 node: String::new(),
                 replicas: 0,
-                items: vec![(hash(9), 4096)],
+                items: vec![mooncake_proto::message::ToPlace::unchained(hash(9), 4096)],
             },
             "put_start",
         )
         .await
         .unwrap();
-    assert!(matches!(start.slots[0], Slot::Place(_)));
+    assert!(matches!(start.slots[0], Slot::Place { .. }));
     drop(conn);
     assert_eq!(client.cluster_stats().await.unwrap().pending, 1);
     assert!(

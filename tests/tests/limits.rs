@@ -299,6 +299,7 @@ async fn put_headers_without_values_push_out_no_stored_block() {
             ),
             checksum: 1,
             parent: None,
+            continues: false,
             tag: None,
         };
         let head = mooncake_proto::message::Body::to_bytes(&head);
@@ -380,13 +381,13 @@ async fn meta_conn_from(cluster: &TestCluster, from: [u8; 4]) -> mooncake_net::C
 /// Reserves `n` keys of `ns` on `conn` and never commits them: how many
 /// were placed, and how many answered busy.
 async fn hoard(conn: &mut mooncake_net::Connection, ns: &str, n: u32) -> (usize, usize) {
-    use mooncake_proto::message::{PutStartRequest, PutStartResponse, Slot};
+    use mooncake_proto::message::{PutStartRequest, PutStartResponse, Slot, ToPlace};
     let req = PutStartRequest {
         namespace: Namespace::new(ns).unwrap(),
         node: String::new(),
         replicas: 1,
         items: (0..n)
-            .map(|i| (BlockHash::from_opaque(&i.to_le_bytes()), 4096))
+            .map(|i| ToPlace::unchained(BlockHash::from_opaque(&i.to_le_bytes()), 4096))
             .collect(),
     };
     let answer: PutStartResponse = conn
@@ -395,7 +396,7 @@ async fn hoard(conn: &mut mooncake_net::Connection, ns: &str, n: u32) -> (usize,
         .unwrap();
     let count = |want: fn(&Slot) -> bool| answer.slots.iter().filter(|s| want(s)).count();
     (
-        count(|s| matches!(s, Slot::Place(_))),
+        count(|s| matches!(s, Slot::Place { .. })),
         count(|s| matches!(s, Slot::Skip(ErrorCode::Busy))),
     )
 }

@@ -377,3 +377,62 @@ async fn a_block_put_again_after_its_eviction_goes_back_to_the_daemon_that_evict
         assert_eq!(got, value(i));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_put_on_another_daemon_than_its_branch_point_is_judged_by_the_meta_service() {
+    // Two daemons under 2Q. A conversation's first turn (block 1) lands on
+    // one; its next turn (block 2, after a reader matched block 1) on the
+    // other, which does not hold block 1 and takes the meta service's word
+    // that the branch continues: into main, not probation.
+    let cfg = mooncake_tests::daemon_config(1 << 20);
+    let cluster =
+        TestCluster::start_with(mooncake_tests::fast_meta(), vec![cfg.clone(), cfg]).await;
+    let client = cluster.client();
+    let ns = ns("t/branch");
+    let value = block_bytes(1, 64 << 10);
+    let key = |i: u64| BlockKey::new(ns.clone(), hash(i));
+    let holder = |i: u64| {
+        let held = |d: &mooncake_tests::TestDaemon| d.handle.pool.contains(&key(i));
+        cluster.daemons.iter().position(held).expect("stored")
+    };
+    let admitted = || {
+        let events = |d: &mooncake_tests::TestDaemon| d.handle.pool.eviction_events();
+        cluster
+            .daemons
+            .iter()
+            .map(|d| events(d).branch_admitted)
+            .collect::<Vec<_>>()
+    };
+    let stored = vec![PutOutcome::Stored];
+    let put = |parent: Option<u64>, i: u64| {
+        let block = [(hash(i), value.as_slice())];
+        let client = &client;
+        let ns = &ns;
+        async move {
+            client
+                .put_chain(ns, parent.map(hash), &block)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(put(None, 1).await, stored);
+    let matched = client.match_prefix(&ns, &[hash(1), hash(2)]).await.unwrap();
+    assert_eq!(matched.matched, 1);
+    // Blocks go to the least loaded daemon: block 2 to the one without
+    // block 1.
+    assert_eq!(put(Some(1), 2).await, stored);
+    let (first, next) = (holder(1), holder(2));
+    assert_ne!(first, next, "the branch landed beside its branch point");
+    let mut want = [0, 0];
+    want[next] = 1;
+    assert_eq!(
+        admitted(),
+        want,
+        "the branch entered main on the other daemon"
+    );
+    assert_eq!(client.get(&key(2)).await.unwrap().unwrap(), value);
+    // A block after one no reader matched is no branch: judged by nobody.
+    assert_eq!(put(None, 5).await, stored);
+    assert_eq!(put(Some(5), 6).await, stored);
+    assert_eq!(admitted(), want);
+}

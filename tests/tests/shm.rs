@@ -359,3 +359,36 @@ fn a_shared_pool_cannot_be_combined_with_authentication() {
     cfg.auth = Some("/tmp/tokens.toml".into());
     assert!(cfg.validate().unwrap_err().contains("auth"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_host_put_carries_the_meta_services_judgement_of_its_branch() {
+    // A reader matched block P, which then left the daemon; a branch put
+    // after it is judged by the meta service, not by the pool, which no
+    // longer holds P. Small blocks go with their bytes over the socket,
+    // larger ones into the shared pool: both carry the judgement.
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 16 << 20, false).await;
+    let client = client(&cluster, &dir.join("daemon.sock"));
+    let pool = &cluster.daemons[0].handle.pool;
+    for (round, size) in [(0u64, 4 << 10), (1, 64 << 10)] {
+        let (parent, branch) = (hash(100 + round), hash(200 + round));
+        let value = block_bytes(round, size);
+        let out = client.put(&ns(), &[(parent, &value)]).await.unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored]);
+        let matched = client.match_prefix(&ns(), &[parent, branch]).await.unwrap();
+        assert_eq!(matched.matched, 1);
+        client.remove(&ns(), &[parent]).await.unwrap();
+        let before = pool.eviction_events().branch_admitted;
+        let out = client
+            .put_chain(&ns(), Some(parent), &[(branch, &value)])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored]);
+        assert_eq!(
+            pool.eviction_events().branch_admitted,
+            before + 1,
+            "{size} bytes"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

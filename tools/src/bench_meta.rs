@@ -13,7 +13,7 @@ use mooncake_client::{Client, ClientConfig, ErrorSource};
 use mooncake_meta::Index;
 use mooncake_net::Connection;
 use mooncake_proto::message::{
-    CommitItem, PutCommitRequest, PutStartRequest, PutStartResponse, Slot, Statuses, Tier,
+    CommitItem, PutCommitRequest, PutStartRequest, PutStartResponse, Slot, Statuses, Tier, ToPlace,
 };
 use mooncake_proto::{BlockHash, BlockKey, Namespace, Opcode, PrefixHasher};
 use serde_json::json;
@@ -96,7 +96,7 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
             namespace: ns.clone(),
             node: String::new(),
             replicas: 1,
-            items: chain.iter().map(|h| (*h, 64)).collect(),
+            items: chain.iter().map(|h| ToPlace::unchained(*h, 64)).collect(),
         };
         let placed: PutStartResponse = conn.call(Opcode::PutStart, &req, "put_start").await?;
         let items = chain
@@ -104,7 +104,7 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
             .enumerate()
             .zip(&placed.slots)
             .filter_map(|((i, h), s)| match s {
-                Slot::Place(copies) => Some(CommitItem {
+                Slot::Place { copies, .. } => Some(CommitItem {
                     hash: *h,
                     stored_on: *copies,
                     size: 64,

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
+use mooncake_meta::branches::{Branches, Put, DEFAULT_CAP as BRANCHES_CAP};
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use mooncake_store_daemon::pool::{Eviction, PoolConfig, PROBATION_SHARE};
 use mooncake_store_daemon::{DramPool, PoolError};
@@ -229,6 +230,11 @@ pub fn simulate_cluster(
         home.get(&id)
             .is_some_and(|d| pools[*d].dram.contains(&pools[*d].key(id)))
     };
+    // The meta service's judgement of which new blocks continue a branch
+    // that comes back, which a daemon follows where it does not hold the
+    // block's parent (`meta/src/branches.rs`).
+    let branches = Branches::new(BRANCHES_CAP);
+    let ns = pools[0].key(0).namespace;
     let mut r = SimResult::default();
     for req in trace {
         let matched = req
@@ -241,22 +247,32 @@ pub fn simulate_cluster(
             drop(p.dram.get(&p.key(*id)));
         }
         r.count(req, matched, block_tokens);
-        let mut parent = matched
-            .checked_sub(1)
-            .map(|i| pools[0].key(req.hash_ids[i]).hash);
-        for id in &req.hash_ids[matched..] {
-            let key = pools[0].key(*id);
-            // Stored already (on some daemon, after a hole in the chain).
-            if !held(&home, *id) {
-                let d = match home.get(id) {
-                    Some(evicted_by) => *evicted_by,
-                    None => (0..daemons).min_by_key(|d| given[*d]).expect("a daemon"),
-                };
-                given[d] += 1;
-                pools[d].put(key.clone(), parent)?;
-                home.insert(*id, d);
+        let hashes: Vec<BlockHash> = req
+            .hash_ids
+            .iter()
+            .map(|id| pools[0].key(*id).hash)
+            .collect();
+        branches.matched(&ns, &hashes, matched);
+        let puts: Vec<Put> = (matched..hashes.len())
+            .map(|i| Put {
+                hash: hashes[i],
+                parent: i.checked_sub(1).map(|p| hashes[p]),
+                placed: !held(&home, req.hash_ids[i]),
+            })
+            .collect();
+        let judged = branches.judge(&ns, &puts);
+        for ((id, put), continues) in req.hash_ids[matched..].iter().zip(&puts).zip(judged) {
+            if !put.placed {
+                continue;
             }
-            parent = Some(key.hash);
+            let d = match home.get(id) {
+                Some(evicted_by) => *evicted_by,
+                None => (0..daemons).min_by_key(|d| given[*d]).expect("a daemon"),
+            };
+            given[d] += 1;
+            let key = pools[d].key(*id);
+            pools[d].put_judged(key, put.parent, continues)?;
+            home.insert(*id, d);
         }
         // As `replay_pool`: the meta service tells the daemon that evicted
         // the block the match stopped at, after this request's puts.
@@ -304,10 +320,22 @@ impl SimPool {
 
     /// Stores a block after `parent` (kept if already there).
     pub fn put(&self, key: BlockKey, parent: Option<BlockHash>) -> anyhow::Result<()> {
+        self.put_judged(key, parent, false)
+    }
+
+    /// `put`, with the meta service's judgement that the block continues a
+    /// branch that comes back (`WriteSlot::set_continues`).
+    pub fn put_judged(
+        &self,
+        key: BlockKey,
+        parent: Option<BlockHash>,
+        continues: bool,
+    ) -> anyhow::Result<()> {
         match self.dram.reserve(key, self.value.len() as u64, self.sum) {
             Ok(mut slot) => {
                 slot.buf_mut().copy_from_slice(&self.value);
                 slot.set_parent(parent);
+                slot.set_continues(continues);
                 slot.commit()?;
                 Ok(())
             }

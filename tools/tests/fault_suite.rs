@@ -182,7 +182,10 @@ async fn vanish_mid_put(cluster: &Cluster, meta: &str, id: u64) {
                 namespace: ns(),
                 node: String::new(),
                 replicas: 1,
-                items: vec![(hash(id), v.len() as u32)],
+                items: vec![mooncake_proto::message::ToPlace::unchained(
+                    hash(id),
+                    v.len() as u32,
+                )],
             },
             "put_start",
         )
@@ -194,6 +197,7 @@ async fn vanish_mid_put(cluster: &Cluster, meta: &str, id: u64) {
         key: mooncake_proto::BlockKey::new(ns(), hash(id)),
         checksum: mooncake_proto::checksum(&v),
         parent: None,
+        continues: false,
         tag: None,
     };
     use mooncake_proto::message::Body;

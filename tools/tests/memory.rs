@@ -161,7 +161,12 @@ async fn flood_reservations(conn: &mut Connection, round: u32, requests: u32, pe
                 node: String::new(),
                 replicas: 1,
                 items: (0..per)
-                    .map(|k| (BlockHash::from_opaque(&k.to_le_bytes()), 4096))
+                    .map(|k| {
+                        mooncake_proto::message::ToPlace::unchained(
+                            BlockHash::from_opaque(&k.to_le_bytes()),
+                            4096,
+                        )
+                    })
                     .collect(),
             };
             writer
@@ -177,7 +182,7 @@ async fn flood_reservations(conn: &mut Connection, round: u32, requests: u32, pe
             placed += answer
                 .slots
                 .iter()
-                .filter(|s| matches!(s, mooncake_proto::message::Slot::Place(_)))
+                .filter(|s| matches!(s, mooncake_proto::message::Slot::Place { .. }))
                 .count() as u64;
         }
     }

@@ -169,12 +169,14 @@ impl Client {
         let ToPool { link, idx, named } = chunk;
         let blocks = staged.blocks;
         let sizes = put::sizes_of(idx.iter().map(|&i| (blocks[i].0, total(&blocks[i].1))))?;
-        let slots = self.place(namespace, &sizes, replicas).await?;
+        let slots = self.place(namespace, &sizes, named.0, replicas).await?;
         let mut wrote = put::Wrote::new(idx.len());
         let (mut here, mut elsewhere) = (Vec::new(), Vec::new());
         let mut daemon = None;
         for (j, slot) in slots.iter().enumerate() {
-            let Slot::Place(copies) = slot else { continue };
+            let Slot::Place { copies, .. } = slot else {
+                continue;
+            };
             let only = copies.iter().next().filter(|_| copies.len() == 1);
             // One daemon: the first placed in the link's pool (another id
             // at the same address would be a stale one).
@@ -200,6 +202,13 @@ impl Client {
                     hash: blocks[idx[j]].0,
                     spans: &blocks[idx[j]].1,
                     parent: named.0[j],
+                    continues: matches!(
+                        slots[j],
+                        Slot::Place {
+                            continues: true,
+                            ..
+                        }
+                    ),
                     tag: named.1[j].clone(),
                 })
                 .collect();

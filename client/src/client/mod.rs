@@ -20,7 +20,7 @@ use mooncake_proto::frame::{MAX_BATCH, MAX_CONTROL_BODY};
 use mooncake_proto::message::{
     Body, ClusterStats, CommitItem, Copies, DaemonAddr, Empty, EngineTag, KeyRequest, KeysRequest,
     ListRequest, ListResponse, Location, Locations, PinRequest, PutCommitRequest, PutStartRequest,
-    PutStartResponse, Revision, RouteAnswer, RouteCandidate, RouteRequest, Slot, Statuses,
+    PutStartResponse, Revision, RouteAnswer, RouteCandidate, RouteRequest, Slot, Statuses, ToPlace,
     MAX_COPIES,
 };
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
@@ -143,7 +143,7 @@ pub struct Client {
     /// Reservations and commits of puts in flight at once, sent together;
     /// reservations one queue per number of copies asked (0 to 4), since
     /// one request asks one number for all its blocks.
-    reservations: [Coalescer<(BlockHash, u32), Slot, Vec<DaemonAddr>>; MAX_COPIES + 1],
+    reservations: [Coalescer<ToPlace, Slot, Vec<DaemonAddr>>; MAX_COPIES + 1],
     commits: Coalescer<CommitItem, ErrorCode, ()>,
     /// The GPU support, loaded on first use (`None`: no GPU).
     device: std::sync::OnceLock<Option<Arc<dyn crate::device::Device>>>,

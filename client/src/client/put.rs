@@ -161,10 +161,10 @@ impl Client {
         replicas: u8,
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let sizes = sizes_of(blocks.iter().map(|(h, v)| (*h, v.len())))?;
-        let slots = self.place(namespace, &sizes, replicas).await?;
+        let slots = self.place(namespace, &sizes, named.0, replicas).await?;
         let mut by_daemon: HashMap<u32, Vec<PutItem<'_>>> = HashMap::new();
         for (index, (slot, (hash, value))) in slots.iter().zip(blocks).enumerate() {
-            if let Slot::Place(copies) = slot {
+            if let Slot::Place { copies, continues } = slot {
                 // A block with one copy is hashed by its transport: on
                 // the same host in the pass that copies it into the
                 // pool. One with several is hashed once, here, so that
@@ -176,6 +176,7 @@ impl Client {
                     value: *value,
                     checksum,
                     parent: named.0[index],
+                    continues: *continues,
                     tag: named.1[index].clone(),
                 };
                 for daemon in copies.iter() {
@@ -197,33 +198,36 @@ impl Client {
     }
 
     /// Phase one of a put: a place for each block (`sizes`: hash and
-    /// length) on `replicas` daemons, from the meta service.
+    /// length; `parents`: the block each extends) on `replicas` daemons,
+    /// from the meta service.
     pub(super) async fn place(
         &self,
         namespace: &Namespace,
         sizes: &[(BlockHash, u32)],
+        parents: &[Option<BlockHash>],
         replicas: u8,
     ) -> Result<Vec<Slot>, ClientError> {
+        let items = sizes
+            .iter()
+            .zip(parents)
+            .map(|(&(hash, size), &parent)| ToPlace { hash, size, parent })
+            .collect();
         let (slots, daemons) = self.reservations[usize::from(replicas)]
-            .call(
-                namespace.clone(),
-                sizes.to_vec(),
-                |namespace, items| async move {
-                    let start: PutStartResponse = self
-                        .meta_call(
-                            Opcode::PutStart,
-                            &PutStartRequest {
-                                namespace,
-                                node: self.cfg.node.clone(),
-                                replicas,
-                                items,
-                            },
-                            "put_start",
-                        )
-                        .await?;
-                    Ok((start.slots, start.daemons))
-                },
-            )
+            .call(namespace.clone(), items, |namespace, items| async move {
+                let start: PutStartResponse = self
+                    .meta_call(
+                        Opcode::PutStart,
+                        &PutStartRequest {
+                            namespace,
+                            node: self.cfg.node.clone(),
+                            replicas,
+                            items,
+                        },
+                        "put_start",
+                    )
+                    .await?;
+                Ok((start.slots, start.daemons))
+            })
             .await?;
         self.learn_daemons(&daemons);
         Ok(slots)
@@ -244,7 +248,7 @@ impl Client {
         let mut outcomes = vec![PutOutcome::Failed(ErrorCode::Internal); sizes.len()];
         for (index, slot) in slots.iter().enumerate() {
             match slot {
-                Slot::Place(_) => {}
+                Slot::Place { .. } => {}
                 Slot::Skip(ErrorCode::AlreadyExists) => outcomes[index] = PutOutcome::AlreadyExists,
                 Slot::Skip(code) => outcomes[index] = PutOutcome::Failed(*code),
             }
@@ -273,7 +277,7 @@ impl Client {
         }
         // Fewer placed than asked (too few hosts with room): short too.
         for (index, slot) in slots.iter().enumerate() {
-            if let (Slot::Place(copies), PutOutcome::Stored) = (slot, outcomes[index]) {
+            if let (Slot::Place { copies, .. }, PutOutcome::Stored) = (slot, outcomes[index]) {
                 let asked = usize::from(replicas).max(1);
                 if copies.len() < asked {
                     outcomes[index] = PutOutcome::Short {

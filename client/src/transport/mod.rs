@@ -70,6 +70,9 @@ pub struct PutItem<'v> {
     pub checksum: Option<u64>,
     /// The block whose prefix this one extends, for prefix-aware eviction.
     pub parent: Option<BlockHash>,
+    /// The meta service judged that it continues a branch readers come
+    /// back to (`Slot::Place`), for the daemon's 2Q pool.
+    pub continues: bool,
     /// What the engine calls it, kept by the daemon with it.
     pub tag: Option<std::sync::Arc<mooncake_proto::message::EngineTag>>,
 }

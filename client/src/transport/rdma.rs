@@ -498,6 +498,7 @@ impl RdmaLink {
                 len: it.value.len() as u64,
                 checksum: Some(sum),
                 parent: it.parent,
+                continues: it.continues,
                 tag: it.tag.clone(),
             }
             .to_bytes();

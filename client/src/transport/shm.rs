@@ -488,6 +488,7 @@ impl ShmLink {
                         key,
                         checksum: written[next].checksum,
                         parent: it.parent,
+                        continues: it.continues,
                         tag: it.tag.clone(),
                     }
                     .to_bytes();
@@ -507,6 +508,7 @@ impl ShmLink {
                         // Else said at commit, of the bytes in the pool.
                         checksum: it.checksum,
                         parent: it.parent,
+                        continues: it.continues,
                         tag: it.tag.clone(),
                     }
                     .to_bytes();

@@ -153,6 +153,7 @@ impl StreamTransport {
                     key: BlockKey::new(namespace.clone(), it.hash),
                     checksum,
                     parent: it.parent,
+                    continues: it.continues,
                     tag: it.tag.clone(),
                 }
                 .to_bytes()

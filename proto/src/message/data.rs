@@ -53,7 +53,8 @@ impl Body for FetchRequest {
 /// the frame, so that a server can read them straight into their place.
 ///
 /// Layout: `u16 namespace length, namespace, 32-byte hash, u64 checksum,
-/// 32-byte parent, u32 tag length, tag` (`engine`: none when 0).
+/// 32-byte parent, u8 continues, u32 tag length, tag` (`engine`: none when
+/// 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PutHead {
     pub key: BlockKey,
@@ -61,6 +62,10 @@ pub struct PutHead {
     /// The block whose prefix this one extends (same namespace), so that
     /// the daemon evicts chain tails before the blocks they need.
     pub parent: Option<BlockHash>,
+    /// The meta service judged that the block continues a branch readers
+    /// come back to (`Slot::Place`): where the daemon does not hold the
+    /// parent, it takes the block into its main queue.
+    pub continues: bool,
     /// What the engine calls the block, kept by the daemon with it so that
     /// a new meta leader learns it from the daemon's inventory.
     pub tag: Option<Arc<EngineTag>>,
@@ -68,9 +73,10 @@ pub struct PutHead {
 
 impl PutHead {
     /// The longest head on the wire: the namespace's length, the longest
-    /// namespace, the hash, the checksum, the parent and the longest tag.
+    /// namespace, the hash, the checksum, the parent, `continues` and the
+    /// longest tag.
     pub const MAX_LEN: usize =
-        2 + MAX_NAMESPACE_LEN + BlockHash::LEN + 8 + BlockHash::LEN + 4 + MAX_TAG_LEN;
+        2 + MAX_NAMESPACE_LEN + BlockHash::LEN + 8 + BlockHash::LEN + 1 + 4 + MAX_TAG_LEN;
 
     /// Bytes of the head after its leading u16 up to its tag (the tag's
     /// length included: the head's last 4 bytes), given that u16's value;
@@ -82,7 +88,7 @@ impl PutHead {
                 why: format!("{ns_len} bytes, at most {MAX_NAMESPACE_LEN}"),
             });
         }
-        Ok(ns_len as usize + BlockHash::LEN + 8 + BlockHash::LEN + 4)
+        Ok(ns_len as usize + BlockHash::LEN + 8 + BlockHash::LEN + 1 + 4)
     }
 
     /// The tag's length, from the 4 bytes `rest_len` ends with; refused
@@ -104,6 +110,7 @@ impl Body for PutHead {
         encode_key(w, &self.key);
         w.u64(self.checksum);
         encode_parent(w, &self.parent);
+        w.u8(u8::from(self.continues));
         encode_sized_tag(w, &self.tag);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
@@ -111,6 +118,7 @@ impl Body for PutHead {
             key: decode_key(r)?,
             checksum: r.u64()?,
             parent: decode_parent(r)?,
+            continues: r.bool("continues")?,
             tag: decode_sized_tag(r)?,
         })
     }

@@ -151,7 +151,29 @@ impl Body for Locations {
     }
 }
 
-/// Phase one of a put: the sizes of the blocks to place.
+/// One block of phase one: its hash, its size, and the block whose prefix
+/// it extends (`None`: it starts a chain, or the writer did not say), so
+/// that the meta service can judge whether it continues a branch readers
+/// come back to (`Slot::Place`'s `continues`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToPlace {
+    pub hash: BlockHash,
+    pub size: u32,
+    pub parent: Option<BlockHash>,
+}
+
+impl ToPlace {
+    /// A block that names no parent.
+    pub fn unchained(hash: BlockHash, size: u32) -> Self {
+        ToPlace {
+            hash,
+            size,
+            parent: None,
+        }
+    }
+}
+
+/// Phase one of a put: the blocks to place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PutStartRequest {
     pub namespace: Namespace,
@@ -161,7 +183,7 @@ pub struct PutStartRequest {
     /// Copies wanted of each block, on distinct hosts (0: the namespace's
     /// default in the meta service's configuration).
     pub replicas: u8,
-    pub items: Vec<(BlockHash, u32)>,
+    pub items: Vec<ToPlace>,
 }
 
 impl Body for PutStartRequest {
@@ -170,18 +192,28 @@ impl Body for PutStartRequest {
         w.str(&self.node);
         w.u8(self.replicas);
         w.count(self.items.len());
-        for (h, size) in &self.items {
-            w.hash(h);
-            w.u32(*size);
+        for it in &self.items {
+            w.hash(&it.hash);
+            w.u32(it.size);
+            encode_parent(w, &it.parent);
         }
+    }
+    fn size_hint(&self) -> usize {
+        64 + self.node.len() + self.items.len() * (2 * BlockHash::LEN + 4)
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
         let namespace = r.namespace()?;
         let node = r.str()?.to_string();
         let replicas = r.u8()?;
-        let n = r.count(BlockHash::LEN + 4)?;
+        let n = r.count(2 * BlockHash::LEN + 4)?;
         let items = (0..n)
-            .map(|_| Ok((r.hash()?, r.u32()?)))
+            .map(|_| {
+                Ok(ToPlace {
+                    hash: r.hash()?,
+                    size: r.u32()?,
+                    parent: decode_parent(r)?,
+                })
+            })
             .collect::<Result<_, ProtoError>>()?;
         Ok(PutStartRequest {
             namespace,
@@ -196,8 +228,11 @@ impl Body for PutStartRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slot {
     /// Write the block to these daemons (one per copy, on distinct
-    /// hosts), then commit it.
-    Place(Copies),
+    /// hosts), then commit it. `continues`: the block continues a branch
+    /// that readers come back to (`meta/src/branches.rs`): a daemon that
+    /// does not hold its parent takes it straight into its main queue
+    /// (2Q), as it would if it held the parent.
+    Place { copies: Copies, continues: bool },
     /// Do not write it: `AlreadyExists` (stored or being stored by another
     /// writer), `TooLarge`, `Unavailable`.
     Skip(ErrorCode),
@@ -215,9 +250,10 @@ impl Body for PutStartResponse {
         w.count(self.slots.len());
         for slot in &self.slots {
             match slot {
-                Slot::Place(copies) => {
+                Slot::Place { copies, continues } => {
                     w.u16(ErrorCode::Ok as u16);
                     copies.encode(w);
+                    w.u8(u8::from(*continues));
                 }
                 Slot::Skip(code) => w.u16(*code as u16),
             }
@@ -237,7 +273,10 @@ impl Body for PutStartResponse {
                                 why: "placed on no daemon".into(),
                             });
                         }
-                        Slot::Place(copies)
+                        Slot::Place {
+                            copies,
+                            continues: r.bool("continues")?,
+                        }
                     }
                     other => Slot::Skip(other),
                 })

@@ -116,6 +116,8 @@ pub struct ShmPutRequest {
     /// As in `PutHead`.
     pub parent: Option<BlockHash>,
     /// As in `PutHead`.
+    pub continues: bool,
+    /// As in `PutHead`.
     pub tag: Option<Arc<EngineTag>>,
 }
 
@@ -125,6 +127,7 @@ impl Body for ShmPutRequest {
         w.u64(self.len);
         encode_checksum(w, self.checksum);
         encode_parent(w, &self.parent);
+        w.u8(u8::from(self.continues));
         encode_tag(w, &self.tag);
     }
 
@@ -134,6 +137,7 @@ impl Body for ShmPutRequest {
             len: r.u64()?,
             checksum: decode_checksum(r)?,
             parent: decode_parent(r)?,
+            continues: r.bool("continues")?,
             tag: decode_tag(r)?,
         })
     }

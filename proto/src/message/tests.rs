@@ -25,12 +25,14 @@ fn every_body_round_trips_and_refuses_truncation() {
         key: BlockKey::new(ns(), h),
         checksum: 9,
         parent: Some(BlockHash([4; 32])),
+        continues: true,
         tag: None,
     });
     round_trip(PutHead {
         key: BlockKey::new(ns(), h),
         checksum: 9,
         parent: Some(BlockHash([4; 32])),
+        continues: false,
         tag: Some(Arc::new(
             EngineTag::new(Some(EngineHash::Bytes(b"k".to_vec().into())), vec![3, 4]).unwrap(),
         )),
@@ -39,6 +41,7 @@ fn every_body_round_trips_and_refuses_truncation() {
         key: BlockKey::new(ns(), h),
         checksum: 9,
         parent: None,
+        continues: true,
         tag: Some(Arc::new(
             EngineTag::new(None, vec![])
                 .unwrap()
@@ -50,6 +53,7 @@ fn every_body_round_trips_and_refuses_truncation() {
         key: BlockKey::new(ns(), h),
         checksum: 9,
         parent: None,
+        continues: false,
         tag: None,
     });
     round_trip(KeysRequest {
@@ -68,6 +72,7 @@ fn every_body_round_trips_and_refuses_truncation() {
             len: 4096,
             checksum,
             parent: Some(h),
+            continues: true,
             tag,
         });
     }
@@ -137,11 +142,25 @@ fn every_body_round_trips_and_refuses_truncation() {
         namespace: ns(),
         node: "gpu-1".into(),
         replicas: 3,
-        items: vec![(h, 10)],
+        items: vec![
+            ToPlace::unchained(h, 10),
+            ToPlace {
+                hash: BlockHash([5; 32]),
+                size: 11,
+                parent: Some(h),
+            },
+        ],
     });
     round_trip(PutStartResponse {
         slots: vec![
-            Slot::Place([4, 2].into_iter().collect()),
+            Slot::Place {
+                copies: [4, 2].into_iter().collect(),
+                continues: true,
+            },
+            Slot::Place {
+                copies: [1].into_iter().collect(),
+                continues: false,
+            },
             Slot::Skip(ErrorCode::AlreadyExists),
         ],
         daemons: vec![],
@@ -308,7 +327,7 @@ fn put_head_refuses_long_namespace_length() {
         2 + PutHead::rest_len(128).unwrap() + MAX_TAG_LEN,
         PutHead::MAX_LEN
     );
-    assert_eq!(PutHead::rest_len(3).unwrap(), 3 + 32 + 8 + 32 + 4);
+    assert_eq!(PutHead::rest_len(3).unwrap(), 3 + 32 + 8 + 32 + 1 + 4);
     assert!(PutHead::tag_len((MAX_TAG_LEN as u32 + 1).to_le_bytes()).is_err());
     // The longest head a writer can make fits.
     let tag = EngineTag::new(
@@ -322,6 +341,7 @@ fn put_head_refuses_long_namespace_length() {
         key: BlockKey::new(Namespace::new("n".repeat(128)).unwrap(), BlockHash([1; 32])),
         checksum: 1,
         parent: None,
+        continues: true,
         tag: Some(Arc::new(tag)),
     };
     assert_eq!(head.to_bytes().len(), PutHead::MAX_LEN);

@@ -19,7 +19,10 @@
 //!   chain that continues (a conversation's next turn) follows its branch
 //!   point: a block that ends a read prefix counts the branches put after
 //!   it and how many of them were read again, and a new branch enters main
-//!   while at least half came back (the first branch always does).
+//!   while at least half came back (the first branch always does). A
+//!   branch point on another daemon is judged by the meta service, which
+//!   counts the same for the whole cluster (`meta/src/branches.rs`) and
+//!   says so with the block's placement.
 //!
 //!   Probation's share grows past `probation_share` when readers come back
 //!   for blocks it let go too early (a get that misses a block probation
@@ -370,12 +373,15 @@ impl DramPool {
     /// Where a block about to be committed goes (2Q; under LRU, main):
     /// main if it was evicted recently or branches off a prefix whose
     /// branches come back, as its parent if it continues a chain being put,
-    /// else probation.
+    /// else probation. `said`: the meta service judged that it continues a
+    /// branch that comes back, which it follows where its parent is not
+    /// here to judge by (in a cluster, mostly on another daemon).
     pub(super) fn admit(
         &self,
         inner: &mut Inner,
         key: &BlockKey,
         parent: Option<mooncake_proto::BlockHash>,
+        said: bool,
     ) -> Admission {
         let mut admission = Admission {
             queue: Queue::Main,
@@ -413,7 +419,12 @@ impl DramPool {
             }
             // The chain being put goes on.
             Some(p) => p.continues,
-            None => false,
+            None => {
+                if said {
+                    inner.events.branch_admitted += 1;
+                }
+                said
+            }
         };
         if !admission.continues {
             admission.queue = Queue::Probation;

@@ -15,6 +15,9 @@ pub struct WriteSlot {
     pub(super) len: usize,
     /// The writer's checksum, where it said it before writing.
     pub(super) checksum: Option<u64>,
+    /// The meta service judged that it continues a branch readers come
+    /// back to (`set_continues`).
+    pub(super) continues: bool,
     pub(super) committed: bool,
 }
 
@@ -40,6 +43,13 @@ impl WriteSlot {
     /// Names the block whose prefix this one extends (same namespace).
     pub fn set_parent(&mut self, parent: Option<mooncake_proto::BlockHash>) {
         self.parent = parent;
+    }
+
+    /// The meta service judged that this block continues a branch readers
+    /// come back to (`meta/src/branches.rs`): under 2Q it enters main if
+    /// this pool does not hold its parent to judge by.
+    pub fn set_continues(&mut self, continues: bool) {
+        self.continues = continues;
     }
 
     pub fn buf_mut(&mut self) -> &mut [u8] {
@@ -68,7 +78,9 @@ impl WriteSlot {
         let mut inner = self.pool.inner.lock();
         let inner = &mut *inner;
         inner.clock += 1;
-        let admission = self.pool.admit(inner, &self.key, self.parent);
+        let admission = self
+            .pool
+            .admit(inner, &self.key, self.parent, self.continues);
         let queue = admission.queue;
         let block = inner
             .blocks

@@ -434,6 +434,7 @@ impl DramPool {
             offset: alloc.offset as u64 * UNIT,
             len: len as usize,
             checksum,
+            continues: false,
             committed: false,
         })
     }

@@ -416,6 +416,53 @@ fn under_two_q_readers_that_come_back_soon_grow_probation_until_their_blocks_sta
     );
 }
 
+/// Puts a 64 KiB block after `parent`, with the meta service's judgement
+/// `continues`.
+fn put_judged(p: &Arc<DramPool>, k: u32, parent: u32, continues: bool) {
+    let value = vec![k as u8; 64 << 10];
+    let mut slot = p
+        .reserve(key(k), value.len() as u64, checksum(&value))
+        .unwrap();
+    slot.buf_mut().copy_from_slice(&value);
+    slot.set_parent(Some(key(parent).hash));
+    slot.set_continues(continues);
+    slot.commit().unwrap();
+}
+
+#[test]
+fn under_two_q_a_block_whose_parent_is_elsewhere_follows_the_meta_services_judgement() {
+    // Main full of blocks read once; probation holds less than a block.
+    // Block 100's parent (50) and block 101's (51) are on other daemons:
+    // the meta service judged that 100 continues a branch that comes back.
+    let p = two_q_with_main_full();
+    let admitted = p.eviction_events().branch_admitted;
+    put_judged(&p, 100, 50, true);
+    put_judged(&p, 101, 51, false);
+    assert_eq!(p.eviction_events().branch_admitted, admitted + 1);
+    for i in 102..106 {
+        put(&p, key(i), 2, 64 << 10).unwrap();
+    }
+    assert!(p.contains(&key(100)), "in main, past the new blocks");
+    assert!(!p.contains(&key(101)), "in probation, let go");
+}
+
+#[test]
+fn under_two_q_a_block_whose_parent_is_here_follows_the_pools_own_judgement() {
+    // Block 11 is in main, read once: a branch point whose first branch
+    // enters main whatever the meta service said. Block 100 is in
+    // probation and never read: 101 continues its chain there, though the
+    // meta service said otherwise.
+    let p = two_q_with_main_full();
+    put_judged(&p, 20, 11, false);
+    put(&p, key(100), 2, 64 << 10).unwrap();
+    put_judged(&p, 101, 100, true);
+    for i in 102..106 {
+        put(&p, key(i), 2, 64 << 10).unwrap();
+    }
+    assert!(p.contains(&key(20)), "a branch off a read prefix, in main");
+    assert!(!p.contains(&key(101)), "continued its parent's probation");
+}
+
 #[test]
 fn an_evicted_block_on_its_way_to_the_next_tier_is_still_served() {
     let p = pool(256 << 10);

@@ -42,6 +42,8 @@ pub(crate) struct FromDevice<'a> {
     /// Its bytes, in order: device memory of the stage's GPU.
     pub spans: &'a [Span],
     pub parent: Option<BlockHash>,
+    /// As in `PutItem`.
+    pub continues: bool,
     pub tag: Option<Arc<EngineTag>>,
 }
 
@@ -350,6 +352,7 @@ impl PutRun {
                 len: total(block.spans) as u64,
                 checksum: None,
                 parent: block.parent,
+                continues: block.continues,
                 tag: block.tag.clone(),
             }
             .to_bytes();
