@@ -275,6 +275,7 @@ mod tests {
                 // The first one's is computed by the transport.
                 checksum: (k > 0).then(|| checksum(v)),
                 parent: None,
+                continues: false,
                 tag: None,
             })
             .collect();
@@ -325,6 +326,7 @@ mod tests {
             value: value.into(),
             checksum: Some(sum),
             parent: None,
+            continues: false,
             tag: None,
         }];
         let stored = Written {
