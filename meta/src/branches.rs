@@ -24,7 +24,9 @@
 //! Bounded: the last `cap` branch points and the last `cap` blocks put
 //! after one (or continuing one), each forgotten after `cap` newer ones.
 
-use mooncake_proto::{BlockHash, BlockKey, Namespace};
+use std::hash::BuildHasher;
+
+use mooncake_proto::{BlockHash, Namespace};
 use parking_lot::Mutex;
 
 use crate::recent::Recent;
@@ -33,15 +35,23 @@ use crate::recent::Recent;
 pub const DEFAULT_CAP: usize = 65_536;
 
 pub struct Branches {
+    /// Seeds the blocks' fingerprints (keys come from clients).
+    seed: foldhash::quality::RandomState,
     inner: Mutex<Inner>,
 }
 
+/// A block as the counts know it: a seeded 64-bit hash of its namespace
+/// and hash. Every prefix match looks each of its blocks up here, so no
+/// key is built or hashed whole per block; two blocks that share a
+/// fingerprint (about one chance in 2^64 a pair) would only share counts.
+type Fingerprint = u64;
+
 struct Inner {
     /// The last blocks of prefixes readers matched.
-    points: Recent<Point>,
+    points: Recent<Fingerprint, Point>,
     /// Blocks put recently after a branch point, or continuing a branch
     /// that comes back.
-    fresh: Recent<Fresh>,
+    fresh: Recent<Fingerprint, Fresh>,
 }
 
 #[derive(Default)]
@@ -55,7 +65,7 @@ struct Point {
 struct Fresh {
     /// The branch point it was put after, until a reader first matches
     /// it (that branch came back).
-    branch_of: Option<BlockHash>,
+    branch_of: Option<Fingerprint>,
     /// Judged to continue a branch that comes back: a later put may go on
     /// from it.
     continues: bool,
@@ -74,11 +84,18 @@ pub struct Put {
 impl Branches {
     pub fn new(cap: usize) -> Self {
         Branches {
+            seed: foldhash::quality::RandomState::default(),
             inner: Mutex::new(Inner {
                 points: Recent::new(cap),
                 fresh: Recent::new(cap),
             }),
         }
+    }
+
+    /// The fingerprints of a namespace's blocks.
+    fn fingerprints(&self, ns: &Namespace) -> impl Fn(&BlockHash) -> Fingerprint + '_ {
+        let ns = self.seed.hash_one(ns.as_str());
+        move |hash| self.seed.hash_one((ns, &hash.0))
     }
 
     /// A reader matched the first `matched` blocks of the chain `hashes`:
@@ -88,22 +105,26 @@ impl Branches {
         let Some(last) = matched.checked_sub(1).and_then(|i| hashes.get(i)) else {
             return;
         };
+        let fp = self.fingerprints(ns);
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
         if !inner.fresh.is_empty() {
             for hash in &hashes[..matched] {
-                let key = BlockKey::new(ns.clone(), *hash);
-                let Some(point) = inner.fresh.get_mut(&key).and_then(|f| f.branch_of.take()) else {
+                let Some(point) = inner
+                    .fresh
+                    .get_mut(&fp(hash))
+                    .and_then(|f| f.branch_of.take())
+                else {
                     continue;
                 };
-                if let Some(p) = inner.points.get_mut(&BlockKey::new(ns.clone(), point)) {
+                if let Some(p) = inner.points.get_mut(&point) {
                     p.hits = p.hits.saturating_add(1);
                 }
             }
         }
-        let key = BlockKey::new(ns.clone(), *last);
-        if inner.points.get(&key).is_none() {
-            inner.points.insert(key, Point::default());
+        let last = fp(last);
+        if inner.points.get(&last).is_none() {
+            inner.points.insert(last, Point::default());
         }
     }
 
@@ -113,6 +134,7 @@ impl Branches {
     /// put, as that block; one whose parent was judged to continue in an
     /// earlier put, too.
     pub fn judge(&self, ns: &Namespace, blocks: &[Put]) -> Vec<bool> {
+        let fp = self.fingerprints(ns);
         let mut out: Vec<bool> = Vec::with_capacity(blocks.len());
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
@@ -125,8 +147,8 @@ impl Branches {
                 out.push(out[before]);
                 continue;
             }
-            let key = BlockKey::new(ns.clone(), parent);
-            let verdict = match inner.points.get_mut(&key) {
+            let parent = fp(&parent);
+            let verdict = match inner.points.get_mut(&parent) {
                 Some(point) => {
                     let back = 2 * u64::from(point.hits) >= u64::from(point.branches);
                     if block.placed {
@@ -135,13 +157,11 @@ impl Branches {
                             branch_of: Some(parent),
                             continues: back,
                         };
-                        inner
-                            .fresh
-                            .insert(BlockKey::new(ns.clone(), block.hash), fresh);
+                        inner.fresh.insert(fp(&block.hash), fresh);
                     }
                     back
                 }
-                None => inner.fresh.get(&key).is_some_and(|f| f.continues),
+                None => inner.fresh.get(&parent).is_some_and(|f| f.continues),
             };
             out.push(verdict);
         }
@@ -152,7 +172,7 @@ impl Branches {
                 .get(i + 1)
                 .is_none_or(|b| b.parent != Some(block.hash));
             if out[i] && block.placed && run_ends {
-                let key = BlockKey::new(ns.clone(), block.hash);
+                let key = fp(&block.hash);
                 if inner.fresh.get(&key).is_none() {
                     let fresh = Fresh {
                         branch_of: None,

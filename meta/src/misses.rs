@@ -35,7 +35,7 @@ pub struct Misses {
 
 struct Inner {
     /// Each key evicted recently (a key evicted again: its latest).
-    evicted: Recent<Evicted>,
+    evicted: Recent<BlockKey, Evicted>,
     /// Keys missed, waiting for their daemon's next heartbeat.
     told: HashMap<u32, Vec<BlockKey>>,
 }

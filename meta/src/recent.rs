@@ -4,23 +4,22 @@
 //! inserting a key again makes it the newest.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
 
-use mooncake_proto::BlockKey;
-
-pub(crate) struct Recent<V> {
+pub(crate) struct Recent<K, V> {
     cap: usize,
     /// Each key with its value and its insertion's number. Every put and
     /// every prefix match looks keys up here, so the hash is foldhash's
     /// (seeded per process: keys come from clients), not std's slower
     /// SipHash.
-    map: HashMap<BlockKey, (V, u64), foldhash::quality::RandomState>,
+    map: HashMap<K, (V, u64), foldhash::quality::RandomState>,
     /// The insertions in order, oldest first (a key inserted again since
     /// appears twice; only its latest number counts).
-    order: VecDeque<(BlockKey, u64)>,
+    order: VecDeque<(K, u64)>,
     next: u64,
 }
 
-impl<V> Recent<V> {
+impl<K: Hash + Eq + Clone, V> Recent<K, V> {
     pub(crate) fn new(cap: usize) -> Self {
         Recent {
             cap: cap.max(1),
@@ -31,7 +30,7 @@ impl<V> Recent<V> {
     }
 
     /// `key` is the newest now, with `value`.
-    pub(crate) fn insert(&mut self, key: BlockKey, value: V) {
+    pub(crate) fn insert(&mut self, key: K, value: V) {
         let n = self.next;
         self.next += 1;
         self.map.insert(key.clone(), (value, n));
@@ -46,15 +45,15 @@ impl<V> Recent<V> {
         }
     }
 
-    pub(crate) fn get(&self, key: &BlockKey) -> Option<&V> {
+    pub(crate) fn get(&self, key: &K) -> Option<&V> {
         self.map.get(key).map(|(v, _)| v)
     }
 
-    pub(crate) fn get_mut(&mut self, key: &BlockKey) -> Option<&mut V> {
+    pub(crate) fn get_mut(&mut self, key: &K) -> Option<&mut V> {
         self.map.get_mut(key).map(|(v, _)| v)
     }
 
-    pub(crate) fn remove(&mut self, key: &BlockKey) -> Option<V> {
+    pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
         self.map.remove(key).map(|(v, _)| v)
     }
 
@@ -71,7 +70,7 @@ impl<V> Recent<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mooncake_proto::{BlockHash, Namespace};
+    use mooncake_proto::{BlockHash, BlockKey, Namespace};
 
     fn key(i: u64) -> BlockKey {
         BlockKey::new(

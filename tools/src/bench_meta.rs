@@ -81,6 +81,7 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
         i += 1;
     }
     let local = looked as f64 / start.elapsed().as_secs_f64();
+    let branches = branch_bookkeeping(&ns, &chains, salt);
 
     // 2. Two-phase puts over the wire (reserve, then commit as stored).
     let client = crate::blocks::client(&args.target).await?;
@@ -142,6 +143,7 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
             "{}",
             json!({"keys": keys, "chain_len": args.chain_len, "concurrency": args.concurrency,
                    "index_match_keys_per_sec_one_core": local,
+                   "branches_match_keys_per_sec_one_core": branches,
                    "wire_put_start_commit_keys_per_sec": put_rate,
                    "wire_match_keys_per_sec": wire, "wire_match_p50_us": hist.value_at_quantile(0.5),
                    "wire_match_p99_us": hist.value_at_quantile(0.99),
@@ -158,6 +160,10 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
         println!(
             "index, in process, one core   match_prefix   {:>12.0} keys/s",
             local
+        );
+        println!(
+            "branch counts, in process     match_prefix   {:>12.0} keys/s",
+            branches
         );
         println!(
             "meta over TCP                 put (2 phases) {:>12.0} keys/s",
@@ -182,6 +188,43 @@ pub async fn run(args: BenchMetaArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// What a prefix match adds to the index's walk: the meta service's
+/// branch counts (`meta/src/branches.rs`), full (as many branch points
+/// and branches as they hold, then each chain's first half matched and
+/// its second half put after it), on one core, in keys per second.
+fn branch_bookkeeping(ns: &Namespace, chains: &[Vec<BlockHash>], salt: u64) -> f64 {
+    use mooncake_meta::branches::{Branches, Put, DEFAULT_CAP};
+    let branches = Branches::new(DEFAULT_CAP);
+    let put_after = |chain: &[BlockHash], from: usize| -> Vec<Put> {
+        (from..chain.len())
+            .map(|i| Put {
+                hash: chain[i],
+                parent: i.checked_sub(1).map(|p| chain[p]),
+                placed: true,
+            })
+            .collect()
+    };
+    for pair in self::chains(DEFAULT_CAP, 2, salt ^ 1) {
+        branches.matched(ns, &pair, 1);
+        branches.judge(ns, &put_after(&pair, 1));
+    }
+    for chain in chains {
+        let half = chain.len() / 2;
+        branches.matched(ns, chain, half);
+        branches.judge(ns, &put_after(chain, half));
+    }
+    let start = Instant::now();
+    let mut looked = 0usize;
+    let mut i = 0usize;
+    while start.elapsed() < Duration::from_secs(1) {
+        let chain = &chains[i % chains.len()];
+        branches.matched(ns, chain, chain.len());
+        looked += chain.len();
+        i += 1;
+    }
+    looked as f64 / start.elapsed().as_secs_f64()
 }
 
 #[derive(Clone, Copy)]
