@@ -21,8 +21,23 @@
 //! (`Slot::Place`'s `continues`); a daemon that does not hold the parent
 //! follows that judgement.
 //!
-//! Bounded: the last `cap` branch points and the last `cap` blocks put
-//! after one (or continuing one), each forgotten after `cap` newer ones.
+//! Writers that name no parents: the serving engines' Mooncake backends
+//! (`mooncake.store`) put blocks by opaque keys, each with no parent, and
+//! find a request's stored prefix by asking which of its keys exist
+//! (`Lookup`), not by a prefix match. So a lookup's leading found keys
+//! count as a prefix a reader matched, and each key it did not find is
+//! awaited as a put after the key before it in the lookup: vLLM's
+//! connector asks for a request's keys from its start and then puts the
+//! missing ones, SGLang HiCache asks for the pages past its host cache.
+//! A put that names no parent takes the awaited one. Block keys chain
+//! every block before them, so a block's parent never changes and is
+//! remembered as long as the rest. Without it, engine traffic put every
+//! block on probation: on the conversation trace 2Q kept 2.8 to 4.3
+//! points less than LRU.
+//!
+//! Bounded: the last `cap` branch points, the last `cap` blocks put after
+//! one (or continuing one), and the last `cap` blocks awaited, each
+//! forgotten after `cap` newer ones.
 
 use std::hash::BuildHasher;
 
@@ -52,6 +67,8 @@ struct Inner {
     /// Blocks put recently after a branch point, or continuing a branch
     /// that comes back.
     fresh: Recent<Fingerprint, Fresh>,
+    /// Blocks a lookup did not find, with the block before each there.
+    awaited: Recent<Fingerprint, Fingerprint>,
 }
 
 #[derive(Default)]
@@ -88,6 +105,7 @@ impl Branches {
             inner: Mutex::new(Inner {
                 points: Recent::new(cap),
                 fresh: Recent::new(cap),
+                awaited: Recent::new(cap),
             }),
         }
     }
@@ -102,29 +120,24 @@ impl Branches {
     /// the branches among them are matched for the first time, and the
     /// last one is a branch point.
     pub fn matched(&self, ns: &Namespace, hashes: &[BlockHash], matched: usize) {
-        let Some(last) = matched.checked_sub(1).and_then(|i| hashes.get(i)) else {
-            return;
-        };
         let fp = self.fingerprints(ns);
+        let prefix: Vec<Fingerprint> = hashes.iter().take(matched).map(&fp).collect();
+        matched_in(&mut self.inner.lock(), &prefix);
+    }
+
+    /// A lookup of `hashes` found the ones `found` says: its leading found
+    /// keys are a prefix matched, and each key not found is awaited after
+    /// the key before it.
+    pub fn looked_up(&self, ns: &Namespace, hashes: &[BlockHash], found: &[bool]) {
+        let fp = self.fingerprints(ns);
+        let fps: Vec<Fingerprint> = hashes.iter().map(&fp).collect();
+        let leading = found.iter().take_while(|f| **f).count().min(fps.len());
         let mut inner = self.inner.lock();
-        let inner = &mut *inner;
-        if !inner.fresh.is_empty() {
-            for hash in &hashes[..matched] {
-                let Some(point) = inner
-                    .fresh
-                    .get_mut(&fp(hash))
-                    .and_then(|f| f.branch_of.take())
-                else {
-                    continue;
-                };
-                if let Some(p) = inner.points.get_mut(&point) {
-                    p.hits = p.hits.saturating_add(1);
-                }
+        matched_in(&mut inner, &fps[..leading]);
+        for (i, (me, found)) in fps.iter().zip(found).enumerate().skip(1) {
+            if !found {
+                inner.awaited.insert(*me, fps[i - 1]);
             }
-        }
-        let last = fp(last);
-        if inner.points.get(&last).is_none() {
-            inner.points.insert(last, Point::default());
         }
     }
 
@@ -135,19 +148,29 @@ impl Branches {
     /// earlier put, too.
     pub fn judge(&self, ns: &Namespace, blocks: &[Put]) -> Vec<bool> {
         let fp = self.fingerprints(ns);
+        let fps: Vec<Fingerprint> = blocks.iter().map(|b| fp(&b.hash)).collect();
         let mut out: Vec<bool> = Vec::with_capacity(blocks.len());
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
-        for (i, block) in blocks.iter().enumerate() {
-            let Some(parent) = block.parent else {
+        // A block put with no parent named: the one a lookup awaited it
+        // after, if any.
+        let parents: Vec<Option<Fingerprint>> = blocks
+            .iter()
+            .zip(&fps)
+            .map(|(b, me)| match &b.parent {
+                Some(parent) => Some(fp(parent)),
+                None => inner.awaited.get(me).copied(),
+            })
+            .collect();
+        for (i, (block, parent)) in blocks.iter().zip(&parents).enumerate() {
+            let Some(parent) = *parent else {
                 out.push(false);
                 continue;
             };
-            if let Some(before) = i.checked_sub(1).filter(|&j| blocks[j].hash == parent) {
+            if let Some(before) = i.checked_sub(1).filter(|&j| fps[j] == parent) {
                 out.push(out[before]);
                 continue;
             }
-            let parent = fp(&parent);
             let verdict = match inner.points.get_mut(&parent) {
                 Some(point) => {
                     let back = 2 * u64::from(point.hits) >= u64::from(point.branches);
@@ -157,7 +180,7 @@ impl Branches {
                             branch_of: Some(parent),
                             continues: back,
                         };
-                        inner.fresh.insert(fp(&block.hash), fresh);
+                        inner.fresh.insert(fps[i], fresh);
                     }
                     back
                 }
@@ -168,21 +191,37 @@ impl Branches {
         // The last block of each run that continues: a later put may go on
         // from it.
         for (i, block) in blocks.iter().enumerate() {
-            let run_ends = blocks
-                .get(i + 1)
-                .is_none_or(|b| b.parent != Some(block.hash));
-            if out[i] && block.placed && run_ends {
-                let key = fp(&block.hash);
-                if inner.fresh.get(&key).is_none() {
-                    let fresh = Fresh {
-                        branch_of: None,
-                        continues: true,
-                    };
-                    inner.fresh.insert(key, fresh);
-                }
+            let run_ends = parents.get(i + 1).is_none_or(|p| *p != Some(fps[i]));
+            if out[i] && block.placed && run_ends && inner.fresh.get(&fps[i]).is_none() {
+                let fresh = Fresh {
+                    branch_of: None,
+                    continues: true,
+                };
+                inner.fresh.insert(fps[i], fresh);
             }
         }
         out
+    }
+}
+
+/// `prefix` matched: its branches matched for the first time come back,
+/// and its last block is a branch point.
+fn matched_in(inner: &mut Inner, prefix: &[Fingerprint]) {
+    let Some(last) = prefix.last() else {
+        return;
+    };
+    if !inner.fresh.is_empty() {
+        for me in prefix {
+            let Some(point) = inner.fresh.get_mut(me).and_then(|f| f.branch_of.take()) else {
+                continue;
+            };
+            if let Some(p) = inner.points.get_mut(&point) {
+                p.hits = p.hits.saturating_add(1);
+            }
+        }
+    }
+    if inner.points.get(last).is_none() {
+        inner.points.insert(*last, Point::default());
     }
 }
 
@@ -269,6 +308,53 @@ mod tests {
         // Counted, the first branch of none back would have been the last.
         assert_eq!(b.judge(&ns(), &chain(Some(1), &[3])), [true]);
         assert_eq!(b.judge(&ns(), &chain(Some(1), &[4])), [false]);
+    }
+
+    #[test]
+    fn a_put_that_names_no_parent_takes_the_one_a_lookup_awaited() {
+        let b = Branches::new(100);
+        let unnamed = |blocks: &[u64]| -> Vec<Put> {
+            blocks
+                .iter()
+                .map(|&i| Put {
+                    hash: h(i),
+                    parent: None,
+                    placed: true,
+                })
+                .collect()
+        };
+        assert_eq!(
+            b.judge(&ns(), &unnamed(&[1, 2])),
+            [false, false],
+            "nothing awaited"
+        );
+        // As vLLM's connector saves a request: which of its keys exist,
+        // then the missing ones put.
+        b.looked_up(
+            &ns(),
+            &[h(1), h(2), h(3), h(4)],
+            &[true, true, false, false],
+        );
+        assert_eq!(
+            b.judge(&ns(), &unnamed(&[3, 4])),
+            [true, true],
+            "a first branch off the prefix found, and the rest of its run"
+        );
+        // The next turn finds the branch: it came back, and the put after
+        // it goes on from the run that continued.
+        b.looked_up(
+            &ns(),
+            &[h(1), h(2), h(3), h(4), h(5)],
+            &[true, true, true, true, false],
+        );
+        assert_eq!(b.judge(&ns(), &unnamed(&[5])), [true]);
+        // A key found after one not found is no prefix, and a put of keys
+        // never looked up stays unjudged.
+        b.looked_up(&ns(), &[h(7), h(8)], &[false, true]);
+        assert_eq!(b.judge(&ns(), &unnamed(&[7, 9])), [false, false]);
+        // A parent named wins over the awaited one.
+        b.looked_up(&ns(), &[h(20), h(21)], &[true, false]);
+        assert_eq!(b.judge(&ns(), &chain(Some(30), &[21])), [false]);
     }
 
     #[test]

@@ -462,6 +462,11 @@ async fn dispatch(
             let req = KeysRequest::from_bytes(body)?;
             owns(who, &req.namespace)?;
             let items = state.index.lookup(&req.namespace, &req.hashes);
+            // The serving engines find a prefix this way (`branches.rs`).
+            let found: Vec<bool> = items.iter().map(Option::is_some).collect();
+            state
+                .branches
+                .looked_up(&req.namespace, &req.hashes, &found);
             let missed = req.hashes.iter().zip(&items).filter(|(_, i)| i.is_none());
             state
                 .misses

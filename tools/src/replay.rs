@@ -55,6 +55,12 @@ pub struct ReplayArgs {
     /// plain LRU: measures what prefix-aware eviction gains.
     #[arg(long)]
     unchained: bool,
+    /// How each request calls the store: `chains` (a prefix match, then
+    /// the rest of the chain put naming its parent) or `engines`, as the
+    /// serving engines' Mooncake backends do (which of its keys exist,
+    /// then the missing ones put naming no parent).
+    #[arg(long, value_enum, default_value_t = trace::Calls::Chains)]
+    calls: trace::Calls,
     #[arg(long)]
     json: bool,
 }
@@ -147,7 +153,8 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
                 next.clone(),
                 bar.clone(),
             );
-            let (speed, block_tokens, chained) = (args.speed, args.block_tokens, !args.unchained);
+            let (speed, block_tokens, calls) = (args.speed, args.block_tokens, args.calls);
+            let chained = !args.unchained && calls == trace::Calls::Chains;
             tokio::spawn(async move {
                 let mut value = vec![0u8; block_size];
                 let mut bufs: Vec<Vec<u8>> = Vec::new();
@@ -163,7 +170,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
                         &client,
                         &ns,
                         req,
-                        (block_tokens, chained),
+                        (block_tokens, chained, calls),
                         &mut value,
                         &mut bufs,
                         &totals,
@@ -190,7 +197,8 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
     let mut daemon = Vec::new();
     for order in Eviction::ALL {
         let pool = trace::Pool::new(capacity_blocks.max(1), order);
-        let r = trace::simulate_pool(&requests, pool, args.block_tokens).map_err(Failure::other)?;
+        let r = trace::simulate_pool(&requests, pool, args.block_tokens, args.calls)
+            .map_err(Failure::other)?;
         daemon.push((order, r));
     }
     let footprint = trace::footprint(&requests);
@@ -308,7 +316,7 @@ async fn one_request(
     client: &Client,
     ns: &Namespace,
     req: &Request,
-    (block_tokens, chained): (u64, bool),
+    (block_tokens, chained, calls): (u64, bool, trace::Calls),
     value: &mut [u8],
     bufs: &mut Vec<Vec<u8>>,
     totals: &Totals,
@@ -321,8 +329,15 @@ async fn one_request(
         .fetch_add(chain.len() as u64, Ordering::Relaxed);
 
     let t = Instant::now();
-    let matched = match client.match_prefix(ns, &chain).await {
-        Ok(m) => m.matched,
+    let matched = match calls {
+        trace::Calls::Chains => client.match_prefix(ns, &chain).await.map(|m| m.matched),
+        trace::Calls::Engines => client
+            .exists(ns, &chain)
+            .await
+            .map(|found| found.iter().take_while(|f| **f).count()),
+    };
+    let matched = match matched {
+        Ok(m) => m,
         Err(_) => {
             totals.errors.fetch_add(1, Ordering::Relaxed);
             0
