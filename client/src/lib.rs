@@ -9,6 +9,7 @@ pub mod bindings;
 mod client;
 mod coalesce;
 pub mod device;
+mod lineage;
 mod locations;
 mod metrics;
 pub mod pieces;

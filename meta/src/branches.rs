@@ -21,23 +21,14 @@
 //! (`Slot::Place`'s `continues`); a daemon that does not hold the parent
 //! follows that judgement.
 //!
-//! Writers that name no parents: the serving engines' Mooncake backends
-//! (`mooncake.store`) put blocks by opaque keys, each with no parent, and
-//! find a request's stored prefix by asking which of its keys exist
-//! (`Lookup`), not by a prefix match. So a lookup's leading found keys
-//! count as a prefix a reader matched, and each key it did not find is
-//! awaited as a put after the key before it in the lookup: vLLM's
-//! connector asks for a request's keys from its start and then puts the
-//! missing ones, SGLang HiCache asks for the pages past its host cache.
-//! A put that names no parent takes the awaited one. Block keys chain
-//! every block before them, so a block's parent never changes and is
-//! remembered as long as the rest. Without it, engine traffic put every
-//! block on probation: on the conversation trace 2Q kept 2.8 to 4.3
-//! points less than LRU.
+//! The serving engines' Mooncake backends (`mooncake.store`) find a
+//! request's stored prefix by asking which of its keys exist (`Lookup`),
+//! not by a prefix match, so a lookup's leading found keys count as a
+//! prefix a reader matched too (the client names the parents of their
+//! puts, `client/src/lineage.rs`).
 //!
-//! Bounded: the last `cap` branch points, the last `cap` blocks put after
-//! one (or continuing one), and the last `cap` blocks awaited, each
-//! forgotten after `cap` newer ones.
+//! Bounded: the last `cap` branch points and the last `cap` blocks put
+//! after one (or continuing one), each forgotten after `cap` newer ones.
 
 use std::hash::BuildHasher;
 
@@ -67,8 +58,6 @@ struct Inner {
     /// Blocks put recently after a branch point, or continuing a branch
     /// that comes back.
     fresh: Recent<Fingerprint, Fresh>,
-    /// Blocks a lookup did not find, with the block before each there.
-    awaited: Recent<Fingerprint, Fingerprint>,
 }
 
 #[derive(Default)]
@@ -105,7 +94,6 @@ impl Branches {
             inner: Mutex::new(Inner {
                 points: Recent::new(cap),
                 fresh: Recent::new(cap),
-                awaited: Recent::new(cap),
             }),
         }
     }
@@ -121,23 +109,25 @@ impl Branches {
     /// last one is a branch point.
     pub fn matched(&self, ns: &Namespace, hashes: &[BlockHash], matched: usize) {
         let fp = self.fingerprints(ns);
+        // Hashed before the lock: every prefix match comes here.
         let prefix: Vec<Fingerprint> = hashes.iter().take(matched).map(&fp).collect();
-        matched_in(&mut self.inner.lock(), &prefix);
-    }
-
-    /// A lookup of `hashes` found the ones `found` says: its leading found
-    /// keys are a prefix matched, and each key not found is awaited after
-    /// the key before it.
-    pub fn looked_up(&self, ns: &Namespace, hashes: &[BlockHash], found: &[bool]) {
-        let fp = self.fingerprints(ns);
-        let fps: Vec<Fingerprint> = hashes.iter().map(&fp).collect();
-        let leading = found.iter().take_while(|f| **f).count().min(fps.len());
+        let Some(last) = prefix.last() else {
+            return;
+        };
         let mut inner = self.inner.lock();
-        matched_in(&mut inner, &fps[..leading]);
-        for (i, (me, found)) in fps.iter().zip(found).enumerate().skip(1) {
-            if !found {
-                inner.awaited.insert(*me, fps[i - 1]);
+        let inner = &mut *inner;
+        if !inner.fresh.is_empty() {
+            for me in &prefix {
+                let Some(point) = inner.fresh.get_mut(me).and_then(|f| f.branch_of.take()) else {
+                    continue;
+                };
+                if let Some(p) = inner.points.get_mut(&point) {
+                    p.hits = p.hits.saturating_add(1);
+                }
             }
+        }
+        if inner.points.get(last).is_none() {
+            inner.points.insert(*last, Point::default());
         }
     }
 
@@ -149,19 +139,11 @@ impl Branches {
     pub fn judge(&self, ns: &Namespace, blocks: &[Put]) -> Vec<bool> {
         let fp = self.fingerprints(ns);
         let fps: Vec<Fingerprint> = blocks.iter().map(|b| fp(&b.hash)).collect();
+        let parents: Vec<Option<Fingerprint>> =
+            blocks.iter().map(|b| b.parent.as_ref().map(&fp)).collect();
         let mut out: Vec<bool> = Vec::with_capacity(blocks.len());
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
-        // A block put with no parent named: the one a lookup awaited it
-        // after, if any.
-        let parents: Vec<Option<Fingerprint>> = blocks
-            .iter()
-            .zip(&fps)
-            .map(|(b, me)| match &b.parent {
-                Some(parent) => Some(fp(parent)),
-                None => inner.awaited.get(me).copied(),
-            })
-            .collect();
         for (i, (block, parent)) in blocks.iter().zip(&parents).enumerate() {
             let Some(parent) = *parent else {
                 out.push(false);
@@ -201,27 +183,6 @@ impl Branches {
             }
         }
         out
-    }
-}
-
-/// `prefix` matched: its branches matched for the first time come back,
-/// and its last block is a branch point.
-fn matched_in(inner: &mut Inner, prefix: &[Fingerprint]) {
-    let Some(last) = prefix.last() else {
-        return;
-    };
-    if !inner.fresh.is_empty() {
-        for me in prefix {
-            let Some(point) = inner.fresh.get_mut(me).and_then(|f| f.branch_of.take()) else {
-                continue;
-            };
-            if let Some(p) = inner.points.get_mut(&point) {
-                p.hits = p.hits.saturating_add(1);
-            }
-        }
-    }
-    if inner.points.get(last).is_none() {
-        inner.points.insert(*last, Point::default());
     }
 }
 
@@ -308,53 +269,6 @@ mod tests {
         // Counted, the first branch of none back would have been the last.
         assert_eq!(b.judge(&ns(), &chain(Some(1), &[3])), [true]);
         assert_eq!(b.judge(&ns(), &chain(Some(1), &[4])), [false]);
-    }
-
-    #[test]
-    fn a_put_that_names_no_parent_takes_the_one_a_lookup_awaited() {
-        let b = Branches::new(100);
-        let unnamed = |blocks: &[u64]| -> Vec<Put> {
-            blocks
-                .iter()
-                .map(|&i| Put {
-                    hash: h(i),
-                    parent: None,
-                    placed: true,
-                })
-                .collect()
-        };
-        assert_eq!(
-            b.judge(&ns(), &unnamed(&[1, 2])),
-            [false, false],
-            "nothing awaited"
-        );
-        // As vLLM's connector saves a request: which of its keys exist,
-        // then the missing ones put.
-        b.looked_up(
-            &ns(),
-            &[h(1), h(2), h(3), h(4)],
-            &[true, true, false, false],
-        );
-        assert_eq!(
-            b.judge(&ns(), &unnamed(&[3, 4])),
-            [true, true],
-            "a first branch off the prefix found, and the rest of its run"
-        );
-        // The next turn finds the branch: it came back, and the put after
-        // it goes on from the run that continued.
-        b.looked_up(
-            &ns(),
-            &[h(1), h(2), h(3), h(4), h(5)],
-            &[true, true, true, true, false],
-        );
-        assert_eq!(b.judge(&ns(), &unnamed(&[5])), [true]);
-        // A key found after one not found is no prefix, and a put of keys
-        // never looked up stays unjudged.
-        b.looked_up(&ns(), &[h(7), h(8)], &[false, true]);
-        assert_eq!(b.judge(&ns(), &unnamed(&[7, 9])), [false, false]);
-        // A parent named wins over the awaited one.
-        b.looked_up(&ns(), &[h(20), h(21)], &[true, false]);
-        assert_eq!(b.judge(&ns(), &chain(Some(30), &[21])), [false]);
     }
 
     #[test]

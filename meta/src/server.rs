@@ -463,14 +463,12 @@ async fn dispatch(
             owns(who, &req.namespace)?;
             let items = state.index.lookup(&req.namespace, &req.hashes);
             // The serving engines find a prefix this way (`branches.rs`).
-            let found: Vec<bool> = items.iter().map(Option::is_some).collect();
-            state
-                .branches
-                .looked_up(&req.namespace, &req.hashes, &found);
-            let missed = req.hashes.iter().zip(&items).filter(|(_, i)| i.is_none());
-            state
-                .misses
-                .missed(&req.namespace, missed.map(|(hash, _)| hash));
+            let leading = items.iter().take_while(|i| i.is_some()).count();
+            state.branches.matched(&req.namespace, &req.hashes, leading);
+            state.misses.missed(
+                &req.namespace,
+                crate::misses::missed_by_lookup(&req.hashes, &items),
+            );
             let hits = items.iter().flatten().count() as u64;
             metrics.lookup_hits.inc_by(hits);
             metrics.lookup_misses.inc_by(items.len() as u64 - hits);

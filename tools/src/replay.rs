@@ -58,11 +58,24 @@ pub struct ReplayArgs {
     /// How each request calls the store: `chains` (a prefix match, then
     /// the rest of the chain put naming its parent) or `engines`, as the
     /// serving engines' Mooncake backends do (which of its keys exist,
-    /// then the missing ones put naming no parent).
-    #[arg(long, value_enum, default_value_t = trace::Calls::Chains)]
-    calls: trace::Calls,
+    /// then the missing ones put naming no parent: the client names the
+    /// parents the lookup implied).
+    #[arg(long, value_enum, default_value_t = Calls::Chains)]
+    calls: Calls,
     #[arg(long)]
     json: bool,
+}
+
+/// How a replayed request calls the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Calls {
+    /// As the Rust SDK's chains: a prefix match, then the rest of the
+    /// chain put, each block naming its parent.
+    Chains,
+    /// As the serving engines' Mooncake backends (`mooncake.store`):
+    /// which of the request's keys exist (the leading ones found are its
+    /// prefix), then the missing ones put, naming no parent.
+    Engines,
 }
 
 /// The block key of trace block `id` (also `route-sim`'s).
@@ -154,7 +167,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
                 bar.clone(),
             );
             let (speed, block_tokens, calls) = (args.speed, args.block_tokens, args.calls);
-            let chained = !args.unchained && calls == trace::Calls::Chains;
+            let chained = !args.unchained && calls == Calls::Chains;
             tokio::spawn(async move {
                 let mut value = vec![0u8; block_size];
                 let mut bufs: Vec<Vec<u8>> = Vec::new();
@@ -197,8 +210,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), Failure> {
     let mut daemon = Vec::new();
     for order in Eviction::ALL {
         let pool = trace::Pool::new(capacity_blocks.max(1), order);
-        let r = trace::simulate_pool(&requests, pool, args.block_tokens, args.calls)
-            .map_err(Failure::other)?;
+        let r = trace::simulate_pool(&requests, pool, args.block_tokens).map_err(Failure::other)?;
         daemon.push((order, r));
     }
     let footprint = trace::footprint(&requests);
@@ -316,7 +328,7 @@ async fn one_request(
     client: &Client,
     ns: &Namespace,
     req: &Request,
-    (block_tokens, chained, calls): (u64, bool, trace::Calls),
+    (block_tokens, chained, calls): (u64, bool, Calls),
     value: &mut [u8],
     bufs: &mut Vec<Vec<u8>>,
     totals: &Totals,
@@ -330,8 +342,8 @@ async fn one_request(
 
     let t = Instant::now();
     let matched = match calls {
-        trace::Calls::Chains => client.match_prefix(ns, &chain).await.map(|m| m.matched),
-        trace::Calls::Engines => client
+        Calls::Chains => client.match_prefix(ns, &chain).await.map(|m| m.matched),
+        Calls::Engines => client
             .exists(ns, &chain)
             .await
             .map(|found| found.iter().take_while(|f| **f).count()),

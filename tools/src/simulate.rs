@@ -53,12 +53,6 @@ pub struct SimulateArgs {
     /// the meta service places them in a full cluster).
     #[arg(long)]
     daemons: Option<usize>,
-    /// How the requests call the store: `chains` as the Rust SDK and
-    /// `replay` do (a prefix match, puts naming parents), or `engines` as
-    /// the serving engines' Mooncake backends do (which keys exist, puts
-    /// naming none).
-    #[arg(long, value_enum, default_value_t = trace::Calls::Chains)]
-    calls: trace::Calls,
     /// Write the curves here as an SVG plot.
     #[arg(long)]
     svg: Option<PathBuf>,
@@ -159,7 +153,7 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
         };
         let mut rates = Vec::new();
         for order in Eviction::ALL {
-            let r = trace::simulate_pool(&requests, pool(order), args.block_tokens, args.calls)
+            let r = trace::simulate_pool(&requests, pool(order), args.block_tokens)
                 .map_err(Failure::other)?;
             rates.push(r.token_hit_rate());
         }
@@ -168,14 +162,8 @@ pub fn run(args: SimulateArgs) -> Result<(), Failure> {
                 Eviction::ALL
                     .iter()
                     .map(|order| {
-                        trace::simulate_cluster(
-                            &requests,
-                            pool(*order),
-                            n,
-                            args.block_tokens,
-                            args.calls,
-                        )
-                        .map(|r| r.token_hit_rate())
+                        trace::simulate_cluster(&requests, pool(*order), n, args.block_tokens)
+                            .map(|r| r.token_hit_rate())
                     })
                     .collect::<anyhow::Result<Vec<f64>>>()
                     .map_err(Failure::other)?,

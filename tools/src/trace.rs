@@ -122,20 +122,6 @@ pub fn simulate_lru(trace: &[Request], capacity: Option<usize>, block_tokens: u6
     r
 }
 
-/// How a trace's requests call the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Calls {
-    /// As the Rust SDK's chains (and `replay` by default): a prefix
-    /// match, then the rest of the chain put, each block naming its
-    /// parent.
-    #[default]
-    Chains,
-    /// As the serving engines' Mooncake backends (`mooncake.store`):
-    /// which of the request's keys exist (the leading ones found are its
-    /// prefix), then the missing ones put, naming no parent.
-    Engines,
-}
-
 /// A daemon's DRAM pool, as `simulate_pool` runs it.
 #[derive(Debug, Clone, Copy)]
 pub struct Pool {
@@ -168,14 +154,8 @@ pub fn simulate_pool(
     trace: &[Request],
     pool: Pool,
     block_tokens: u64,
-    calls: Calls,
 ) -> anyhow::Result<SimResult> {
-    match calls {
-        Calls::Chains => replay_pool(trace, &SimPool::new(&pool)?, block_tokens),
-        // Only the meta service can judge a block that names no parent:
-        // one daemon of a cluster.
-        Calls::Engines => simulate_cluster(trace, pool, 1, block_tokens, calls),
-    }
+    replay_pool(trace, &SimPool::new(&pool)?, block_tokens)
 }
 
 /// `simulate_pool` through a pool already made (`bench-pool` times only
@@ -223,13 +203,12 @@ pub fn replay_pool(
 /// blocks so far, a block stored again to the daemon that evicted it (the
 /// meta service remembers the last 65,536 evictions; this, every one). A
 /// request matches its prefix across all of them, as `replay` against such
-/// a cluster does, calling the store as `calls` says.
+/// a cluster does.
 pub fn simulate_cluster(
     trace: &[Request],
     pool: Pool,
     daemons: usize,
     block_tokens: u64,
-    calls: Calls,
 ) -> anyhow::Result<SimResult> {
     anyhow::ensure!(
         daemons >= 1 && pool.capacity >= daemons,
@@ -273,21 +252,11 @@ pub fn simulate_cluster(
             .iter()
             .map(|id| pools[0].key(*id).hash)
             .collect();
-        let named = match calls {
-            Calls::Chains => {
-                branches.matched(&ns, &hashes, matched);
-                true
-            }
-            Calls::Engines => {
-                let found: Vec<bool> = req.hash_ids.iter().map(|id| held(&home, *id)).collect();
-                branches.looked_up(&ns, &hashes, &found);
-                false
-            }
-        };
+        branches.matched(&ns, &hashes, matched);
         let puts: Vec<Put> = (matched..hashes.len())
             .map(|i| Put {
                 hash: hashes[i],
-                parent: i.checked_sub(1).filter(|_| named).map(|p| hashes[p]),
+                parent: i.checked_sub(1).map(|p| hashes[p]),
                 placed: !held(&home, req.hash_ids[i]),
             })
             .collect();
@@ -524,14 +493,14 @@ mod tests {
         let lru = simulate_lru(&trace, Some(3), 512);
         let all = footprint(&trace);
         for order in Eviction::ALL {
-            let pool = simulate_pool(&trace, Pool::new(3, order), 512, Calls::Chains).unwrap();
+            let pool = simulate_pool(&trace, Pool::new(3, order), 512).unwrap();
             assert!(
                 pool.hit_tokens > lru.hit_tokens,
                 "{order}: {pool:?} vs {lru:?}"
             );
             // With room for everything, each equals the theoretical maximum.
             assert_eq!(
-                simulate_pool(&trace, Pool::new(all, order), 512, Calls::Chains).unwrap(),
+                simulate_pool(&trace, Pool::new(all, order), 512).unwrap(),
                 simulate_lru(&trace, None, 512),
                 "{order}"
             );
@@ -555,10 +524,9 @@ mod tests {
                 fresh += 4;
             }
         }
-        let lru = simulate_pool(&trace, Pool::new(20, Eviction::Lru), 512, Calls::Chains).unwrap();
+        let lru = simulate_pool(&trace, Pool::new(20, Eviction::Lru), 512).unwrap();
         assert_eq!(lru.hit_tokens, 0, "{lru:?}");
-        let two_q =
-            simulate_pool(&trace, Pool::new(20, Eviction::TwoQ), 512, Calls::Chains).unwrap();
+        let two_q = simulate_pool(&trace, Pool::new(20, Eviction::TwoQ), 512).unwrap();
         // Every document read from the third round of reads on hits whole.
         assert_eq!(two_q.hit_tokens, 2048 * (30 - 6), "{two_q:?}");
     }

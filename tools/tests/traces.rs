@@ -216,12 +216,12 @@ fn a_daemon_keeps_the_conversations_that_engines_put_as_lru_would_and_as_simulat
     // 3,000 requests of the CLI's own conversation trace (seed 1), through
     // a 2Q daemon of 2,048 1 KiB blocks, called as the serving engines'
     // Mooncake backends call it: which of a request's keys exist, then the
-    // missing ones put naming no parent. The meta service takes a lookup's
-    // leading found keys as a prefix and each missing key's parent from it
-    // (`meta/src/branches.rs`), so a conversation's next turn is kept in
-    // main: the daemon hits what `simulate --calls engines` predicts, and
-    // as much as an LRU of its size. Without that, every block an engine
-    // put waited in probation: 70.5% against LRU's 73.9% here.
+    // missing ones put naming no parent. The client names the parent each
+    // lookup implied (`client/src/lineage.rs`) and the meta service takes a
+    // lookup's leading found keys as a prefix, so a conversation's next
+    // turn is kept in main: the daemon hits what `simulate` predicts for
+    // chains, and as much as an LRU of its size. Without that, every block
+    // an engine put waited in probation: 72.2% against 73.8% predicted.
     let dir = std::env::temp_dir().join(format!("mooncake-engines-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("chat.jsonl");

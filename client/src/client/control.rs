@@ -99,6 +99,7 @@ impl Client {
             out.items.extend(locs.items);
             out.daemons.extend(locs.daemons);
         }
+        self.lineage.looked_up(namespace, hashes, &out.items);
         Ok(out)
     }
 

@@ -27,6 +27,7 @@ use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
 use parking_lot::RwLock;
 
 use crate::coalesce::Coalescer;
+use crate::lineage::Lineage;
 use crate::locations::LocationCache;
 use crate::metrics::ClientMetrics;
 use crate::pieces::{Dest, Value};
@@ -125,6 +126,8 @@ pub struct Client {
     meta: RwLock<Arc<ConnPool>>,
     daemons: RwLock<HashMap<u32, Arc<Peer>>>,
     locations: LocationCache,
+    /// The parents that lookups imply for puts that name none.
+    lineage: Lineage,
     corrupt_reads: AtomicU64,
     /// Highest meta election revision seen (fencing).
     leader_revision: AtomicU64,
@@ -219,6 +222,7 @@ impl Client {
             meta,
             daemons: RwLock::new(HashMap::new()),
             locations: LocationCache::new(cfg_locations.0, cfg_locations.1),
+            lineage: Lineage::default(),
             corrupt_reads: AtomicU64::new(0),
             shm: parking_lot::Mutex::new((None, None)),
             shm_indexed: Arc::new(AtomicU64::new(0)),

@@ -111,6 +111,10 @@ impl Client {
         opts: PutOptions,
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let replicas = self.copies_of(opts)?;
+        let implied = self
+            .lineage
+            .fill(namespace, blocks.iter().map(|(h, _)| *h), parents);
+        let parents = implied.as_deref().unwrap_or(parents);
         let started = std::time::Instant::now();
         let mut out = Vec::with_capacity(blocks.len());
         let mut start = 0;
