@@ -1,0 +1,95 @@
+"""A Mooncake-format trace replayed through SGLang HiCache's own `mooncake`
+backend (its `MooncakeStore` class, unchanged) on this store: the hit rate
+an SGLang deployment gets from the store, measured with the engine's code.
+
+Each request goes as HiCache's storage layer drives it when nothing of the
+request is in SGLang's own memory: `batch_exists` of its pages (the prefix
+check, SGLang's prefetch), `batch_get_v1` of the pages found, then
+`batch_set_v1` of the rest (SGLang's backup: its own existence check, then
+the puts). One trace block is one SGLang page of 64 tokens, one layer, one
+head of 8 (`--dim`): its K and V are 1 KiB objects each. The token hit rate is
+counted as `mooncake-store replay` counts it (a request hits its leading
+stored blocks, at 512 tokens a block), so the two can be set side by side.
+Run by hand where the engines' environment is (`tools/test-engines.sh`
+makes it).
+
+Usage: python sglang_replay.py META_ADDR TRACE [--limit N] [--dim N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
+
+PAGE, HEADS, BLOCK_TOKENS = 64, 1, 512
+
+
+def host_pool(pages: int, dim: int) -> MHATokenToKVPoolHost:
+    tokens = pages * PAGE
+    k = (torch.zeros(tokens + PAGE, HEADS, dim, dtype=torch.float16),)
+    v = (torch.zeros(tokens + PAGE, HEADS, dim, dtype=torch.float16),)
+    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
+    info = MHABufferInfo(
+        buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
+                          layout=KVBufferLayout.NHD),
+        page_size=PAGE, head_num=HEADS, head_dim=dim, v_head_dim=dim,
+        dtype=torch.float16, device=torch.device("cpu"),
+    )
+    return MHATokenToKVPoolHost(
+        info, 2.0, 0, PAGE, "page_first", pin_memory=False, device="cpu",
+        device_capacity_tokens=tokens, start_layer=0, end_layer=0,
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("meta")
+    p.add_argument("trace")
+    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--dim", type=int, default=8, help="head size: K and V of a page are dim KiB / 8")
+    a = p.parse_args()
+    requests = [json.loads(line) for line in open(a.trace) if line.strip()]
+    if a.limit:
+        requests = requests[: a.limit]
+    longest = max(len(r["hash_ids"]) for r in requests)
+    host = host_pool(longest, a.dim)
+    store = MooncakeStore(HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name="replay/model",
+        extra_config={"master_server_address": a.meta, "protocol": "tcp",
+                      "global_segment_size": 0, "check_server": False},
+    ))
+    store.register_mem_pool_host(host)
+    # A fresh prefix per run, so that an earlier run's pages do not count.
+    run = f"{time.time_ns():016x}"
+    hit_tokens = tokens = failed = 0
+    began = time.perf_counter()
+    for n, req in enumerate(requests):
+        keys = [f"{run}{i:048x}" for i in req["hash_ids"]]
+        pages = torch.arange(0, len(keys) * PAGE, dtype=torch.int64)
+        found = store.batch_exists(keys)
+        read = store.batch_get_v1(keys[:found], pages[: found * PAGE]) if found else []
+        usable = next((i for i, ok in enumerate(read) if not ok), found)
+        tokens += req["input_length"]
+        hit_tokens += min(usable * BLOCK_TOKENS, req["input_length"])
+        if usable < len(keys):
+            stored = store.batch_set_v1(keys[usable:], pages[usable * PAGE:])
+            failed += stored.count(False)
+        if (n + 1) % 2000 == 0:
+            print(f"  {n + 1} requests, token hit rate {hit_tokens / tokens:.2%}", flush=True)
+    seconds = time.perf_counter() - began
+    print(json.dumps({"requests": len(requests), "token_hit_rate": hit_tokens / max(tokens, 1),
+                      "failed_sets": failed, "seconds": round(seconds, 1)}))
+
+
+if __name__ == "__main__":
+    main()
