@@ -27,15 +27,17 @@ from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeS
 PAGE, HEADS, DIM, PAGES = 64, 8, 128, 64
 
 
-def pool(layers: int, pages: int) -> MHATokenToKVPoolHost:
+def pool(layers: int, pages: int, heads: int = HEADS, dim: int = DIM) -> MHATokenToKVPoolHost:
+    """An SGLang MHA `page_first` host pool of `pages` pages, filled with
+    random bytes (also `sglang_replay.py`'s)."""
     tokens = pages * PAGE
-    k = tuple(torch.zeros(tokens + PAGE, HEADS, DIM, dtype=torch.float16) for _ in range(layers))
-    v = tuple(torch.zeros(tokens + PAGE, HEADS, DIM, dtype=torch.float16) for _ in range(layers))
+    k = tuple(torch.zeros(tokens + PAGE, heads, dim, dtype=torch.float16) for _ in range(layers))
+    v = tuple(torch.zeros(tokens + PAGE, heads, dim, dtype=torch.float16) for _ in range(layers))
     ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
     info = MHABufferInfo(
         buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
                           layout=KVBufferLayout.NHD),
-        page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM,
+        page_size=PAGE, head_num=heads, head_dim=dim, v_head_dim=dim,
         dtype=torch.float16, device=torch.device("cpu"),
     )
     host = MHATokenToKVPoolHost(

@@ -24,29 +24,12 @@ import time
 
 import torch
 
-from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 
-PAGE, HEADS, BLOCK_TOKENS = 64, 1, 512
+from sglang_bench import PAGE, pool
 
-
-def host_pool(pages: int, dim: int) -> MHATokenToKVPoolHost:
-    tokens = pages * PAGE
-    k = (torch.zeros(tokens + PAGE, HEADS, dim, dtype=torch.float16),)
-    v = (torch.zeros(tokens + PAGE, HEADS, dim, dtype=torch.float16),)
-    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
-    info = MHABufferInfo(
-        buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
-                          layout=KVBufferLayout.NHD),
-        page_size=PAGE, head_num=HEADS, head_dim=dim, v_head_dim=dim,
-        dtype=torch.float16, device=torch.device("cpu"),
-    )
-    return MHATokenToKVPoolHost(
-        info, 2.0, 0, PAGE, "page_first", pin_memory=False, device="cpu",
-        device_capacity_tokens=tokens, start_layer=0, end_layer=0,
-    )
+BLOCK_TOKENS = 512
 
 
 def main() -> None:
@@ -60,7 +43,7 @@ def main() -> None:
     if a.limit:
         requests = requests[: a.limit]
     longest = max(len(r["hash_ids"]) for r in requests)
-    host = host_pool(longest, a.dim)
+    host = pool(1, longest, heads=1, dim=a.dim)
     store = MooncakeStore(HiCacheStorageConfig(
         tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
