@@ -71,3 +71,10 @@ echo "== client/python/engines/lmcache_remote.py"
 LMCACHE_LOG_LEVEL=ERROR "$VENV/bin/python" -W ignore client/python/engines/lmcache_remote.py "$META"
 echo "== client/python/engines/vllm_kv_events.py"
 "$VENV/bin/python" -W ignore client/python/engines/vllm_kv_events.py "$META" "$EVENTS" "$REPLAY"
+echo "== client/python/engines/lmcache_replay.py, sglang_replay.py (300 requests of a conversation trace)"
+TRACE="$(mktemp --suffix=.jsonl)"
+"$BIN" gen-trace chat --requests 300 --out "$TRACE" >/dev/null
+LMCACHE_LOG_LEVEL=ERROR "$VENV/bin/python" -W ignore client/python/engines/lmcache_replay.py "$META" "$TRACE"
+LMCACHE_LOG_LEVEL=ERROR "$VENV/bin/python" -W ignore client/python/engines/lmcache_replay.py "$META" "$TRACE" --native
+"$VENV/bin/python" -W ignore client/python/engines/sglang_replay.py "$META" "$TRACE"
+rm -f "$TRACE"

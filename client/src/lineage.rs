@@ -12,6 +12,14 @@
 //! before them, so a key's parent never changes: a remembered one is never
 //! wrong for keys that are block hashes, only missing once forgotten.
 //! Bounded like the location cache: emptied when full.
+//!
+//! LMCache's `mooncakestore` connector asks one key at a time, up to the
+//! first missing one, so its lookups imply no parent; it then puts the
+//! rest of the request's chunks in one call, in order. A put that says its
+//! blocks are in order (`PutOptions::in_order`, which `mooncake.store`'s
+//! puts say) gives each block that names no parent, and that no lookup
+//! placed, the block before it in the call; the call's first such block
+//! stays without one.
 
 use std::collections::HashMap;
 
@@ -49,29 +57,35 @@ impl Lineage {
     }
 
     /// `named`, with the parent a lookup implied for each block that
-    /// names none; `None` when it implied none.
+    /// names none, or with `in_order` (the blocks are consecutive blocks
+    /// of one chain), the block before it in the call where no lookup
+    /// implied one; `None` when nothing was filled.
     pub fn fill(
         &self,
         namespace: &Namespace,
         hashes: impl Iterator<Item = BlockHash>,
         named: &[Option<BlockHash>],
+        in_order: bool,
     ) -> Option<Vec<Option<BlockHash>>> {
         if named.iter().all(Option::is_some) {
             return None;
         }
         let parents = self.parents.lock();
-        if parents.is_empty() {
+        if parents.is_empty() && !in_order {
             return None;
         }
         let mut out = named.to_vec();
         let mut filled = false;
+        let mut before = None;
         for (hash, parent) in hashes.zip(out.iter_mut()) {
             if parent.is_none() {
                 *parent = parents
                     .get(&BlockKey::new(namespace.clone(), hash))
-                    .copied();
+                    .copied()
+                    .or(before.filter(|_| in_order));
                 filled |= parent.is_some();
             }
+            before = Some(hash);
         }
         filled.then_some(out)
     }
@@ -93,21 +107,57 @@ mod tests {
         // As vLLM's connector saves a request: which of its keys exist,
         // then the missing ones put.
         lineage.looked_up(&ns, &[h(1), h(2), h(3), h(4)], &[found, found, None, None]);
-        let filled = lineage.fill(&ns, [h(3), h(4)].into_iter(), &[None, None]);
+        let filled = lineage.fill(&ns, [h(3), h(4)].into_iter(), &[None, None], false);
         assert_eq!(filled, Some(vec![Some(h(2)), Some(h(3))]));
         // A parent named wins; a key never looked up, or only first in a
         // lookup, or in another namespace, gets none.
         lineage.looked_up(&ns, &[h(7)], &[None]);
         let other = Namespace::new("u").unwrap();
-        assert_eq!(lineage.fill(&ns, [h(3)].into_iter(), &[Some(h(9))]), None);
         assert_eq!(
-            lineage.fill(&ns, [h(5), h(7)].into_iter(), &[None, None]),
+            lineage.fill(&ns, [h(3)].into_iter(), &[Some(h(9))], false),
             None
         );
-        assert_eq!(lineage.fill(&other, [h(3)].into_iter(), &[None]), None);
         assert_eq!(
-            lineage.fill(&ns, [h(5), h(4)].into_iter(), &[None, None]),
+            lineage.fill(&ns, [h(5), h(7)].into_iter(), &[None, None], false),
+            None
+        );
+        assert_eq!(
+            lineage.fill(&other, [h(3)].into_iter(), &[None], false),
+            None
+        );
+        assert_eq!(
+            lineage.fill(&ns, [h(5), h(4)].into_iter(), &[None, None], false),
             Some(vec![None, Some(h(3))])
+        );
+    }
+
+    #[test]
+    fn blocks_put_in_order_extend_the_one_before_them_where_no_lookup_said() {
+        let ns = Namespace::new("t").unwrap();
+        let lineage = Lineage::default();
+        // As LMCache saves a request: its chunks past the stored prefix,
+        // in one call, none looked up in a lookup of several keys.
+        assert_eq!(
+            lineage.fill(&ns, [h(3), h(4), h(5)].into_iter(), &[None; 3], true),
+            Some(vec![None, Some(h(3)), Some(h(4))])
+        );
+        // Not in order: nothing to go on.
+        assert_eq!(
+            lineage.fill(&ns, [h(3), h(4), h(5)].into_iter(), &[None; 3], false),
+            None
+        );
+        // What a lookup implied wins over the order, and a parent named
+        // over both.
+        let found = Some(Location::on(1, 2, 3));
+        lineage.looked_up(&ns, &[h(8), h(5)], &[found, None]);
+        assert_eq!(
+            lineage.fill(
+                &ns,
+                [h(3), h(4), h(5)].into_iter(),
+                &[None, Some(h(9)), None],
+                true
+            ),
+            Some(vec![None, Some(h(9)), Some(h(8))])
         );
     }
 

@@ -157,9 +157,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             "--reads-only needs the --run-id of the run that put the blocks",
         ));
     }
-    let opts = mooncake_client::PutOptions {
-        replicas: args.replicas,
-    };
+    let opts = mooncake_client::PutOptions::copies(args.replicas);
     let mut rows = Vec::new();
     for size in &args.sizes {
         let size = size.0 as usize;

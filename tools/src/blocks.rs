@@ -186,9 +186,7 @@ pub async fn put(args: PutArgs) -> Result<(), Failure> {
         Some(p) => std::fs::read(p)
             .map_err(|e| Failure::usage(format!("cannot read {}: {e}", p.display())))?,
     };
-    let opts = PutOptions {
-        replicas: args.replicas,
-    };
+    let opts = PutOptions::copies(args.replicas);
     // A key typed as text names the block in Mooncake's event format, as
     // a Python `str` key does.
     let opaque = key.hash == BlockHash::from_opaque(args.key.as_bytes());

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use mooncake_client::{Client, GetOutcome, PutOutcome};
+use mooncake_client::{Client, GetOutcome, PutOptions, PutOutcome};
 use mooncake_proto::units::ByteSize;
 use mooncake_proto::{BlockHash, Namespace};
 use mooncake_store_daemon::pool::Eviction;
@@ -56,10 +56,12 @@ pub struct ReplayArgs {
     #[arg(long)]
     unchained: bool,
     /// How each request calls the store: `chains` (a prefix match, then
-    /// the rest of the chain put naming its parent) or `engines`, as the
-    /// serving engines' Mooncake backends do (which of its keys exist,
-    /// then the missing ones put naming no parent: the client names the
-    /// parents the lookup implied).
+    /// the rest of the chain put naming its parent); `engines`, as vLLM's
+    /// and SGLang's Mooncake backends do (which of its keys exist, then
+    /// the missing ones put naming no parent: the client names the
+    /// parents the lookup implied); or `lmcache`, as LMCache's
+    /// `mooncakestore` connector does (one key at a time until one is
+    /// missing, then the rest put in one call, in order).
     #[arg(long, value_enum, default_value_t = Calls::Chains)]
     calls: Calls,
     #[arg(long)]
@@ -76,6 +78,25 @@ pub enum Calls {
     /// which of the request's keys exist (the leading ones found are its
     /// prefix), then the missing ones put, naming no parent.
     Engines,
+    /// As LMCache's `mooncakestore` connector: whether each key exists,
+    /// one call a key, up to the first missing one (LMCache's
+    /// `batched_async_contains`), then the rest put in one call
+    /// (`batch_put_from`), in order, naming no parent.
+    Lmcache,
+}
+
+/// How many leading keys of `chain` exist, asked one key a call.
+async fn one_key_at_a_time(
+    client: &Client,
+    ns: &Namespace,
+    chain: &[BlockHash],
+) -> Result<usize, mooncake_client::ClientError> {
+    for (i, hash) in chain.iter().enumerate() {
+        if !client.exists(ns, std::slice::from_ref(hash)).await?[0] {
+            return Ok(i);
+        }
+    }
+    Ok(chain.len())
 }
 
 /// The block key of trace block `id` (also `route-sim`'s).
@@ -347,6 +368,7 @@ async fn one_request(
             .exists(ns, &chain)
             .await
             .map(|found| found.iter().take_while(|f| **f).count()),
+        Calls::Lmcache => one_key_at_a_time(client, ns, &chain).await,
     };
     let matched = match matched {
         Ok(m) => m,
@@ -426,10 +448,17 @@ async fn one_request(
         let t = Instant::now();
         // As a chain: the daemons then evict it from its tail.
         let parent = usable.checked_sub(1).map(|i| chain[i]);
-        let put = if chained {
-            client.put_chain(ns, parent, &blocks).await
-        } else {
-            client.put(ns, &blocks).await
+        let put = match (chained, calls) {
+            (true, _) => client.put_chain(ns, parent, &blocks).await,
+            (false, Calls::Chains) => client.put(ns, &blocks).await,
+            // `mooncake.store`'s puts: in order, naming no parent.
+            (false, Calls::Engines | Calls::Lmcache) => {
+                let opts = PutOptions {
+                    in_order: true,
+                    ..Default::default()
+                };
+                client.put_with(ns, &blocks, opts).await
+            }
         };
         match put {
             Ok(outs) => {

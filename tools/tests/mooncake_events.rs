@@ -66,7 +66,7 @@ async fn put_plain(client: &Client, range: std::ops::Range<u64>, replicas: u8) {
     let value = vec![3u8; 8192];
     let blocks: Vec<(BlockHash, &[u8])> = range.map(|i| (hash(i), &value[..])).collect();
     let out = client
-        .put_with(&ns(), &blocks, PutOptions { replicas })
+        .put_with(&ns(), &blocks, PutOptions::copies(replicas))
         .await
         .unwrap();
     assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");

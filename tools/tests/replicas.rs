@@ -55,7 +55,7 @@ async fn put_copies(client: &Client, ids: std::ops::Range<u64>, replicas: u8) ->
     let blocks: Vec<(BlockHash, &[u8])> =
         ids.zip(&values).map(|(i, v)| (hash(i), &v[..])).collect();
     client
-        .put_with(&ns(), &blocks, PutOptions { replicas })
+        .put_with(&ns(), &blocks, PutOptions::copies(replicas))
         .await
         .unwrap()
 }

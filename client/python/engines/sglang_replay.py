@@ -10,16 +10,15 @@ the puts). One trace block is one SGLang page of 64 tokens, one layer, one
 head of 8 (`--dim`): its K and V are 1 KiB objects each. The token hit rate is
 counted as `mooncake-store replay` counts it (a request hits its leading
 stored blocks, at 512 tokens a block), so the two can be set side by side.
-Run by hand where the engines' environment is (`tools/test-engines.sh`
-makes it).
+Exits non-zero if a set failed or nothing hit. `tools/test-engines.sh`
+runs it on a short trace; run it by hand on longer ones where that script
+made the engines' environment.
 
 Usage: python sglang_replay.py META_ADDR TRACE [--limit N] [--dim N]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import torch
@@ -28,20 +27,12 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 
 from sglang_bench import PAGE, pool
-
-BLOCK_TOKENS = 512
+from trace_replay import arguments, load, replay
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("meta")
-    p.add_argument("trace")
-    p.add_argument("--limit", type=int, default=0)
-    p.add_argument("--dim", type=int, default=8, help="head size: K and V of a page are dim KiB / 8")
-    a = p.parse_args()
-    requests = [json.loads(line) for line in open(a.trace) if line.strip()]
-    if a.limit:
-        requests = requests[: a.limit]
+    a = arguments(__doc__, 8, "head size: K and V of a page are dim KiB / 8").parse_args()
+    requests = load(a.trace, a.limit)
     longest = max(len(r["hash_ids"]) for r in requests)
     host = pool(1, longest, heads=1, dim=a.dim)
     store = MooncakeStore(HiCacheStorageConfig(
@@ -54,24 +45,20 @@ def main() -> None:
     store.register_mem_pool_host(host)
     # A fresh prefix per run, so that an earlier run's pages do not count.
     run = f"{time.time_ns():016x}"
-    hit_tokens = tokens = failed = 0
-    began = time.perf_counter()
-    for n, req in enumerate(requests):
+    failed = [0]
+
+    def one(req: dict) -> int:
         keys = [f"{run}{i:048x}" for i in req["hash_ids"]]
         pages = torch.arange(0, len(keys) * PAGE, dtype=torch.int64)
         found = store.batch_exists(keys)
         read = store.batch_get_v1(keys[:found], pages[: found * PAGE]) if found else []
         usable = next((i for i, ok in enumerate(read) if not ok), found)
-        tokens += req["input_length"]
-        hit_tokens += min(usable * BLOCK_TOKENS, req["input_length"])
         if usable < len(keys):
             stored = store.batch_set_v1(keys[usable:], pages[usable * PAGE:])
-            failed += stored.count(False)
-        if (n + 1) % 2000 == 0:
-            print(f"  {n + 1} requests, token hit rate {hit_tokens / tokens:.2%}", flush=True)
-    seconds = time.perf_counter() - began
-    print(json.dumps({"requests": len(requests), "token_hit_rate": hit_tokens / max(tokens, 1),
-                      "failed_sets": failed, "seconds": round(seconds, 1)}))
+            failed[0] += stored.count(False)
+        return usable
+
+    replay(requests, one, lambda: failed[0])
 
 
 if __name__ == "__main__":

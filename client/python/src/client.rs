@@ -316,7 +316,7 @@ impl Client {
         let out = py
             .detach(|| {
                 let block = [(hash, vec![region.span()])];
-                let opts = PutOptions { replicas };
+                let opts = PutOptions::copies(replicas);
                 // SAFETY: the held object's memory stays valid for the call.
                 self.run(unsafe { client.put_spans(ns, &block, None, &tags, opts) })
             })
@@ -382,7 +382,11 @@ impl Client {
     /// (0, or a negative code). `replicas` as in `put`. `tags`: what the
     /// engine calls each block, one per key, each `None` or `(hash,
     /// token_ids)`, published in the store's events (`docs/events.md`).
-    #[pyo3(signature = (keys, values, replicas = 0, *, tags = None))]
+    /// `in_order`: the keys are consecutive blocks of one chain, though
+    /// they name no parent (as the engines put a request's blocks): each
+    /// that no earlier lookup placed extends the key before it, so that
+    /// daemons evict them from the tail.
+    #[pyo3(signature = (keys, values, replicas = 0, *, tags = None, in_order = false))]
     fn put_batch(
         &self,
         py: Python<'_>,
@@ -390,12 +394,14 @@ impl Client {
         values: &Bound<'_, PyAny>,
         replicas: u8,
         tags: Option<&Bound<'_, PyAny>>,
+        in_order: bool,
     ) -> PyResult<Vec<i64>> {
         let hashes = hashes_of(keys)?;
         let regions = regions_of(values, false, &self.inner)?;
         check_lengths(hashes.len(), regions.len(), "values")?;
         let tags = with_keys(tags_of(tags, hashes.len())?, keys, hashes.len())?;
-        Ok(self.put_regions(py, (hashes, regions), None, &tags, PutOptions { replicas }))
+        let opts = PutOptions { replicas, in_order };
+        Ok(self.put_regions(py, (hashes, regions), None, &tags, opts))
     }
 
     /// Like `put_batch`, for consecutive blocks of one chain: `keys[0]`
@@ -418,7 +424,7 @@ impl Client {
         check_lengths(hashes.len(), regions.len(), "values")?;
         let parent = parent.map(hash_of).transpose()?;
         let tags = with_keys(tags_of(tags, hashes.len())?, keys, hashes.len())?;
-        let opts = PutOptions { replicas };
+        let opts = PutOptions::copies(replicas);
         Ok(self.put_regions(py, (hashes, regions), Some(parent), &tags, opts))
     }
 
@@ -473,8 +479,8 @@ impl Client {
 
     /// Stores blocks straight from address ranges of registered buffers;
     /// a status per key. `chain` and `parent` as in `put_from_ptr_lists`,
-    /// `tags` as in `put_batch`.
-    #[pyo3(signature = (keys, ptrs, sizes, chain = false, parent = None, replicas = 0, *, tags = None))]
+    /// `tags` and `in_order` as in `put_batch`.
+    #[pyo3(signature = (keys, ptrs, sizes, chain = false, parent = None, replicas = 0, *, tags = None, in_order = false))]
     #[allow(clippy::too_many_arguments)]
     fn put_from_ptrs(
         &self,
@@ -486,6 +492,7 @@ impl Client {
         parent: Option<&Bound<'_, PyAny>>,
         replicas: u8,
         tags: Option<&Bound<'_, PyAny>>,
+        in_order: bool,
     ) -> PyResult<Vec<i64>> {
         let chain = chain_of(chain, parent)?;
         let mut tags = with_keys(tags_of(tags, ptrs.len())?, keys, ptrs.len())?;
@@ -498,7 +505,7 @@ impl Client {
                     .is_some_and(|(&p, &n)| self.registered.covers(p, n))
             });
         }
-        let opts = PutOptions { replicas };
+        let opts = PutOptions { replicas, in_order };
         self.on_registered(py, keys, ptrs, sizes, |c, py, h, r| {
             c.put_regions(py, (h, r), chain, &tags, opts)
         })
@@ -510,8 +517,8 @@ impl Client {
     /// block with a piece outside every registered buffer). With `chain`,
     /// the blocks are consecutive blocks of one chain, as in `put_chain`:
     /// the first extends `parent` (`None`: it starts the chain).
-    /// `tags` as in `put_batch`.
-    #[pyo3(signature = (keys, ptr_lists, size_lists, chain = false, parent = None, replicas = 0, *, tags = None))]
+    /// `tags` and `in_order` as in `put_batch`.
+    #[pyo3(signature = (keys, ptr_lists, size_lists, chain = false, parent = None, replicas = 0, *, tags = None, in_order = false))]
     #[allow(clippy::too_many_arguments)]
     fn put_from_ptr_lists(
         &self,
@@ -523,6 +530,7 @@ impl Client {
         parent: Option<&Bound<'_, PyAny>>,
         replicas: u8,
         tags: Option<&Bound<'_, PyAny>>,
+        in_order: bool,
     ) -> PyResult<Vec<i64>> {
         let (hashes, pieces) = Pieces::of(keys, ptr_lists, size_lists)?;
         let chain = chain_of(chain, parent)?;
@@ -536,7 +544,7 @@ impl Client {
             let blocks: Vec<(BlockHash, Vec<Span>)> =
                 items.iter().map(|(h, i)| (*h, pieces.spans(*i))).collect();
             let (client, ns) = (&self.inner, &self.namespace);
-            let opts = PutOptions { replicas };
+            let opts = PutOptions { replicas, in_order };
             let tags: Vec<_> = match tags.is_empty() {
                 true => Vec::new(),
                 false => items.iter().map(|(_, i)| tags[*i].clone()).collect(),

@@ -266,6 +266,42 @@ def test_a_writers_tags_name_blocks_by_the_engines_hashes_with_their_tokens(tmp_
             consumer.close()
 
 
+def test_the_engines_puts_through_mooncake_store_name_the_parents_their_order_and_lookups_imply():
+    import numpy as np
+    from mooncake.store import MooncakeDistributedStore
+
+    events, replay = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    with single_host_store("256MiB", "--events", events, "--events-replay", replay) as meta:
+        consumer = Consumer(events, replay)
+        store = MooncakeDistributedStore()
+        try:
+            consumer.ask_replay(0)
+            assert store.setup("localhost", "", 0, 64 << 20, "tcp", "", meta) == 0
+            buf = np.arange(8 * 1024, dtype=np.uint8)
+            assert store.register_buffer(buf.ctypes.data, buf.nbytes) == 0
+            ptrs = [buf.ctypes.data + i * 1024 for i in range(8)]
+            # As LMCache saves a request: its chunks past the stored prefix,
+            # in one call, in order.
+            request = ["lm-0", "lm-1", "lm-2", "vl-3", "vl-4"]
+            assert store.batch_put_from(request[:3], ptrs[:3], [1024] * 3) == [0] * 3
+            # As vLLM's connector saves one: which of its keys exist, then
+            # the missing ones put.
+            assert store.batch_is_exist(request) == [1, 1, 1, 0, 0]
+            assert store.batch_put_from_multi_buffers(
+                request[3:], [[ptrs[3]], [ptrs[4]]], [[1024], [1024]]
+            ) == [0, 0]
+            # One key alone implies nothing.
+            assert store.put_from("alone", ptrs[5], 1024) == 0
+            h = mooncake_store.opaque_hash
+            every = {h(k) for k in [*request, "alone"]}
+            assert consumer.follow_until(lambda c: every <= c.blocks), consumer.blocks
+            assert [consumer.parents[h(k)] for k in request] == [None, *map(h, request[:-1])]
+            assert consumer.parents[h("alone")] is None
+        finally:
+            store.close()
+            consumer.close()
+
+
 def mooncake_batches(sub, until, timeout: float = 20.0) -> list[dict]:
     """Mooncake-format events from `sub` until `until(events)` holds of all
     seen so far; each batch `[timestamp_ms, [maps], dp_rank]` on the empty

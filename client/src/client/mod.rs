@@ -98,6 +98,23 @@ pub struct PutOptions {
     /// Copies of each block, on distinct hosts, 1 to 4; 0: the client's
     /// `replicas`.
     pub replicas: u8,
+    /// The blocks are a chain's, in order, even where no parent is named:
+    /// a block that names none, and that no earlier lookup of this client
+    /// placed, extends the block before it in the call. So the serving
+    /// engines' Mooncake backends put a request's blocks (opaque keys,
+    /// in order, no parent): LMCache's `batch_put_from` of the chunks past
+    /// a request's stored prefix.
+    pub in_order: bool,
+}
+
+impl PutOptions {
+    /// `replicas` copies of each block (0: the client's `replicas`).
+    pub fn copies(replicas: u8) -> Self {
+        PutOptions {
+            replicas,
+            ..PutOptions::default()
+        }
+    }
 }
 
 /// What became of one block of a get.

@@ -111,9 +111,12 @@ impl Client {
         opts: PutOptions,
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let replicas = self.copies_of(opts)?;
-        let implied = self
-            .lineage
-            .fill(namespace, blocks.iter().map(|(h, _)| *h), parents);
+        let implied = self.lineage.fill(
+            namespace,
+            blocks.iter().map(|(h, _)| *h),
+            parents,
+            opts.in_order,
+        );
         let parents = implied.as_deref().unwrap_or(parents);
         let started = std::time::Instant::now();
         let mut out = Vec::with_capacity(blocks.len());

@@ -37,6 +37,13 @@ How the two models map (see ``client/python/README.md``):
   CUDA driver is present (blocks then move through pinned staging,
   ``docs/gpu.md``); elsewhere a GPU pointer is refused with ``-600`` and a
   log line.
+- Keys are opaque and name no parent. So that daemons can evict a request's
+  blocks from the tail and apply 2Q's branch rule, a put names for each key
+  the key before it in an earlier ``batch_is_exist`` of this store (vLLM,
+  SGLang), or else, in ``batch_put_from`` and
+  ``batch_put_from_multi_buffers``, the key before it in the same call
+  (LMCache's chunks past a request's stored prefix); see
+  ``client/src/lineage.rs``.
 """
 
 from __future__ import annotations
@@ -521,7 +528,11 @@ class MooncakeDistributedStore:
     ) -> List[int]:
         if not len(keys) == len(buffer_ptrs) == len(sizes):
             return [INVALID_PARAMS] * len(keys)
-        codes = self._c.put_from_ptrs(keys, buffer_ptrs, sizes, replicas=_replicas(config))
+        # In order: the engines put a request's blocks so (LMCache's chunks
+        # past its stored prefix), and the daemons then evict them from the tail.
+        codes = self._c.put_from_ptrs(
+            keys, buffer_ptrs, sizes, replicas=_replicas(config), in_order=True
+        )
         self._pin_if_asked(keys, codes, config)
         return codes
 
@@ -548,7 +559,7 @@ class MooncakeDistributedStore:
         a page's K and V; a status per key."""
         try:
             codes = self._c.put_from_ptr_lists(
-                keys, all_buffer_ptrs, all_sizes, replicas=_replicas(config)
+                keys, all_buffer_ptrs, all_sizes, replicas=_replicas(config), in_order=True
             )
         except (TypeError, ValueError, OverflowError) as err:
             log.error("batch_put_from_multi_buffers: %s", err)

@@ -18,7 +18,11 @@ API:
   chunk, one after another.
 - A batch of chunks is written as a chain (each chunk names the one
   before: LMCache stores a request's chunks in order), so that daemons evict
-  a request's chunks from the tail and keep the heads others match.
+  a request's chunks from the tail and keep the heads others match. The
+  first chunk names the last one of the prefix a lookup matched before it
+  (the first missing chunk of a lookup is remembered with the chunk before
+  it), so that a conversation's next turn is kept as a branch that readers
+  come back to (2Q's branch rule, `docs/benchmarks.md`).
 - Chunks are read and written in place in LMCache's CPU buffer (registered
   once), without a header: a chunk's shape comes from LMCache's metadata,
   and a shorter last chunk from the bytes read.
@@ -44,6 +48,10 @@ import mooncake_store
 
 log = logging.getLogger(__name__)
 
+# Lookups remembered at most; emptied when full (a forgotten one only
+# leaves a put without its parent).
+AWAITED_MAX = 65_536
+
 
 class MooncakeStoreRemote(RemoteConnector):
     """LMCache's remote connector on a Mooncake Store (Rust) cluster."""
@@ -58,6 +66,9 @@ class MooncakeStoreRemote(RemoteConnector):
             )
         token = extra.get("token") or os.environ.get("MOONCAKE_TOKEN")
         self.client = mooncake_store.Client(str(meta), namespace=str(extra.get("namespace") or "lmcache"), token=token)
+        # The first chunk missing from a lookup, with the last one matched
+        # before it: the parent the put of that chunk names.
+        self.awaited: dict[str, str] = {}
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
         # LMCache's CPU buffer, where every chunk it hands over lives.
@@ -88,11 +99,17 @@ class MooncakeStoreRemote(RemoteConnector):
         """How many leading chunks are stored: one round trip."""
         if not keys:
             return 0
+        names = [k.to_string() for k in keys]
         try:
-            return self.client.match_prefix([k.to_string() for k in keys])
+            matched = self.client.match_prefix(names)
         except mooncake_store.StoreError as err:
             log.warning("batched_contains: %s", err)
             return 0
+        if 0 < matched < len(names):
+            if len(self.awaited) >= AWAITED_MAX:
+                self.awaited.clear()
+            self.awaited[names[matched]] = names[matched - 1]
+        return matched
 
     def support_batched_async_contains(self) -> bool:
         return True
@@ -167,11 +184,13 @@ class MooncakeStoreRemote(RemoteConnector):
 
     def _write(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]) -> None:
         try:
+            names = [k.to_string() for k in keys]
             codes = self.client.put_from_ptrs(
-                [k.to_string() for k in keys],
+                names,
                 [obj.data_ptr for obj in memory_objs],
                 [obj.get_size() for obj in memory_objs],
                 chain=True,
+                parent=self.awaited.pop(names[0], None) if names else None,
             )
         except mooncake_store.StoreError as err:
             log.warning("batched_put of %d chunks: %s", len(keys), err)
