@@ -17,15 +17,20 @@ use pyo3::types::{PyBytes, PyDict};
 
 use mooncake_client::bindings::{block_on, except};
 
-use crate::buffers::{overlapping, Region, Registered};
+use crate::buffers::{Region, Registered};
 use crate::codes;
 use crate::keys::{hash_of, hashes_of};
 use crate::pieces::Pieces;
 use crate::tags::{tags_of, with_key, with_keys};
 use crate::{StoreError, StoreUnavailable};
+
+mod connect;
+mod regions;
+
+use connect::{follow_leader_through_etcd, tls_settings};
 use mooncake_client::ClientError;
-use mooncake_proto::message::EngineTag;
 use mooncake_proto::ErrorCode;
+use regions::{chain_of, check_lengths, regions_of};
 
 /// A connection to a Mooncake Store cluster, safe to share between threads.
 #[pyclass(frozen, module = "mooncake_store._native")]
@@ -54,131 +59,6 @@ impl Client {
         } else {
             block_on(call)
         }
-    }
-    fn get_regions(
-        &self,
-        py: Python<'_>,
-        hashes: Vec<BlockHash>,
-        regions: Vec<Region>,
-    ) -> Vec<i64> {
-        let clash = overlapping(&regions);
-        let items: Vec<(BlockHash, Region)> = hashes.into_iter().zip(regions).collect();
-        except(items, &clash, codes::INVALID_PARAMS, |items| {
-            let n = items.len();
-            let (client, ns) = (&self.inner, &self.namespace);
-            let result = py.detach(|| {
-                let hashes: Vec<BlockHash> = items.iter().map(|(h, _)| *h).collect();
-                let blocks: Vec<Vec<Span>> = items.iter().map(|(_, r)| vec![r.span()]).collect();
-                // SAFETY: every region is writable memory (host, or a
-                // GPU's as the client's driver tells) that stays valid for
-                // the call (a held Python object, or a registered range),
-                // and none of these overlaps another.
-                self.run(unsafe { client.get_into_spans(ns, &hashes, &blocks) })
-            });
-            match result {
-                Ok(outcomes) => outcomes.into_iter().map(codes::of_get).collect(),
-                Err(err) => vec![codes::of_error(&err); n],
-            }
-        })
-    }
-
-    /// Stores `regions` under `hashes`; with `chain`, as consecutive
-    /// blocks of one chain extending the given parent (or starting one);
-    /// `tags`: the engine's names of the blocks, or empty.
-    fn put_regions(
-        &self,
-        py: Python<'_>,
-        (hashes, regions): (Vec<BlockHash>, Vec<Region>),
-        chain: Option<Option<BlockHash>>,
-        tags: &[Option<Arc<EngineTag>>],
-        opts: PutOptions,
-    ) -> Vec<i64> {
-        let n = regions.len();
-        let (client, ns) = (&self.inner, &self.namespace);
-        let result = py.detach(|| {
-            let blocks: Vec<(BlockHash, Vec<Span>)> = hashes
-                .iter()
-                .zip(&regions)
-                .map(|(h, r)| (*h, vec![r.span()]))
-                .collect();
-            // SAFETY: every region is readable memory (host, or a GPU's)
-            // that stays valid for the call.
-            self.run(unsafe { client.put_spans(ns, &blocks, chain, tags, opts) })
-        });
-        match result {
-            Ok(outcomes) => outcomes.into_iter().map(codes::of_put).collect(),
-            Err(err) => vec![codes::of_error(&err); n],
-        }
-    }
-
-    /// Runs the batch `f` on the keys whose registered range is valid;
-    /// the others answer `INVALID_PARAMS` (nothing is read or written
-    /// outside a registered buffer).
-    fn on_registered(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        ptrs: Vec<usize>,
-        sizes: Vec<usize>,
-        f: impl FnOnce(&Self, Python<'_>, Vec<BlockHash>, Vec<Region>) -> Vec<i64>,
-    ) -> PyResult<Vec<i64>> {
-        let hashes = hashes_of(keys)?;
-        if hashes.len() != ptrs.len() || ptrs.len() != sizes.len() {
-            return Err(PyValueError::new_err(format!(
-                "{} keys, {} addresses and {} sizes",
-                hashes.len(),
-                ptrs.len(),
-                sizes.len()
-            )));
-        }
-        let outside: Vec<bool> = ptrs
-            .iter()
-            .zip(&sizes)
-            .map(|(&p, &n)| !self.registered.covers(p, n))
-            .collect();
-        let items: Vec<(BlockHash, Region)> = hashes
-            .into_iter()
-            .zip(
-                ptrs.iter()
-                    .zip(&sizes)
-                    .map(|(&p, &n)| Region::registered(p, n)),
-            )
-            .collect();
-        Ok(except(items, &outside, codes::INVALID_PARAMS, |items| {
-            let (hashes, regions) = items.into_iter().unzip();
-            f(self, py, hashes, regions)
-        }))
-    }
-}
-
-/// A client's certificates for `kind` ("tls" or "quic"): the arguments
-/// `{kind}_ca`, `{kind}_cert` and `{kind}_key`, each defaulting to
-/// `$MOONCAKE_{KIND}_CA` and so on. `None` without a CA.
-fn tls_settings(
-    kind: &str,
-    ca: Option<std::path::PathBuf>,
-    cert: Option<std::path::PathBuf>,
-    key: Option<std::path::PathBuf>,
-) -> PyResult<Option<mooncake_client::ClientTls>> {
-    let env = |what: &str| {
-        let name = format!("MOONCAKE_{}_{what}", kind.to_uppercase());
-        std::env::var_os(name).map(std::path::PathBuf::from)
-    };
-    let identity = match (cert.or_else(|| env("CERT")), key.or_else(|| env("KEY"))) {
-        (Some(cert), Some(key)) => Some((cert, key)),
-        (None, None) => None,
-        _ => {
-            return Err(PyValueError::new_err(format!(
-                "{kind}_cert and {kind}_key go together"
-            )))
-        }
-    };
-    match ca.or_else(|| env("CA")) {
-        Some(ca) => Ok(Some(mooncake_client::ClientTls { ca, identity })),
-        None if identity.is_some() => Err(PyValueError::new_err(format!(
-            "{kind}_cert needs {kind}_ca (the CA that signed the store's certificates)"
-        ))),
-        None => Ok(None),
     }
 }
 
@@ -840,64 +720,4 @@ impl Client {
             self.namespace.as_str()
         )
     }
-}
-
-/// What `put_regions` takes for a put that is (`chain`) or is not part of a
-/// chain: the chain's parent, if it extends one.
-fn chain_of(chain: bool, parent: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Option<BlockHash>>> {
-    match (chain, parent) {
-        (true, parent) => Ok(Some(parent.map(hash_of).transpose()?)),
-        (false, None) => Ok(None),
-        (false, Some(_)) => Err(PyValueError::new_err("parent needs chain=True")),
-    }
-}
-
-/// The memory of each object of an iterable with the buffer protocol (or
-/// CUDA tensors).
-fn regions_of(
-    objects: &Bound<'_, PyAny>,
-    writable: bool,
-    client: &mooncake_client::Client,
-) -> PyResult<Vec<Region>> {
-    objects
-        .try_iter()?
-        .map(|o| Region::of_object(&o?, writable, client))
-        .collect()
-}
-
-fn check_lengths(keys: usize, other: usize, what: &str) -> PyResult<()> {
-    if keys != other {
-        return Err(PyValueError::new_err(format!(
-            "{keys} keys but {other} {what}"
-        )));
-    }
-    Ok(())
-}
-
-/// `cfg` following whichever meta replica leads, as etcd at `endpoints`
-/// says.
-#[cfg(feature = "etcd")]
-async fn follow_leader_through_etcd(
-    cfg: mooncake_client::ClientConfig,
-    endpoints: Vec<String>,
-) -> PyResult<mooncake_client::ClientConfig> {
-    use mooncake_coord::{leader_address, EtcdConfig, EtcdCoordinator};
-    let etcd = EtcdCoordinator::connect(EtcdConfig::new(endpoints.clone()))
-        .await
-        .map_err(|e| StoreUnavailable::new_err(format!("etcd at {endpoints:?}: {e}")))?;
-    cfg.with_resolver(Arc::new(leader_address(etcd)))
-        .await
-        .map_err(|e| StoreUnavailable::new_err(e.to_string()))
-}
-
-/// Without the `etcd` feature: a clear error instead of a silent fallback.
-#[cfg(not(feature = "etcd"))]
-async fn follow_leader_through_etcd(
-    _: mooncake_client::ClientConfig,
-    endpoints: Vec<String>,
-) -> PyResult<mooncake_client::ClientConfig> {
-    Err(PyValueError::new_err(format!(
-        "etcd {endpoints:?}: this build of mooncake-store has no etcd support; give the meta \
-         leader's address instead, or install it with MATURIN_PEP517_ARGS=\"--features etcd\""
-    )))
 }
