@@ -354,6 +354,51 @@ fn simulate_sweeps_cache_sizes_and_plots_them() {
 }
 
 #[test]
+fn bench_pool_times_the_orders_asked_and_compares_with_lru_only_where_timed() {
+    let (dir, trace) = dir_with_trace("bench-pool");
+    let bench = |orders: &str| {
+        let out = Command::new(BIN)
+            .args(["bench-pool", trace.to_str().unwrap()])
+            .args(["--capacities", "50,100", "--rounds", "1", "--json"])
+            .args(["--orders", orders])
+            .output()
+            .unwrap();
+        succeeded(&out);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        json["points"].as_array().unwrap().clone()
+    };
+    // One order alone: each size timed once, with nothing to compare to.
+    let alone = bench("2q");
+    assert_eq!(alone.len(), 2);
+    for p in &alone {
+        assert_eq!(p["eviction"], "2q");
+        assert!(p["ops_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(p["vs_lru"].is_null(), "{p}");
+    }
+    // Both: in the order asked, each against LRU's rate at its size.
+    let both = bench("2q,lru");
+    let names: Vec<&str> = both
+        .iter()
+        .map(|p| p["eviction"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["2q", "lru", "2q", "lru"]);
+    for pair in both.chunks(2) {
+        let ratio =
+            pair[0]["ops_per_sec"].as_f64().unwrap() / pair[1]["ops_per_sec"].as_f64().unwrap();
+        assert!((pair[0]["vs_lru"].as_f64().unwrap() - ratio).abs() < 1e-9);
+        assert_eq!(pair[1]["vs_lru"].as_f64(), Some(1.0));
+    }
+    // An order that does not exist: a usage error naming the ones that do.
+    let out = Command::new(BIN)
+        .args(["bench-pool", trace.to_str().unwrap(), "--orders", "fifo"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the orders are lru and 2q"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn route_sim_compares_policies_on_a_trace_with_exact_hits_and_times() {
     // Ten requests 100 s apart (every prefill done before the next
     // arrives), each four shared blocks and one of its own: the first

@@ -87,6 +87,9 @@ pub(super) struct Admission {
     /// The stamp of its stored parent, if `admit` looked it up (`Some`):
     /// `add_child` need not look again.
     pub(super) parent_stamp: Option<Option<u64>>,
+    /// Its ghost fingerprint (2Q; 0 under LRU), kept with the block so
+    /// that its eviction need not hash its key again.
+    pub(super) fingerprint: u64,
 }
 
 /// What the eviction order did, since start (the daemon's metrics).
@@ -110,7 +113,7 @@ pub struct EvictionEvents {
 
 /// Recently evicted blocks (2Q), oldest first, with the queue each left
 /// and the units it held. Kept by a 64-bit fingerprint of the key (a
-/// seeded hash, computed once per call), not the key: a ghost takes 16
+/// seeded hash, computed once per block), not the key: a ghost takes 16
 /// bytes in the map and 8 in the queue, and no key is cloned; two keys
 /// sharing a fingerprint (about one pair in 2^64) only make one of them
 /// look recently evicted.
@@ -122,12 +125,13 @@ pub(super) struct Ghosts {
 }
 
 impl Ghosts {
-    fn fingerprint(&self, key: &BlockKey) -> u64 {
+    /// `key`'s fingerprint: computed once per block, when it is admitted
+    /// (`Admission::fingerprint`), and kept with it for its eviction.
+    pub(super) fn fingerprint(&self, key: &BlockKey) -> u64 {
         self.seed.hash_one(key)
     }
 
-    fn remember(&mut self, key: &BlockKey, from: (Queue, u64), cap: usize) {
-        let f = self.fingerprint(key);
+    fn remember(&mut self, f: u64, from: (Queue, u64), cap: usize) {
         if self.entries.insert(f, Ghost::new(from)).is_none() {
             self.order.push_back(f);
         }
@@ -138,21 +142,20 @@ impl Ghosts {
         }
     }
 
-    /// Where `key` was evicted from recently, if it was; forgets it.
-    fn take(&mut self, key: &BlockKey) -> Option<(Queue, u64)> {
-        let f = self.fingerprint(key);
+    /// Where the block of fingerprint `f` was evicted from recently, if it
+    /// was; forgets it.
+    fn take(&mut self, f: u64) -> Option<(Queue, u64)> {
         self.entries.remove(&f).map(Ghost::get)
     }
 
-    fn get(&self, key: &BlockKey) -> Option<(Queue, u64)> {
-        self.entries.get(&self.fingerprint(key)).map(|g| g.get())
+    fn get(&self, f: u64) -> Option<(Queue, u64)> {
+        self.entries.get(&f).map(|g| g.get())
     }
 
-    /// Keeps `key` remembered, with no units left to grow probation by: a
+    /// Keeps `f` remembered, with no units left to grow probation by: a
     /// reader's miss of it was counted (once, whether the daemon saw the
     /// get or the meta service told it of the lookup, or both).
-    fn spend(&mut self, key: &BlockKey) {
-        let f = self.fingerprint(key);
+    fn spend(&mut self, f: u64) {
         if let Some(g) = self.entries.get_mut(&f) {
             *g = Ghost::new((g.get().0, 0));
         }
@@ -387,11 +390,13 @@ impl DramPool {
             queue: Queue::Main,
             continues: false,
             parent_stamp: None,
+            fingerprint: 0,
         };
         if self.cfg.eviction != Eviction::TwoQ {
             return admission;
         }
-        if let Some((from, units)) = inner.ghosts.take(key) {
+        admission.fingerprint = inner.ghosts.fingerprint(key);
+        if let Some((from, units)) = inner.ghosts.take(admission.fingerprint) {
             inner.events.ghost_hits += 1;
             if from == Queue::Main {
                 // Main was too small for it: give probation's room back.
@@ -445,11 +450,12 @@ impl DramPool {
         if self.cfg.eviction != Eviction::TwoQ {
             return;
         }
-        if let Some((Queue::Probation, units @ 1..)) = inner.ghosts.get(key) {
+        let f = inner.ghosts.fingerprint(key);
+        if let Some((Queue::Probation, units @ 1..)) = inner.ghosts.get(f) {
             let capacity_units = self.region.len() as u64 / UNIT;
             inner.probation_target = (inner.probation_target + units).min(capacity_units);
             inner.events.early_eviction_reads += 1;
-            inner.ghosts.spend(key);
+            inner.ghosts.spend(f);
         }
     }
 
@@ -569,7 +575,11 @@ impl DramPool {
         if self.cfg.eviction == Eviction::TwoQ {
             let cap = (inner.blocks.len() * GHOSTS_PER_BLOCK).max(MIN_GHOSTS);
             let units = inner.alloc.allocation_size(block.alloc) as u64;
-            inner.ghosts.remember(&key, (block.queue, units), cap);
+            let f = match block.fingerprint {
+                0 => inner.ghosts.fingerprint(&key),
+                f => f,
+            };
+            inner.ghosts.remember(f, (block.queue, units), cap);
         }
         // Demotion: the bytes leave for the next tier before the space is
         // freed. A full demotion queue drops the block (a miss later).

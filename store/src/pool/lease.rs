@@ -92,6 +92,7 @@ impl WriteSlot {
         block.parent = self.parent;
         block.queue = queue;
         block.continues = admission.continues;
+        block.fingerprint = admission.fingerprint;
         let (tenant, alloc) = (block.tenant, block.alloc);
         if queue == Queue::Probation {
             inner.probation_units += inner.alloc.allocation_size(alloc) as u64;

@@ -219,6 +219,8 @@ struct Block {
     /// it, and how many of those were read again.
     branches: u32,
     branch_hits: u32,
+    /// Its ghost fingerprint once admitted under 2Q (0: not taken).
+    fingerprint: u64,
 }
 
 impl Block {
@@ -425,6 +427,7 @@ impl DramPool {
                 continues: false,
                 branches: 0,
                 branch_hits: 0,
+                fingerprint: 0,
             },
         );
         Ok(WriteSlot {
