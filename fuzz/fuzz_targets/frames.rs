@@ -64,6 +64,9 @@ fn for_each_body(body: &[u8]) {
     round_trip::<ShmPutRequest>(body);
     round_trip::<ShmSlot>(body);
     round_trip::<ShmCommitRequest>(body);
+    round_trip::<ShmRoomRequest>(body);
+    round_trip::<ShmRooms>(body);
+    round_trip::<ShmStoreRequest>(body);
     round_trip::<RdmaPeer>(body);
     round_trip::<RdmaAccept>(body);
 }

@@ -595,6 +595,8 @@ async fn dispatch(
         | Opcode::ShmPut
         | Opcode::ShmCommit
         | Opcode::ShmTouch
+        | Opcode::ShmRoom
+        | Opcode::ShmStore
         | Opcode::RdmaConnect
         | Opcode::Fetch => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
     })

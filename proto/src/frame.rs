@@ -84,13 +84,19 @@ opcodes! {
     /// RDMA, on the daemon's RDMA control port: the client's queue pair;
     /// the answer is the daemon's queue pair and its pool's registered
     /// regions. The connection then carries `ShmGet`, `ShmRelease`,
-    /// `ShmPut`, `ShmCommit` and `ShmTouch`, whose offsets the client reads
-    /// and writes with one-sided RDMA.
+    /// `ShmPut`, `ShmCommit`, `ShmTouch`, `ShmRoom` and `ShmStore`, whose
+    /// offsets the client reads and writes with one-sided RDMA.
     RdmaConnect = 0x10,
     /// From the meta service: fetch a block from another daemon that holds
     /// it (a copy lost with a host, made again); the bytes are checked
     /// against the block's checksum before they are stored.
     Fetch = 0x11,
+    /// Same host: reserve room in the shared pool for blocks not yet
+    /// named, which the client keeps for its next puts of that size.
+    ShmRoom = 0x12,
+    /// Same host: store a block the client wrote into room it holds
+    /// (`ShmRoom`), in one message; the answer hands it room for the next.
+    ShmStore = 0x13,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).

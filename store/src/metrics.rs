@@ -112,6 +112,9 @@ struct PoolCollector {
     nvme_events: IntCounterVec,
     nvme_probation: IntGaugeVec,
     unindexed: IntCounter,
+    /// Bytes of the pool same-host writers hold as room for their next
+    /// blocks (`pool::Room`).
+    rooms: prometheus::IntGauge,
     corrupt: IntCounter,
     descs: Vec<Desc>,
 }
@@ -247,6 +250,12 @@ impl PoolCollector {
             "Blocks the same-host index had no room for (same-host clients lease those).",
         )?;
         descs.extend(unindexed.desc().into_iter().cloned());
+        let rooms = prometheus::IntGauge::new(
+            "mooncake_daemon_shm_room_bytes",
+            "Pool bytes same-host writers hold as room for their next blocks \
+             (counted as used; at most an eighth of the pool).",
+        )?;
+        descs.extend(rooms.desc().into_iter().cloned());
         Ok(PoolCollector {
             tenant_used,
             tenant_quota,
@@ -256,6 +265,7 @@ impl PoolCollector {
             nvme_events,
             nvme_probation,
             unindexed,
+            rooms,
             tiers: Arc::downgrade(&tiers),
             moves,
             io_errors,
@@ -377,6 +387,7 @@ impl Collector for PoolCollector {
             .with_label_values(&["limit"])
             .set(limit as i64);
         bump(self.unindexed.clone(), pool.unindexed_blocks());
+        self.rooms.set(pool.room_bytes() as i64);
         let mut out = Vec::new();
         for c in [
             &self.capacity,
@@ -405,6 +416,7 @@ impl Collector for PoolCollector {
         out.extend(self.corrupt.collect());
         if pool.shared_index().is_some() {
             out.extend(self.unindexed.collect());
+            out.extend(self.rooms.collect());
         }
         if !pool.tenant_usage().is_empty() || !tiers.nvme_tenant_usage().is_empty() {
             out.extend(self.tenant_used.collect());

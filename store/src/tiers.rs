@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::nvme::{NvmeTier, TierError};
-use crate::pool::{Demoted, DramPool, PoolError, WriteSlot};
+use crate::pool::{Demoted, DramPool, PoolError, Room, WriteSlot};
 
 /// Blocks waiting to be written to NVMe. The pool's byte budget is the real
 /// bound; this only caps the count of small blocks.
@@ -244,6 +244,34 @@ impl Tiers {
         }
         let _gate = self.room_to_demote(len, backpressure).await;
         self.dram.reserve_for(key, len, checksum)
+    }
+
+    /// Room for a same-host writer's next block of up to `len` bytes
+    /// (`DramPool::reserve_room`), where taking it waits for nothing: with
+    /// a next tier, not while the demotion queue lacks room for what it
+    /// may evict (a put would wait there, `room_to_demote`).
+    pub fn reserve_room(&self, len: u64) -> Option<Room> {
+        if !self.nvme.is_empty() && !self.dram.has_demotion_room(len) {
+            return None;
+        }
+        self.dram.reserve_room(len).ok()
+    }
+
+    /// Names the block written into `room` (`DramPool::fill_room`), first
+    /// dropping a copy of other bytes under its key on a drive, as
+    /// `reserve_put` does; `AlreadyExists` where a drive holds these.
+    pub fn fill_room(
+        &self,
+        room: Room,
+        key: BlockKey,
+        len: u64,
+        checksum: u64,
+    ) -> Result<WriteSlot, (PoolError, Room)> {
+        match self.drop_stale_on_nvme(&key, len, checksum) {
+            Err(err) => Err((err, room)),
+            Ok(true) if !self.dram.contains(&key) => Err((PoolError::AlreadyExists, room)),
+            Ok(_) => self.dram.fill_room(room, key, len, Some(checksum)),
+        }
     }
 
     /// Makes a put visible whose writer hashed its bytes where they lie in

@@ -392,3 +392,59 @@ async fn a_same_host_put_carries_the_meta_services_judgement_of_its_branch() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_of_one_size_after_the_first_go_into_room_held_ahead_byte_for_byte() {
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
+    let client = client(&cluster, &dir.join("daemon.sock"));
+    // One block a call: the first reserves its room and asks for room
+    // ahead; each later one goes into the room the one before handed over.
+    put_each(&client, &[100_000; 12]).await;
+    assert_eq!(client.shm_writes(), 12);
+    assert_eq!(client.shm_room_writes(), 11);
+    // Batches: the first asks for room for the rest of its blocks, the
+    // second finds room for all of them.
+    for round in 0..2u64 {
+        let values: Vec<Vec<u8>> = (0..10)
+            .map(|i| block_bytes(100 + round * 10 + i, 100_000))
+            .collect();
+        let blocks: Vec<(BlockHash, &[u8])> = (0..10)
+            .map(|i| (hash(100 + round * 10 + i), &values[i as usize][..]))
+            .collect();
+        let out = client.put(&ns(), &blocks).await.unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored; 10]);
+    }
+    assert_eq!(client.shm_writes(), 32);
+    assert_eq!(client.shm_room_writes(), 11 + 1 + 10);
+    // Another size: the rooms held are let go; rooms of the new size
+    // serve its blocks after the first.
+    let sizes: Vec<usize> = [vec![0; 32], vec![30_000; 4]].concat();
+    for (i, n) in sizes.iter().enumerate().skip(32) {
+        let out = client
+            .put(&ns(), &[(hash(i as u64), &block_bytes(i as u64, *n))])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored]);
+    }
+    assert_eq!(client.shm_room_writes(), 22 + 3);
+    // Every block reads back right, through shared memory and over TCP.
+    let keys: Vec<(u64, usize)> = (0..12)
+        .map(|i| (i, 100_000))
+        .chain((100..120).map(|i| (i, 100_000)))
+        .chain((32..36).map(|i| (i, 30_000)))
+        .collect();
+    let tcp = cluster.client();
+    for reader in [&client, &tcp] {
+        for (i, n) in &keys {
+            let mut buf = vec![0u8; *n];
+            let got = reader
+                .get_into(&ns(), &[hash(*i)], &mut [&mut buf[..]])
+                .await
+                .unwrap();
+            assert_eq!(got, vec![GetOutcome::Hit(*n)], "block {i}");
+            assert!(buf == block_bytes(*i, *n), "block {i} bytes");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -184,7 +184,6 @@ fn a_config_file_that_does_not_parse_is_one_line_with_where_it_went_wrong() {
     ] {
         refused_at_start(&["up", "--config", file.to_str().unwrap()], says);
     }
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]

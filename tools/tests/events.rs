@@ -424,7 +424,8 @@ async fn tiers(client: &Client, hashes: &[BlockHash]) -> Vec<Option<Tier>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_demoted_to_nvme_move_to_storage_in_events_lookups_and_route() {
-    let drive = scratch_dir("events-nvme").join("nvme.bin");
+    let dir = scratch_dir("events-nvme");
+    let drive = dir.join("nvme.bin");
     let config = format!(
         "eviction = \"lru\"\nnvme = [\"{}:64MiB\"]\n",
         drive.display()
@@ -487,7 +488,8 @@ async fn blocks_demoted_to_nvme_move_to_storage_in_events_lookups_and_route() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_kill_and_restart_blocks_read_back_from_nvme_keep_their_engine_names_and_tokens() {
-    let drive = scratch_dir("events-nvme-tags").join("nvme.bin");
+    let dir = scratch_dir("events-nvme-tags");
+    let drive = dir.join("nvme.bin");
     let config = format!(
         "eviction = \"lru\"\nnvme = [\"{}:64MiB\"]\n",
         drive.display()

@@ -14,6 +14,7 @@ mod common;
 use common::cluster::{scratch_dir, Proc};
 use common::{free_port, BIN};
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mooncake_client::{Client, ClientConfig, ErrorSource, PutOutcome};
@@ -40,8 +41,7 @@ fn rss(proc: &Proc) -> u64 {
 /// A meta service and a daemon as separate processes, on fresh ports;
 /// `extra` goes to both (e.g. `--auth`), `meta_config` is the meta
 /// service's config file text.
-fn start(name: &str, extra: &[&str], meta_config: &str) -> (Proc, Proc, String, String) {
-    let dir = scratch_dir(name);
+fn start(dir: &Path, extra: &[&str], meta_config: &str) -> (Proc, Proc, String, String) {
     let config = dir.join("meta.toml");
     std::fs::write(&config, meta_config).unwrap();
     let meta = format!("127.0.0.1:{}", free_port());
@@ -49,11 +49,11 @@ fn start(name: &str, extra: &[&str], meta_config: &str) -> (Proc, Proc, String, 
     let mut args = vec!["meta", "--listen", &meta, "--admin", ""];
     args.extend(["--config", config.to_str().unwrap()]);
     args.extend(extra);
-    let meta_proc = Proc::spawn("meta", BIN, &args, &dir);
+    let meta_proc = Proc::spawn("meta", BIN, &args, dir);
     let mut args = vec!["daemon", "--meta", &meta, "--listen", &daemon];
     args.extend(["--admin", "", "--dram", "32MiB"]);
     args.extend(extra);
-    let daemon_proc = Proc::spawn("daemon", BIN, &args, &dir);
+    let daemon_proc = Proc::spawn("daemon", BIN, &args, dir);
     (meta_proc, daemon_proc, meta, daemon)
 }
 
@@ -116,7 +116,7 @@ async fn oversized_auth_bodies_leave_both_servers_memory_where_it_was() {
     )
     .unwrap();
     let auth = ["--auth", tokens.to_str().unwrap(), "--token", token];
-    let (meta, daemon, meta_addr, daemon_addr) = start("memory-auth", &auth, "");
+    let (meta, daemon, meta_addr, daemon_addr) = start(&dir, &auth, "");
     let ns = Namespace::new("memory").unwrap();
     let client = ready(&meta_addr, Some(token), &ns).await;
     let before = (rss(&meta), rss(&daemon));
@@ -193,7 +193,8 @@ async fn flood_reservations(conn: &mut Connection, round: u32, requests: u32, pe
 async fn floods_of_namespaces_and_reservations_leave_the_meta_services_memory_bounded() {
     // Reservations expire after a second; one client may hold 10,000.
     let config = "[meta]\nput_timeout = \"1s\"\nmax_pending_puts_per_client = 10000\n";
-    let (meta, _daemon, meta_addr, _) = start("memory-flood", &[], config);
+    let dir = scratch_dir("memory-flood");
+    let (meta, _daemon, meta_addr, _) = start(&dir, &[], config);
     let ns = Namespace::new("memory").unwrap();
     let client = ready(&meta_addr, None, &ns).await;
     let mut conn = Connection::connect(&meta_addr, ErrorSource::Meta, Duration::from_secs(2))

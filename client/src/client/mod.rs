@@ -31,7 +31,7 @@ use crate::lineage::Lineage;
 use crate::locations::LocationCache;
 use crate::metrics::ClientMetrics;
 use crate::pieces::{Dest, Value};
-use crate::transport::shm::ShmLink;
+use crate::transport::shm::{ShmCounts, ShmLink};
 use crate::transport::stream::StreamTransport;
 use crate::transport::{
     hits, stored, GetItem, PutItem, Read, Transport, TransportCounters, Written,
@@ -158,7 +158,7 @@ pub struct Client {
     shm: parking_lot::Mutex<(Option<Arc<ShmLink>>, Option<std::time::Instant>)>,
     /// Blocks read through the daemon's shared index (no lease), over
     /// every same-host link this client made.
-    shm_indexed: Arc<AtomicU64>,
+    shm_counts: Arc<ShmCounts>,
     transports: TransportCounters,
     /// Reservations and commits of puts in flight at once, sent together;
     /// reservations one queue per number of copies asked (0 to 4), since
@@ -242,7 +242,7 @@ impl Client {
             lineage: Lineage::default(),
             corrupt_reads: AtomicU64::new(0),
             shm: parking_lot::Mutex::new((None, None)),
-            shm_indexed: Arc::new(AtomicU64::new(0)),
+            shm_counts: Arc::default(),
             transports: TransportCounters::default(),
             reservations: Default::default(),
             commits: Coalescer::weighed(MAX_BATCH, MAX_COMMIT_TAG_BYTES, commit_tag_bytes),
@@ -276,7 +276,13 @@ impl Client {
     /// Of `shm_reads`, the blocks found through the daemon's shared index
     /// and copied without a lease (no message to the daemon).
     pub fn shm_index_reads(&self) -> u64 {
-        self.shm_indexed.load(Ordering::Relaxed)
+        self.shm_counts.index_reads.load(Ordering::Relaxed)
+    }
+
+    /// Of `shm_writes`, the blocks written into room held ahead for them
+    /// (one message to the daemon instead of two).
+    pub fn shm_room_writes(&self) -> u64 {
+        self.shm_counts.room_writes.load(Ordering::Relaxed)
     }
 
     /// Blocks stored through the same-host shared pool.

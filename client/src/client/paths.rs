@@ -52,7 +52,7 @@ impl Client {
         let mut shm = self.shm.lock();
         if shm.0.is_none() && shm.1.is_none_or(|t| t.elapsed() > SHM_RETRY) {
             shm.1 = Some(std::time::Instant::now());
-            match ShmLink::connect(path, self.shm_indexed.clone(), self.cfg.copy_threads) {
+            match ShmLink::connect(path, self.shm_counts.clone(), self.cfg.copy_threads) {
                 Ok(link) => shm.0 = Some(Arc::new(link)),
                 Err(err) => {
                     drop(shm);

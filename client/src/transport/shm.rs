@@ -12,9 +12,10 @@
 //! under it) is leased and copied again. Reads through the index are told
 //! to the daemon afterwards, in batches (`ShmTouch`), for its LRU.
 //!
-//! Puts: a large block is written into room the daemon reserves in the
-//! pool (`ShmPut`, `ShmCommit`); a small one (16 KiB or less) goes with its
-//! bytes over the socket (`Put`), in one round trip instead of two.
+//! Puts: a small block (16 KiB or less) goes with its bytes over the
+//! socket (`Put`); a larger one is written into the pool, in room the
+//! client holds ahead (`ShmRoom`, `ShmStore`: one round trip) or else
+//! reserved for it (`ShmPut`, `ShmCommit`: two). See `put`.
 
 use std::io::{self, IoSliceMut};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -38,6 +39,7 @@ use super::{answer, GetItem, PutItem, Read, Transport, Written};
 use crate::{ClientError, ErrorSource};
 
 mod device;
+mod put;
 pub(crate) use device::{Direct, FromDevice};
 
 /// A mapping of a daemon's pool (read for gets, written only into room
@@ -101,9 +103,6 @@ struct Index {
 
 /// Idle socket connections kept to the daemon.
 const MAX_IDLE: usize = 64;
-/// Blocks up to this size are put with their bytes in the frame (one round
-/// trip on the socket) rather than through the shared pool (two).
-const INLINE_PUT: usize = 16 << 10;
 /// Reads through the index told to the daemon in one message, at most.
 const TOUCH_BATCH: usize = 64;
 /// Bytes of a batch from which its copies out of the index are spread over
@@ -126,6 +125,15 @@ struct Touches {
     since: std::time::Instant,
 }
 
+/// What a client's same-host links did, beyond the blocks each moved.
+#[derive(Debug, Default)]
+pub(crate) struct ShmCounts {
+    /// Blocks read through the daemon's index, without a lease.
+    pub index_reads: std::sync::atomic::AtomicU64,
+    /// Blocks written into room held ahead (`ShmStore`).
+    pub room_writes: std::sync::atomic::AtomicU64,
+}
+
 /// The link to the daemon on this host: its pool, mapped once, and a few
 /// socket connections for leases (one call at a time on each).
 pub(crate) struct ShmLink {
@@ -144,27 +152,30 @@ pub(crate) struct ShmLink {
     index: Option<Index>,
     /// Set once the mapping's page tables are filled (see `populate`).
     populated: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// Blocks read through the index (the client's count, shared by its
-    /// links over time).
-    indexed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The client's counts, shared by its links over time.
+    counts: std::sync::Arc<ShmCounts>,
     /// Threads copying one large batch.
     copy_threads: usize,
-    /// Whether the daemon takes small puts with their bytes (`Put`); it
-    /// does unless it refused one (a daemon of an older version).
+    /// Whether the daemon takes small puts with their bytes (`Put`), and
+    /// holds room ahead for larger ones (`ShmRoom`); it does unless it
+    /// refused one (a daemon of an older version).
     inline_puts: std::sync::atomic::AtomicBool,
+    rooms: std::sync::atomic::AtomicBool,
     touches: parking_lot::Mutex<Touches>,
     path: std::path::PathBuf,
     /// Connections whose last call finished cleanly; one cut short (a
     /// deadline) is dropped with its call, never reused.
     idle: parking_lot::Mutex<Vec<Idle>>,
+    /// Idle connections holding room in the pool for puts (`put::Writer`).
+    writers: parking_lot::Mutex<Vec<put::Writer>>,
 }
 
 impl ShmLink {
     /// Connects to the daemon's socket at `path` and maps its pool and its
-    /// index; reads through the index are counted in `indexed`.
+    /// index; what it does is counted in `counts`.
     pub fn connect(
         path: &Path,
-        indexed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+        counts: std::sync::Arc<ShmCounts>,
         copy_threads: usize,
     ) -> io::Result<ShmLink> {
         let (stream, hello, fds) = open(path)?;
@@ -191,9 +202,10 @@ impl ShmLink {
             page_size,
             index,
             populated,
-            indexed,
+            counts,
             copy_threads: copy_threads.max(1),
             inline_puts: std::sync::atomic::AtomicBool::new(true),
+            rooms: std::sync::atomic::AtomicBool::new(true),
             touches: parking_lot::Mutex::new(Touches {
                 keys: Vec::new(),
                 since: std::time::Instant::now(),
@@ -203,6 +215,7 @@ impl ShmLink {
                 stream,
                 owed: Vec::new(),
             }]),
+            writers: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -283,7 +296,8 @@ impl ShmLink {
                 None => leased.push((i, key)),
             }
         }
-        self.indexed
+        self.counts
+            .index_reads
             .fetch_add(touched.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let touches = self.note_touches(touched);
         if leased.is_empty() && touches.is_empty() {
@@ -418,136 +432,6 @@ impl ShmLink {
         } else {
             Vec::new()
         }
-    }
-
-    /// Stores `items` through the daemon's socket: a small block with its
-    /// bytes in the frame (`Put`, one round trip; the daemon reads them
-    /// straight into their place), a larger one through the shared pool
-    /// (room reserved for it, `ShmPut`; the bytes written there; verified
-    /// and stored by the daemon, `ShmCommit`), which spares it the
-    /// socket's two copies. A status per item.
-    async fn put_blocks(
-        &self,
-        namespace: &Namespace,
-        items: &[PutItem<'_>],
-    ) -> io::Result<Vec<Written>> {
-        let inline = self.inline_puts.load(std::sync::atomic::Ordering::Relaxed);
-        if let Some(codes) = self.put_batch(namespace, items, inline).await? {
-            return Ok(codes);
-        }
-        // A daemon older than puts with bytes on its socket refused one and
-        // closed the session: nothing of the batch was kept. All of it, and
-        // every later put, goes through the shared pool.
-        tracing::info!(path = %self.path.display(), "the same-host daemon takes no puts with their bytes (an older version); putting through the shared pool");
-        self.inline_puts
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        self.put_batch(namespace, items, false)
-            .await?
-            .ok_or_else(|| io::Error::other("a put refused with no put sent"))
-    }
-
-    /// One try of `put_blocks`, small blocks inline if `inline`; `None` if
-    /// the daemon refused a put with bytes.
-    ///
-    /// A block written into the pool is copied and hashed in one pass, and
-    /// that checksum, of the bytes as they lie in the pool, goes with its
-    /// commit: the daemon need not read them again (checked against the
-    /// item's own checksum, where it has one).
-    async fn put_batch(
-        &self,
-        namespace: &Namespace,
-        items: &[PutItem<'_>],
-        inline: bool,
-    ) -> io::Result<Option<Vec<Written>>> {
-        let inline = |it: &PutItem<'_>| inline && it.value.len() <= INLINE_PUT;
-        let mut conn = self.conn().await?;
-        // Requests in the order they go out, each with the item it is for
-        // (request k has id k + 1). A block's commit goes out as soon as
-        // its bytes are in place, so a call holds room for at most about
-        // a window of blocks at once: the pool caps the room that puts in
-        // progress hold, and a large call reserving all before committing
-        // any met that cap (`Busy`).
-        let mut outbox = Outbox::default();
-        let mut queued: Vec<(Opcode, usize)> = Vec::new();
-        let mut written: Vec<Written> = items
-            .iter()
-            .map(|it| Written {
-                code: ErrorCode::Ok,
-                checksum: it.checksum.unwrap_or(0),
-            })
-            .collect();
-        let (mut next, mut k) = (0, 0);
-        while k < queued.len() || next < items.len() {
-            while next < items.len() && queued.len() - k < WINDOW {
-                let it = &items[next];
-                let key = BlockKey::new(namespace.clone(), it.hash);
-                let id = queued.len() as u64 + 1;
-                if inline(it) {
-                    written[next].checksum = it.sum();
-                    let head = PutHead {
-                        key,
-                        checksum: written[next].checksum,
-                        parent: it.parent,
-                        continues: it.continues,
-                        tag: it.tag.clone(),
-                    }
-                    .to_bytes();
-                    let len = (head.len() + it.value.len()) as u32;
-                    outbox.push_with(|frames| {
-                        frames.extend_from_slice(&Header::request(Opcode::Put, id, len).encode());
-                        frames.extend_from_slice(&head);
-                        for piece in it.value.pieces() {
-                            frames.extend_from_slice(piece);
-                        }
-                    });
-                    queued.push((Opcode::Put, next));
-                } else {
-                    let body = ShmPutRequest {
-                        key,
-                        len: it.value.len() as u64,
-                        // Else said at commit, of the bytes in the pool.
-                        checksum: it.checksum,
-                        parent: it.parent,
-                        continues: it.continues,
-                        tag: it.tag.clone(),
-                    }
-                    .to_bytes();
-                    outbox.push(Opcode::ShmPut, id, &body);
-                    queued.push((Opcode::ShmPut, next));
-                }
-                next += 1;
-            }
-            outbox.before_answer(&mut conn, k).await?;
-            let (op, i) = queued[k];
-            let (status, body) = answer(&mut conn, op, k as u64 + 1).await?;
-            k += 1;
-            match (op, status) {
-                (Opcode::Put, ErrorCode::UnknownOpcode) => return Ok(None),
-                (Opcode::ShmPut, ErrorCode::Ok) => {
-                    let slot = ShmSlot::from_bytes(&body).map_err(io::Error::other)?;
-                    let (offset, len) = (slot.offset as usize, items[i].value.len());
-                    if offset.checked_add(len).is_none_or(|end| end > self.map.len) {
-                        return Err(io::Error::other("a reservation outside the shared pool"));
-                    }
-                    // SAFETY: in bounds (checked above), and reserved for
-                    // this block alone until it is committed.
-                    let room = unsafe {
-                        std::slice::from_raw_parts_mut(self.map.ptr.as_ptr().add(offset), len)
-                    };
-                    written[i].checksum = items[i].value.copy_with_checksum(room);
-                    let commit = ShmCommitRequest {
-                        slot: slot.slot,
-                        checksum: Some(written[i].checksum),
-                    };
-                    let id = queued.len() as u64 + 1;
-                    outbox.push(Opcode::ShmCommit, id, &commit.to_bytes());
-                    queued.push((Opcode::ShmCommit, i));
-                }
-                _ => written[i].code = status,
-            }
-        }
-        self.put_back(conn, Vec::new());
-        Ok(Some(written))
     }
 
     /// Copies one leased block into its buffer and checks it.

@@ -192,6 +192,101 @@ impl Body for ShmCommitRequest {
     }
 }
 
+/// Room to hold for blocks of up to `len` bytes not yet named
+/// (`ShmRoom`): at most `count` rooms. A session holds rooms of one length
+/// at a time: those of another length it held are freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmRoomRequest {
+    pub len: u64,
+    pub count: u32,
+}
+
+impl Body for ShmRoomRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.len);
+        w.u32(self.count);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmRoomRequest {
+            len: r.u64()?,
+            count: r.u32()?,
+        })
+    }
+}
+
+/// Rooms the client now holds in the shared pool, each for a block of up
+/// to `len` bytes (`ShmRoom`'s answer; `ShmStore`'s, where it is the room
+/// for the writer's next block, or its own room handed back unfilled).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmRooms {
+    pub len: u64,
+    pub rooms: Vec<ShmSlot>,
+}
+
+impl Body for ShmRooms {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.len);
+        w.count(self.rooms.len());
+        for room in &self.rooms {
+            room.encode(w);
+        }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        let len = r.u64()?;
+        let n = r.count(16)?;
+        let rooms = (0..n)
+            .map(|_| ShmSlot::decode(r))
+            .collect::<Result<_, _>>()?;
+        Ok(ShmRooms { len, rooms })
+    }
+}
+
+/// A block written into room the client holds, to store (`ShmStore`):
+/// reservation and commit in one message. The room is spent whatever the
+/// answer; the answer's rooms are what the client holds instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmStoreRequest {
+    /// The room (`ShmSlot::slot` of a `ShmRooms`).
+    pub room: u64,
+    pub key: BlockKey,
+    pub len: u64,
+    /// The writer's checksum of the bytes as they lie in the room: kept
+    /// by a same-host daemon, checked by the daemon itself over RDMA.
+    pub checksum: u64,
+    /// As in `PutHead`.
+    pub parent: Option<BlockHash>,
+    /// As in `PutHead`.
+    pub continues: bool,
+    /// As in `PutHead`.
+    pub tag: Option<Arc<EngineTag>>,
+}
+
+impl Body for ShmStoreRequest {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.room);
+        encode_key(w, &self.key);
+        w.u64(self.len);
+        w.u64(self.checksum);
+        encode_parent(w, &self.parent);
+        w.u8(u8::from(self.continues));
+        encode_tag(w, &self.tag);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        Ok(ShmStoreRequest {
+            room: r.u64()?,
+            key: decode_key(r)?,
+            len: r.u64()?,
+            checksum: r.u64()?,
+            parent: decode_parent(r)?,
+            continues: r.bool("continues")?,
+            tag: decode_tag(r)?,
+        })
+    }
+}
+
 fn encode_checksum(w: &mut Writer, sum: Option<u64>) {
     w.u8(sum.is_some() as u8);
     w.u64(sum.unwrap_or(0));

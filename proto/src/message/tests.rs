@@ -79,6 +79,34 @@ fn every_body_round_trips_and_refuses_truncation() {
     for checksum in [None, Some(0), Some(u64::MAX)] {
         round_trip(ShmCommitRequest { slot: 9, checksum });
     }
+    round_trip(ShmRoomRequest {
+        len: 256 << 10,
+        count: 8,
+    });
+    for rooms in [
+        vec![],
+        vec![
+            ShmSlot {
+                slot: 3,
+                offset: 1 << 20
+            };
+            2
+        ],
+    ] {
+        round_trip(ShmRooms {
+            len: 256 << 10,
+            rooms,
+        });
+    }
+    round_trip(ShmStoreRequest {
+        room: 3,
+        key: BlockKey::new(ns(), h),
+        len: 4096,
+        checksum: 77,
+        parent: Some(h),
+        continues: true,
+        tag: Some(Arc::new(EngineTag::new(None, vec![9; 16]).unwrap())),
+    });
     round_trip(RouteRequest {
         keys: KeysRequest {
             namespace: ns(),

@@ -22,6 +22,26 @@ pub struct WriteSlot {
 }
 
 impl WriteSlot {
+    /// The slot of a block just reserved at `alloc`.
+    pub(super) fn new(
+        pool: &Arc<DramPool>,
+        key: BlockKey,
+        alloc: Allocation,
+        len: u64,
+        checksum: Option<u64>,
+    ) -> WriteSlot {
+        WriteSlot {
+            pool: pool.clone(),
+            parent: None,
+            key,
+            offset: alloc.offset as u64 * UNIT,
+            len: len as usize,
+            checksum,
+            continues: false,
+            committed: false,
+        }
+    }
+
     /// Where the block's bytes go in the pool's region.
     pub fn byte_offset(&self) -> u64 {
         self.offset

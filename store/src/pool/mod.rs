@@ -26,6 +26,7 @@ mod evict;
 mod lease;
 #[cfg(test)]
 mod props;
+mod room;
 mod shared;
 #[cfg(test)]
 mod tests;
@@ -34,6 +35,7 @@ pub use demotion::Demoted;
 pub use evict::{Eviction, EvictionEvents, PROBATION_SHARE};
 use evict::{Ghosts, Lru, Queue};
 pub use lease::{ReadLease, WriteSlot};
+pub use room::Room;
 use shared::SharedIndex;
 
 /// The pool's maps of keys. Keys come from clients, so the hash is
@@ -190,6 +192,9 @@ struct Inner {
     used_units: u64,
     /// Units reserved by puts not committed yet (part of `used_units`).
     pending_units: u64,
+    /// Units of rooms held for blocks not yet named (part of
+    /// `pending_units`; see `room`).
+    room_units: u64,
     /// The same per tenant (part of `tenant_used`).
     tenant_pending: Vec<u64>,
     pinned: u64,
@@ -224,6 +229,28 @@ struct Block {
 }
 
 impl Block {
+    /// A block being written: invisible until committed.
+    fn reserved(alloc: Allocation, tenant: Option<u16>, len: u64, checksum: Option<u64>) -> Block {
+        Block {
+            alloc,
+            tenant,
+            len: len as u32,
+            // Set at commit where the writer says it only then.
+            checksum: checksum.unwrap_or(0),
+            ready: false,
+            leases: 0,
+            pins: 0,
+            stamp: 0,
+            parent: None,
+            queue: Queue::Main,
+            read: false,
+            continues: false,
+            branches: 0,
+            branch_hits: 0,
+            fingerprint: 0,
+        }
+    }
+
     fn evictable(&self) -> bool {
         self.ready && self.leases == 0 && self.pins == 0
     }
@@ -272,6 +299,7 @@ impl DramPool {
                 clock: 0,
                 used_units: 0,
                 pending_units: 0,
+                room_units: 0,
                 tenant_pending: vec![0; tenants],
                 pinned: 0,
             }),
@@ -339,13 +367,14 @@ impl DramPool {
         }
         let units = len.div_ceil(UNIT).max(1) as u32;
         let mut inner = self.inner.lock();
-        let capacity_units = self.region.len() as u64 / UNIT;
         // Room held by puts whose bytes have not all arrived is capped, so
         // that headers without values cannot push out the stored blocks:
         // past the cap a put waits its turn (`Busy`) instead of evicting.
-        // The first put in progress always gets room.
-        let pending_cap = (capacity_units as f64 * PENDING_SHARE) as u64;
-        if inner.pending_units > 0 && inner.pending_units + u64::from(units) > pending_cap {
+        // The first put in progress always gets room. Rooms held ahead for
+        // same-host writers (`room`) have a cap of their own.
+        let pending_cap = self.pending_cap();
+        let in_progress = inner.pending_units - inner.room_units;
+        if in_progress > 0 && in_progress + u64::from(units) > pending_cap {
             return Err(PoolError::Busy);
         }
         // And one tenant's at most a share of that room: its first put in
@@ -358,88 +387,101 @@ impl DramPool {
                 return Err(PoolError::Busy);
             }
         }
-        if let Some(held) = inner.blocks.get(&key) {
+        self.replace_held(&mut inner, &key, len, checksum)?;
+        self.below_high_watermark(&mut inner, units);
+        if let Some(t) = tenant {
+            self.tenant_room(&mut inner, t, units.into())?;
+        }
+        let alloc = self.allocate(&mut inner, units)?;
+        let size = inner.alloc.allocation_size(alloc) as u64;
+        if let Some(t) = tenant {
+            inner.tenant_used[t as usize] += size;
+            inner.tenant_pending[t as usize] += size;
+        }
+        inner
+            .blocks
+            .insert(key.clone(), Block::reserved(alloc, tenant, len, checksum));
+        Ok(WriteSlot::new(self, key, alloc, len, checksum))
+    }
+
+    /// Units that puts in progress may hold (`PENDING_SHARE`).
+    fn pending_cap(&self) -> u64 {
+        ((self.region.len() as u64 / UNIT) as f64 * PENDING_SHARE) as u64
+    }
+
+    /// Makes way for a put of `key`: `AlreadyExists` if exactly these
+    /// bytes are held (`len`, `checksum`), `Busy` while another put writes
+    /// the key; other bytes held under it are stale and dropped. Not
+    /// reported as removed: the meta service already has this put as the
+    /// key's version here, and must keep it.
+    fn replace_held(
+        &self,
+        inner: &mut Inner,
+        key: &BlockKey,
+        len: u64,
+        checksum: Option<u64>,
+    ) -> Result<(), PoolError> {
+        if let Some(held) = inner.blocks.get(key) {
             if !held.ready {
                 return Err(PoolError::Busy);
             }
             if u64::from(held.len) == len && Some(held.checksum) == checksum {
                 return Err(PoolError::AlreadyExists);
             }
-            // Not reported as removed: the meta service already has this
-            // put as the key's version here, and must keep it.
-            let stale = inner.blocks.remove(&key).expect("just found");
-            self.discard(&mut inner, &key, stale);
+            let stale = inner.blocks.remove(key).expect("just found");
+            self.discard(inner, key, stale);
             tracing::info!(%key, "put replaces other bytes held under its key");
         }
-        // Evict only what this block needs: a burst down to a lower mark
-        // would leave memory empty that could hold blocks still to be hit
-        // (and, with a next tier, overflow the demotion queue).
+        Ok(())
+    }
+
+    /// Over its share, a tenant makes room for `units` more from its own
+    /// blocks.
+    fn tenant_room(&self, inner: &mut Inner, t: u16, units: u64) -> Result<(), PoolError> {
+        let capacity_units = self.region.len() as u64 / UNIT;
+        let limit = self.cfg.quotas.limit(t, capacity_units);
+        if units > limit {
+            return Err(PoolError::NoSpace);
+        }
+        while inner.tenant_used[t as usize] + units > limit {
+            if !self.evict_tenant_one(inner, t) {
+                return Err(PoolError::NoSpace);
+            }
+        }
+        Ok(())
+    }
+
+    /// Evicts until `units` more fit under the high watermark, or nothing
+    /// more can go. Only what this block needs: a burst down to a lower
+    /// mark would leave memory empty that could hold blocks still to be
+    /// hit (and, with a next tier, overflow the demotion queue).
+    fn below_high_watermark(&self, inner: &mut Inner, units: u32) {
+        let capacity_units = self.region.len() as u64 / UNIT;
         let high = (capacity_units as f64 * self.cfg.high_watermark) as u64;
         while inner.used_units + units as u64 > high {
-            if !self.evict_one(&mut inner) {
+            if !self.evict_one(inner) {
                 break;
             }
         }
-        if let Some(t) = tenant {
-            // Over its share, a tenant makes room from its own blocks.
-            let limit = self.cfg.quotas.limit(t, capacity_units);
-            if units as u64 > limit {
-                return Err(PoolError::NoSpace);
-            }
-            while inner.tenant_used[t as usize] + units as u64 > limit {
-                if !self.evict_tenant_one(&mut inner, t) {
-                    return Err(PoolError::NoSpace);
-                }
-            }
-        }
+    }
+
+    /// Space for `units`, evicting what fragmentation takes; counted as
+    /// used and as a put in progress (its tenant's share is the caller's).
+    fn allocate(&self, inner: &mut Inner, units: u32) -> Result<Allocation, PoolError> {
         let alloc = loop {
             if let Some(a) = inner.alloc.allocate(units) {
                 break a;
             }
             // Fragmentation or watermark slack: make more room, one block
             // at a time, until it fits or nothing more can go.
-            if !self.evict_one(&mut inner) {
+            if !self.evict_one(inner) {
                 return Err(PoolError::NoSpace);
             }
         };
         let size = inner.alloc.allocation_size(alloc) as u64;
         inner.used_units += size;
         inner.pending_units += size;
-        if let Some(t) = tenant {
-            inner.tenant_used[t as usize] += size;
-            inner.tenant_pending[t as usize] += size;
-        }
-        inner.blocks.insert(
-            key.clone(),
-            Block {
-                alloc,
-                tenant,
-                len: len as u32,
-                // Set at commit where the writer says it only then.
-                checksum: checksum.unwrap_or(0),
-                ready: false,
-                leases: 0,
-                pins: 0,
-                stamp: 0,
-                parent: None,
-                queue: Queue::Main,
-                read: false,
-                continues: false,
-                branches: 0,
-                branch_hits: 0,
-                fingerprint: 0,
-            },
-        );
-        Ok(WriteSlot {
-            pool: self.clone(),
-            parent: None,
-            key,
-            offset: alloc.offset as u64 * UNIT,
-            len: len as usize,
-            checksum,
-            continues: false,
-            committed: false,
-        })
+        Ok(alloc)
     }
 
     /// A put is no longer in progress: committed, or dropped.

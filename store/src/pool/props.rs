@@ -36,6 +36,19 @@ enum Op {
     Touch {
         key: u8,
     },
+    /// Room held for a block not yet named (a same-host writer's).
+    Room {
+        len: u32,
+    },
+    /// A block written into a room held, and named.
+    Fill {
+        nth: u8,
+        key: u8,
+    },
+    /// A room let go unfilled.
+    LetGo {
+        nth: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -48,8 +61,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => key.clone().prop_map(|key| Op::Pin { key }),
         1 => key.clone().prop_map(|key| Op::Unpin { key }),
         2 => key.clone().prop_map(|key| Op::Lease { key }),
-        1 => key.prop_map(|key| Op::Touch { key }),
+        1 => key.clone().prop_map(|key| Op::Touch { key }),
         2 => any::<u8>().prop_map(|nth| Op::Release { nth }),
+        1 => (1u32..70_000).prop_map(|len| Op::Room { len }),
+        2 => (any::<u8>(), key).prop_map(|(nth, key)| Op::Fill { nth, key }),
+        1 => any::<u8>().prop_map(|nth| Op::LetGo { nth }),
     ]
 }
 
@@ -60,9 +76,9 @@ fn key(i: u8) -> BlockKey {
     BlockKey::new(Namespace::new(ns).unwrap(), BlockHash::from_opaque(&[i]))
 }
 
-/// The pool's own accounting agrees with its blocks, and its shared
-/// index shows exactly its ready blocks, where they are.
-fn check(pool: &DramPool) {
+/// The pool's own accounting agrees with its blocks and the `rooms` held,
+/// and its shared index shows exactly its ready blocks, where they are.
+fn check(pool: &DramPool, rooms: &[Room]) {
     let inner = pool.inner.lock();
     if let Some(index) = &pool.index {
         assert_eq!(index.unindexed.load(Ordering::Relaxed), 0);
@@ -85,6 +101,7 @@ fn check(pool: &DramPool) {
         .values()
         .map(|b| b.alloc)
         .chain(inner.doomed.values().map(|d| d.alloc))
+        .chain(rooms.iter().map(|r| r.alloc))
         .map(|a| (a.offset as u64, inner.alloc.allocation_size(a) as u64))
         .collect();
     spans.sort_unstable();
@@ -102,7 +119,16 @@ fn check(pool: &DramPool) {
         .filter(|b| !b.ready)
         .map(|b| inner.alloc.allocation_size(b.alloc) as u64)
         .sum();
-    assert_eq!(pending, inner.pending_units, "room of puts in progress");
+    let held: u64 = rooms
+        .iter()
+        .map(|r| inner.alloc.allocation_size(r.alloc) as u64)
+        .sum();
+    assert_eq!(held, inner.room_units, "rooms held");
+    assert_eq!(
+        pending + held,
+        inner.pending_units,
+        "room of puts in progress"
+    );
     for (t, held) in inner.tenant_pending.iter().enumerate() {
         let want: u64 = inner
             .blocks
@@ -252,6 +278,7 @@ proptest! {
         let pool = Arc::new(DramPool::new(cfg).unwrap());
         let mut leases: Vec<ReadLease> = Vec::new();
         let mut pinned: std::collections::HashSet<u8> = Default::default();
+        let mut rooms: Vec<Room> = Vec::new();
         for op in ops {
             match op {
                 Op::Put { key: k, len } => {
@@ -298,8 +325,29 @@ proptest! {
                         leases.swap_remove(i);
                     }
                 }
+                Op::Room { len } => rooms.extend(pool.reserve_room(len as u64).ok()),
+                Op::Fill { nth, key: k } => {
+                    if !rooms.is_empty() {
+                        let mut room = rooms.swap_remove(nth as usize % rooms.len());
+                        let value = vec![k ^ 0x5a; room.len() as usize];
+                        room.buf_mut().copy_from_slice(&value);
+                        let sum = checksum(&value);
+                        match pool.fill_room(room, key(k), value.len() as u64, Some(sum)) {
+                            Ok(slot) => {
+                                pinned.remove(&k);
+                                slot.commit_hashed(sum).unwrap();
+                            }
+                            Err((_, room)) => rooms.push(room),
+                        }
+                    }
+                }
+                Op::LetGo { nth } => {
+                    if !rooms.is_empty() {
+                        rooms.swap_remove(nth as usize % rooms.len());
+                    }
+                }
             }
-            check(&pool);
+            check(&pool, &rooms);
             for k in &pinned {
                 prop_assert!(pool.contains(&key(*k)), "pinned block {k} was evicted");
             }
@@ -309,11 +357,12 @@ proptest! {
             }
         }
         drop(leases);
+        rooms.clear();
         for k in 0..48 {
             let _ = pool.unpin(&key(k));
             let _ = pool.remove(&key(k));
         }
-        check(&pool);
+        check(&pool, &rooms);
         prop_assert_eq!(pool.stats().used, 0, "bytes leaked after everything was removed");
     }
 }

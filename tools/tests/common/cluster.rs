@@ -15,14 +15,41 @@ use super::{free_port, BIN};
 
 pub const TTL: Duration = Duration::from_secs(2);
 
-pub fn scratch_dir(name: &str) -> PathBuf {
+pub fn scratch_dir(name: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!(
         "mooncake-{name}-{}-{}",
         std::process::id(),
         free_port()
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
+}
+
+/// A scratch folder, removed when dropped unless its test failed (its
+/// logs and data stay then, for a look).
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// A child process that is killed (SIGKILL) and reaped when dropped.
@@ -127,7 +154,7 @@ pub struct Cluster {
     pub etcd_peer_url: String,
     pub metas: Vec<(String, Proc)>,
     pub daemons: Vec<(String, Proc)>,
-    pub logs: PathBuf,
+    pub logs: Scratch,
     pub daemon_config: PathBuf,
     /// The meta replicas' configuration file (`[meta]`).
     pub meta_config: PathBuf,
@@ -495,9 +522,7 @@ impl Drop for Cluster {
         self.daemons.clear();
         self.metas.clear();
         self.etcd.kill9();
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.logs);
-        }
+        // Then `logs` goes, unless the test failed.
     }
 }
 

@@ -5,13 +5,15 @@ use std::time::{Duration, Instant};
 
 use mooncake_client::{Client, ClientConfig};
 
-use super::cluster::{scratch_dir, Proc};
+use super::cluster::{scratch_dir, Proc, Scratch};
 use super::{free_port, BIN};
 
 /// A single-host store (`up`) publishing events, its daemon heartbeating
 /// every 100 ms; its meta, events, replay and admin addresses.
 pub struct Up {
     proc: Proc,
+    /// Its config and log; dropped after it is killed.
+    _logs: Scratch,
     pub meta: String,
     pub events: String,
     pub replay: String,
@@ -69,6 +71,7 @@ pub async fn up(dram: &str, config: Option<&str>) -> Up {
     }
     Up {
         proc,
+        _logs: logs,
         meta,
         events,
         replay,

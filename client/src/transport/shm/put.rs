@@ -1,0 +1,277 @@
+//! Same-host puts. A small block goes with its bytes in the frame (`Put`:
+//! one round trip; the daemon reads them straight into their place). A
+//! larger one is written into the shared pool, which spares it the
+//! socket's two copies, and is hashed in the pass that copies it there:
+//! the checksum of the bytes as they lie in the pool goes with it, so the
+//! daemon need not read them again.
+//!
+//! Into the pool, a block goes one of two ways:
+//! - into room the connection holds ahead for blocks of its size
+//!   (`ShmStore`: one round trip, whose answer hands over the room for the
+//!   next block). A connection asks for rooms (`ShmRoom`, sent with the
+//!   call's other requests) when a call has blocks of a size it holds no
+//!   room for; serving engines put blocks of one size, so from their
+//!   second put on every block finds its room;
+//! - else into room reserved for it (`ShmPut`), then stored (`ShmCommit`):
+//!   two round trips.
+//!
+//! A connection holding rooms is kept for puts (`Writer`); its rooms end
+//! with it.
+
+use super::*;
+use mooncake_proto::message::{ShmRoomRequest, ShmRooms, ShmStoreRequest};
+
+/// Blocks up to this size are put with their bytes in the frame (one round
+/// trip on the socket) rather than through the shared pool.
+const INLINE_PUT: usize = 16 << 10;
+/// Rooms asked for at once, at most (the daemon caps them further).
+const MAX_ROOMS: usize = 64;
+
+/// An idle connection kept for puts, with the rooms it holds.
+pub(super) struct Writer {
+    stream: UnixStream,
+    rooms: Vec<HeldRoom>,
+}
+
+/// Room in the pool this connection's session holds for a block of up to
+/// `len` bytes.
+#[derive(Debug, Clone, Copy)]
+struct HeldRoom {
+    id: u64,
+    offset: u64,
+    len: u64,
+}
+
+/// What a put of a batch may send.
+#[derive(Clone, Copy)]
+struct Ways {
+    /// Small blocks with their bytes (`Put`).
+    inline: bool,
+    /// Rooms held ahead (`ShmRoom`, `ShmStore`).
+    rooms: bool,
+}
+
+impl ShmLink {
+    /// Stores `items` through the daemon's socket (see the module's
+    /// comment); a status per item.
+    pub(super) async fn put_blocks(
+        &self,
+        namespace: &Namespace,
+        items: &[PutItem<'_>],
+    ) -> io::Result<Vec<Written>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        loop {
+            let ways = Ways {
+                inline: self.inline_puts.load(Relaxed),
+                rooms: self.rooms.load(Relaxed),
+            };
+            let refused = match self.put_batch(namespace, items, ways).await? {
+                Ok(written) => return Ok(written),
+                Err(refused) => refused,
+            };
+            // A daemon of an older version refused a request it does not
+            // know and closed the session: nothing of the batch was kept.
+            // All of it, and every later put, goes without that request.
+            let flag = match refused {
+                Opcode::Put if ways.inline => &self.inline_puts,
+                Opcode::ShmRoom if ways.rooms => &self.rooms,
+                _ => return Err(io::Error::other(format!("{refused:?} refused, not sent"))),
+            };
+            tracing::info!(path = %self.path.display(), request = ?refused, "the same-host daemon does not know this request (an older version); putting without it");
+            flag.store(false, Relaxed);
+        }
+    }
+
+    /// One try of `put_blocks`, the ways `ways` allows; `Err(opcode)` where
+    /// the daemon did not know a request (and closed the session).
+    async fn put_batch(
+        &self,
+        namespace: &Namespace,
+        items: &[PutItem<'_>],
+        ways: Ways,
+    ) -> io::Result<Result<Vec<Written>, Opcode>> {
+        let inline = |it: &PutItem<'_>| ways.inline && it.value.len() <= INLINE_PUT;
+        let held = self.writers.lock().pop();
+        let (mut conn, mut rooms) = match held {
+            Some(Writer { stream, rooms }) => (stream, rooms),
+            None => (self.conn().await?, Vec::new()),
+        };
+        // Requests in the order they go out, each with the item it is for
+        // (request k has id k + 1; `usize::MAX`: for none). A block's
+        // commit goes out as soon as its bytes are in place, so a call
+        // holds room for at most about a window of blocks at once: the
+        // pool caps the room that puts in progress hold, and a large call
+        // reserving all before committing any met that cap (`Busy`).
+        let mut outbox = Outbox::default();
+        let mut queued: Vec<(Opcode, usize)> = Vec::new();
+        let mut written: Vec<Written> = items
+            .iter()
+            .map(|it| Written {
+                code: ErrorCode::Ok,
+                checksum: it.checksum.unwrap_or(0),
+            })
+            .collect();
+        let mut asked_rooms = !ways.rooms;
+        let (mut next, mut k) = (0, 0);
+        while k < queued.len() || next < items.len() {
+            while next < items.len() && queued.len() - k < WINDOW {
+                let it = &items[next];
+                let key = BlockKey::new(namespace.clone(), it.hash);
+                let id = queued.len() as u64 + 1;
+                let len = it.value.len() as u64;
+                let room = match inline(it) {
+                    true => None,
+                    false => rooms
+                        .iter()
+                        .position(|r| r.len == len)
+                        .map(|at| rooms.swap_remove(at)),
+                };
+                if inline(it) {
+                    written[next].checksum = it.sum();
+                    let head = PutHead {
+                        key,
+                        checksum: written[next].checksum,
+                        parent: it.parent,
+                        continues: it.continues,
+                        tag: it.tag.clone(),
+                    }
+                    .to_bytes();
+                    let len = (head.len() + it.value.len()) as u32;
+                    outbox.push_with(|frames| {
+                        frames.extend_from_slice(&Header::request(Opcode::Put, id, len).encode());
+                        frames.extend_from_slice(&head);
+                        for piece in it.value.pieces() {
+                            frames.extend_from_slice(piece);
+                        }
+                    });
+                    queued.push((Opcode::Put, next));
+                } else if let Some(room) = room {
+                    written[next].checksum = self.write_into(room.offset, it)?;
+                    let body = ShmStoreRequest {
+                        room: room.id,
+                        key,
+                        len,
+                        checksum: written[next].checksum,
+                        parent: it.parent,
+                        continues: it.continues,
+                        tag: it.tag.clone(),
+                    };
+                    outbox.push(Opcode::ShmStore, id, &body.to_bytes());
+                    queued.push((Opcode::ShmStore, next));
+                    self.counts
+                        .room_writes
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                } else {
+                    if !asked_rooms {
+                        // Rooms for the blocks of this size still to come
+                        // (the session lets go of those of other sizes).
+                        asked_rooms = true;
+                        let wanted = items[next..]
+                            .iter()
+                            .filter(|it| !inline(it) && it.value.len() as u64 == len)
+                            .count();
+                        rooms.retain(|r| r.len == len);
+                        let body = ShmRoomRequest {
+                            len,
+                            count: wanted.min(MAX_ROOMS) as u32,
+                        };
+                        outbox.push(Opcode::ShmRoom, id, &body.to_bytes());
+                        queued.push((Opcode::ShmRoom, usize::MAX));
+                        continue;
+                    }
+                    let body = ShmPutRequest {
+                        key,
+                        len,
+                        // Else said at commit, of the bytes in the pool.
+                        checksum: it.checksum,
+                        parent: it.parent,
+                        continues: it.continues,
+                        tag: it.tag.clone(),
+                    }
+                    .to_bytes();
+                    outbox.push(Opcode::ShmPut, id, &body);
+                    queued.push((Opcode::ShmPut, next));
+                }
+                next += 1;
+            }
+            outbox.before_answer(&mut conn, k).await?;
+            let (op, i) = queued[k];
+            let (status, body) = answer(&mut conn, op, k as u64 + 1).await?;
+            k += 1;
+            match (op, status) {
+                (Opcode::Put | Opcode::ShmRoom, ErrorCode::UnknownOpcode) => return Ok(Err(op)),
+                (Opcode::ShmRoom, _) | (Opcode::ShmStore, _) if !body.is_empty() => {
+                    rooms.extend(self.rooms_in(&body)?);
+                    if i != usize::MAX {
+                        written[i].code = status;
+                    }
+                }
+                (Opcode::ShmRoom, _) => {}
+                (Opcode::ShmPut, ErrorCode::Ok) => {
+                    let slot = ShmSlot::from_bytes(&body).map_err(io::Error::other)?;
+                    self.in_pool(slot.offset, items[i].value.len() as u64)?;
+                    written[i].checksum = self.write_into(slot.offset, &items[i])?;
+                    let commit = ShmCommitRequest {
+                        slot: slot.slot,
+                        checksum: Some(written[i].checksum),
+                    };
+                    let id = queued.len() as u64 + 1;
+                    outbox.push(Opcode::ShmCommit, id, &commit.to_bytes());
+                    queued.push((Opcode::ShmCommit, i));
+                }
+                _ => written[i].code = status,
+            }
+        }
+        match rooms.is_empty() {
+            true => self.put_back(conn, Vec::new()),
+            false => {
+                let mut writers = self.writers.lock();
+                if writers.len() < MAX_IDLE {
+                    writers.push(Writer {
+                        stream: conn,
+                        rooms,
+                    });
+                }
+            }
+        }
+        Ok(Ok(written))
+    }
+
+    /// The rooms an answer hands over, each checked to lie in the pool.
+    fn rooms_in(&self, body: &[u8]) -> io::Result<Vec<HeldRoom>> {
+        let given = ShmRooms::from_bytes(body).map_err(io::Error::other)?;
+        given
+            .rooms
+            .iter()
+            .map(|room| {
+                self.in_pool(room.offset, given.len)?;
+                Ok(HeldRoom {
+                    id: room.slot,
+                    offset: room.offset,
+                    len: given.len,
+                })
+            })
+            .collect()
+    }
+
+    /// Refuses room the daemon gave that does not lie in its pool.
+    fn in_pool(&self, offset: u64, len: u64) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.map.len as u64 => Ok(()),
+            _ => Err(io::Error::other("room outside the shared pool")),
+        }
+    }
+
+    /// Copies a block into room at `offset` (checked to lie in the pool,
+    /// and held for it alone) and hashes it in the same pass.
+    fn write_into(&self, offset: u64, item: &PutItem<'_>) -> io::Result<u64> {
+        let len = item.value.len();
+        self.in_pool(offset, len as u64)?;
+        // SAFETY: in bounds (checked above), and reserved for this block
+        // alone until it is stored.
+        let room = unsafe {
+            std::slice::from_raw_parts_mut(self.map.ptr.as_ptr().add(offset as usize), len)
+        };
+        Ok(item.value.copy_with_checksum(room))
+    }
+}
