@@ -257,7 +257,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     print_rows(&args, &rows);
     // Which paths the blocks really took (a path asked for and not
     // available falls back, and its rows measure the fallback).
-    eprintln!("{}", moved_by(client.transports()));
+    eprintln!("{}", moved_by(&client));
     Ok(())
 }
 
@@ -367,13 +367,23 @@ where
     }
 }
 
-/// One line: blocks read and written per transport, and fallbacks.
-fn moved_by(t: &mooncake_client::TransportCounters) -> String {
+/// One line: blocks read and written per transport (through shared
+/// memory, also how many went into room held ahead), and fallbacks.
+fn moved_by(client: &Client) -> String {
     use mooncake_proto::transport::TransportKind;
+    let t = client.transports();
     let mut parts: Vec<String> = TransportKind::ALL
         .into_iter()
         .filter(|k| t.reads(*k) + t.writes(*k) > 0)
-        .map(|k| format!("{k} {} read, {} written", t.reads(k), t.writes(k)))
+        .map(|k| match k {
+            TransportKind::Shm => format!(
+                "{k} {} read, {} written ({} into room held ahead)",
+                t.reads(k),
+                t.writes(k),
+                client.shm_room_writes()
+            ),
+            _ => format!("{k} {} read, {} written", t.reads(k), t.writes(k)),
+        })
         .collect();
     for from in TransportKind::ALL {
         for to in TransportKind::ALL {

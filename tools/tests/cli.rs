@@ -331,6 +331,27 @@ fn bench_runs_against_an_embedded_store_and_reports_json() {
 }
 
 #[test]
+fn bench_through_shared_memory_says_how_many_puts_went_into_room_held_ahead() {
+    let socket = std::env::temp_dir().join(format!("mooncake-cli-bench-{}.sock", free_port()));
+    let socket = socket.to_str().unwrap();
+    let store = Store::up_with(&["--shm-socket", socket]);
+    let out = Command::new(BIN)
+        .args(["bench", "--meta", &store.meta, "--shm-socket", socket])
+        .args(["--sizes", "64KiB", "--ops", "40", "--concurrency", "1"])
+        .output()
+        .unwrap();
+    succeeded(&out);
+    // One block at a time on one connection: the first reserves its own
+    // room and asks for room ahead; each later one goes into it.
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("shm 40 read, 40 written (39 into room held ahead)"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(socket);
+}
+
+#[test]
 fn operators_pin_evict_drain_and_list_by_prefix() {
     let store = Store::up();
     let meta = store.meta.clone();
