@@ -106,7 +106,9 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                             | Opcode::ShmTouch
                             | Opcode::ShmRoom
                             | Opcode::ShmStore
-                    ) =>
+                    )
+                    && (pool.serves_rooms()
+                        || !matches!(h.opcode, Opcode::ShmRoom | Opcode::ShmStore)) =>
             {
                 h
             }

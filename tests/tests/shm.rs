@@ -448,3 +448,28 @@ async fn blocks_of_one_size_after_the_first_go_into_room_held_ahead_byte_for_byt
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_older_than_rooms_is_put_through_room_reserved_per_block() {
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
+    // It answers `ShmRoom` as a daemon older than rooms does: not known,
+    // and the session ends with nothing of the call kept.
+    cluster.daemons[0].handle.pool.refuse_rooms_for_test();
+    let client = client(&cluster, &dir.join("daemon.sock"));
+    let sizes = [100_000; 5];
+    put_each(&client, &sizes).await;
+    assert_eq!(client.shm_writes(), 5);
+    assert_eq!(client.shm_room_writes(), 0);
+    assert_eq!(cluster.daemons[0].handle.pool.room_bytes(), 0);
+    for (i, n) in sizes.iter().enumerate() {
+        let mut buf = vec![0u8; *n];
+        let got = client
+            .get_into(&ns(), &[hash(i as u64)], &mut [&mut buf[..]])
+            .await
+            .unwrap();
+        assert_eq!(got, vec![GetOutcome::Hit(*n)], "block {i}");
+        assert!(buf == block_bytes(i as u64, *n), "block {i} bytes");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -152,6 +152,9 @@ pub struct DramPool {
     removed_notify: Notify,
     evictions: AtomicU64,
     corrupt: AtomicU64,
+    /// Set by a fault-injection test: same-host sessions refuse rooms'
+    /// requests, as a daemon older than rooms does (`room`).
+    rooms_refused: std::sync::atomic::AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
     /// Where evicted blocks go instead of away (the NVMe tier), if set.
@@ -307,6 +310,7 @@ impl DramPool {
             removed_notify: Notify::new(),
             evictions: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
+            rooms_refused: std::sync::atomic::AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             demote: std::sync::OnceLock::new(),

@@ -114,6 +114,20 @@ impl DramPool {
     pub fn room_bytes(&self) -> u64 {
         self.inner.lock().room_units * UNIT
     }
+
+    /// Whether sessions serve rooms' requests (`ShmRoom`, `ShmStore`):
+    /// always, unless a test has this daemon act as one older than rooms.
+    pub fn serves_rooms(&self) -> bool {
+        !self.rooms_refused.load(Ordering::Relaxed)
+    }
+
+    /// Has this daemon's sessions answer rooms' requests as a daemon
+    /// older than rooms does (`UnknownOpcode`, and the session ends), to
+    /// test what its clients then do. Only for fault-injection tests.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn refuse_rooms_for_test(&self) {
+        self.rooms_refused.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Drop for Room {
