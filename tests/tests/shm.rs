@@ -473,3 +473,43 @@ async fn a_daemon_older_than_rooms_is_put_through_room_reserved_per_block() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_changes_size_never_leaves_the_client_a_room_the_daemon_let_go() {
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
+    let client = client(&cluster, &dir.join("daemon.sock"));
+    // The connection holds a room of 100,000 bytes.
+    put_each(&client, &[100_000; 2]).await;
+    // Its first block goes into that room, whose store hands over the next
+    // one; the second, of another size, asks for rooms of its size, and
+    // the daemon lets go of those of the first size.
+    let (first, second) = (block_bytes(2, 100_000), block_bytes(3, 50_000));
+    let out = client
+        .put(&ns(), &[(hash(2), &first[..]), (hash(3), &second[..])])
+        .await
+        .unwrap();
+    assert_eq!(out, vec![PutOutcome::Stored; 2]);
+    // Blocks of the first size again: none is written into room the
+    // daemon no longer holds for this client.
+    for i in 4..8u64 {
+        let out = client
+            .put(&ns(), &[(hash(i), &block_bytes(i, 100_000))])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored], "block {i}");
+    }
+    let sizes = [
+        100_000, 100_000, 100_000, 50_000, 100_000, 100_000, 100_000, 100_000,
+    ];
+    for (i, n) in sizes.iter().enumerate() {
+        let mut buf = vec![0u8; *n];
+        let got = client
+            .get_into(&ns(), &[hash(i as u64)], &mut [&mut buf[..]])
+            .await
+            .unwrap();
+        assert_eq!(got, vec![GetOutcome::Hit(*n)], "block {i}");
+        assert!(buf == block_bytes(i as u64, *n), "block {i} bytes");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

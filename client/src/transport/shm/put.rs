@@ -30,16 +30,47 @@ const MAX_ROOMS: usize = 64;
 /// An idle connection kept for puts, with the rooms it holds.
 pub(super) struct Writer {
     stream: UnixStream,
-    rooms: Vec<HeldRoom>,
+    rooms: Rooms,
 }
 
-/// Room in the pool this connection's session holds for a block of up to
-/// `len` bytes.
-#[derive(Debug, Clone, Copy)]
-struct HeldRoom {
-    id: u64,
-    offset: u64,
+/// The rooms a connection's session holds, all for blocks of `len` bytes:
+/// asking for rooms of another length (`ShmRoom`) has the daemon let go of
+/// the others, so an answer read after such a request may hand over a room
+/// the daemon no longer holds for this client. Only rooms of the length
+/// last asked for are kept.
+#[derive(Default)]
+struct Rooms {
     len: u64,
+    held: Vec<ShmSlot>,
+}
+
+impl Rooms {
+    /// A room for a block of `len` bytes, if one is held.
+    fn take(&mut self, len: u64) -> Option<ShmSlot> {
+        match self.len == len {
+            true => self.held.pop(),
+            false => None,
+        }
+    }
+
+    /// Rooms of `len` bytes are asked for: those of any other go.
+    fn asked(&mut self, len: u64) {
+        if self.len != len {
+            self.held.clear();
+            self.len = len;
+        }
+    }
+
+    /// Rooms an answer handed over, if of the length held.
+    fn add(&mut self, given: ShmRooms) {
+        if given.len == self.len {
+            self.held.extend(given.rooms);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
 }
 
 /// What a put of a batch may send.
@@ -94,7 +125,7 @@ impl ShmLink {
         let held = self.writers.lock().pop();
         let (mut conn, mut rooms) = match held {
             Some(Writer { stream, rooms }) => (stream, rooms),
-            None => (self.conn().await?, Vec::new()),
+            None => (self.conn().await?, Rooms::default()),
         };
         // Requests in the order they go out, each with the item it is for
         // (request k has id k + 1; `usize::MAX`: for none). A block's
@@ -119,13 +150,6 @@ impl ShmLink {
                 let key = BlockKey::new(namespace.clone(), it.hash);
                 let id = queued.len() as u64 + 1;
                 let len = it.value.len() as u64;
-                let room = match inline(it) {
-                    true => None,
-                    false => rooms
-                        .iter()
-                        .position(|r| r.len == len)
-                        .map(|at| rooms.swap_remove(at)),
-                };
                 if inline(it) {
                     written[next].checksum = it.sum();
                     let head = PutHead {
@@ -145,10 +169,10 @@ impl ShmLink {
                         }
                     });
                     queued.push((Opcode::Put, next));
-                } else if let Some(room) = room {
+                } else if let Some(room) = rooms.take(len) {
                     written[next].checksum = self.write_into(room.offset, it)?;
                     let body = ShmStoreRequest {
-                        room: room.id,
+                        room: room.slot,
                         key,
                         len,
                         checksum: written[next].checksum,
@@ -170,7 +194,7 @@ impl ShmLink {
                             .iter()
                             .filter(|it| !inline(it) && it.value.len() as u64 == len)
                             .count();
-                        rooms.retain(|r| r.len == len);
+                        rooms.asked(len);
                         let body = ShmRoomRequest {
                             len,
                             count: wanted.min(MAX_ROOMS) as u32,
@@ -201,7 +225,7 @@ impl ShmLink {
             match (op, status) {
                 (Opcode::Put | Opcode::ShmRoom, ErrorCode::UnknownOpcode) => return Ok(Err(op)),
                 (Opcode::ShmRoom, _) | (Opcode::ShmStore, _) if !body.is_empty() => {
-                    rooms.extend(self.rooms_in(&body)?);
+                    rooms.add(self.rooms_in(&body)?);
                     if i != usize::MAX {
                         written[i].code = status;
                     }
@@ -238,20 +262,12 @@ impl ShmLink {
     }
 
     /// The rooms an answer hands over, each checked to lie in the pool.
-    fn rooms_in(&self, body: &[u8]) -> io::Result<Vec<HeldRoom>> {
+    fn rooms_in(&self, body: &[u8]) -> io::Result<ShmRooms> {
         let given = ShmRooms::from_bytes(body).map_err(io::Error::other)?;
-        given
-            .rooms
-            .iter()
-            .map(|room| {
-                self.in_pool(room.offset, given.len)?;
-                Ok(HeldRoom {
-                    id: room.slot,
-                    offset: room.offset,
-                    len: given.len,
-                })
-            })
-            .collect()
+        for room in &given.rooms {
+            self.in_pool(room.offset, given.len)?;
+        }
+        Ok(given)
     }
 
     /// Refuses room the daemon gave that does not lie in its pool.
