@@ -361,17 +361,45 @@ async fn a_removed_key_stays_removed_across_daemon_restart_failover_and_a_new_me
     let mut cluster = Cluster::start(2, 1).await;
     let client = cluster.client(Duration::from_secs(3)).await;
     let h = |name: &str| BlockHash::from_opaque(name.as_bytes());
-    // A pin and an unpin leave the meta service a pooled connection to the
-    // daemon, which the daemon's restart then breaks.
-    assert_eq!(
-        put_value(&client, h("warm"), b"x").await,
-        PutOutcome::Stored
-    );
-    client.pin(&ns(), &[h("warm")], true).await.unwrap();
-    client.pin(&ns(), &[h("warm")], false).await.unwrap();
     let addr = cluster.daemons[0].0.clone();
+    let id = {
+        let st = client.cluster_stats().await.unwrap();
+        st.daemons.iter().find(|d| d.addr == addr).unwrap().id
+    };
+    let on_it = |hash: BlockHash| {
+        let client = &client;
+        async move {
+            let locs = client.lookup(&ns(), &[hash]).await.unwrap();
+            locs.items[0]
+                .as_ref()
+                .is_some_and(|l| l.daemons.contains(id))
+        }
+    };
+    // A pin and an unpin of a block on the daemon leave the meta service a
+    // pooled connection to it, which the daemon's restart then breaks.
+    let mut warm = None;
+    for i in 0..8 {
+        let hash = h(&format!("warm{i}"));
+        assert_eq!(put_value(&client, hash, b"x").await, PutOutcome::Stored);
+        if on_it(hash).await {
+            warm = Some(hash);
+            break;
+        }
+    }
+    let warm = warm.expect("a block placed on each daemon in turn");
+    client.pin(&ns(), &[warm], true).await.unwrap();
+    client.pin(&ns(), &[warm], false).await.unwrap();
     cluster.daemons[0].1.kill9();
     cluster.spawn_daemon(&addr);
+    // Registered again (its old entries cleared, it alive): a put placed
+    // on it before that would be dropped with its previous life's entries.
+    let up = eventually(Duration::from_secs(20), || async {
+        let st = client.cluster_stats().await.unwrap();
+        let alive = st.daemons.iter().any(|d| d.addr == addr && d.alive);
+        alive && !on_it(warm).await
+    })
+    .await;
+    assert!(up.is_some(), "the restarted daemon registers again");
     let up = eventually(Duration::from_secs(20), || async {
         client
             .put(&ns(), &[(h("probe"), &b"probe"[..])])
