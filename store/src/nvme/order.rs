@@ -11,8 +11,9 @@
 //! again (it came back, was stored again and left DRAM) enters main, as a
 //! ghost hit does in DRAM; so does a block read while it was on its way
 //! to the drive (`DramPool::read_on_its_way`). The drive evicts from probation while it holds
-//! more than `probation_share` of the drive, else from main: probation may
-//! fill a drive whose main part is still empty, so no room is wasted.
+//! more than `probation_share` of the drive, else its least recently used
+//! block of either part, as DRAM's 2Q does: probation may fill a drive
+//! whose main part is still empty, so no room is wasted.
 //!
 //! Without it a drive is an LRU of everything DRAM evicts, and the
 //! documents that one-off requests push out of DRAM's main queue are
@@ -154,16 +155,21 @@ impl DriveOrder {
     }
 
     /// The block to evict next: probation's least recently used while
-    /// probation holds more than its share (or main is empty), else
-    /// main's.
+    /// probation holds more than its share, else the least recently used
+    /// of the drive.
     pub fn victim(&self) -> Option<&BlockKey> {
-        let probation_first = self.probation_bytes > self.probation_target || self.main.is_empty();
-        let (first, second) = if probation_first {
-            (&self.probation, &self.main)
-        } else {
-            (&self.main, &self.probation)
+        let (probation, main) = (
+            self.probation.first_key_value(),
+            self.main.first_key_value(),
+        );
+        let next = match self.probation_bytes > self.probation_target {
+            true => probation.or(main),
+            false => [probation, main]
+                .into_iter()
+                .flatten()
+                .min_by_key(|(s, _)| **s),
         };
-        first.values().next().or_else(|| second.values().next())
+        next.map(|(_, key)| key)
     }
 
     /// Blocks from the first to evict on: probation's, then main's, each
@@ -348,6 +354,16 @@ mod tests {
             d.put(i, false);
         }
         assert!(!d.holds(3));
+    }
+
+    #[test]
+    fn within_its_share_probation_gives_way_by_age_as_main_does() {
+        let mut order = DriveOrder::new(Eviction::TwoQ, 0.25, 8);
+        order.insert(&key(1), 1, false);
+        order.insert(&key(2), 1, true);
+        // Probation holds 1 of its 2: the drive's oldest block goes, though
+        // it is probation's.
+        assert_eq!(order.victim(), Some(&key(1)));
     }
 
     #[test]

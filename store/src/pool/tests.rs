@@ -346,6 +346,40 @@ fn under_two_q_new_blocks_fill_a_pool_that_holds_nothing_reused() {
     assert_eq!(kept, (24..40).collect::<Vec<_>>());
 }
 
+#[test]
+fn under_two_q_probation_within_its_share_gives_way_by_age_as_main_does() {
+    // A pool of sixteen 64 KiB blocks, probation a quarter of it: block 0
+    // is put and never read, blocks 1..16 are read (main). Probation holds
+    // one block, within its share: the coldest block of either queue goes,
+    // and that is block 0, not main's coldest.
+    let cfg = PoolConfig {
+        eviction: Eviction::TwoQ,
+        probation_share: 0.25,
+        high_watermark: 1.0,
+        ..PoolConfig::with_capacity(1 << 20)
+    };
+    let p = Arc::new(DramPool::new(cfg).unwrap());
+    put(&p, key(0), 0, 64 << 10).unwrap();
+    for i in 1..16 {
+        put(&p, key(i), i as u8, 64 << 10).unwrap();
+        drop(p.get(&key(i)));
+    }
+    assert!((0..16).all(|i| p.contains(&key(i))));
+    put(&p, key(100), 1, 64 << 10).unwrap();
+    assert!(!p.contains(&key(0)), "the coldest block, in probation");
+    assert!((1..16).all(|i| p.contains(&key(i))), "main's blocks stay");
+    // Twenty new blocks, never read: probation grows past its share (four
+    // blocks) at main's coldest, then its own blocks go first, however
+    // cold main's are.
+    for i in 200..220 {
+        put(&p, key(i), 2, 64 << 10).unwrap();
+    }
+    let main: Vec<u32> = (1..16).filter(|i| p.contains(&key(*i))).collect();
+    assert_eq!(main, (5..16).collect::<Vec<_>>());
+    let probation: Vec<u32> = (200..220).filter(|i| p.contains(&key(*i))).collect();
+    assert_eq!(probation, (215..220).collect::<Vec<_>>());
+}
+
 /// A 1 MiB pool under 2Q whose main queue holds twelve 64 KiB blocks read
 /// once (keys 0..12); probation (5%) holds less than one block.
 fn two_q_with_main_full() -> Arc<DramPool> {
