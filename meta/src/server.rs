@@ -628,6 +628,7 @@ fn put_start(
     let evicted_by = state
         .misses
         .returning(&req.namespace, req.items.iter().map(|it| &it.hash));
+    let returning: Vec<bool> = evicted_by.iter().map(Option::is_some).collect();
     let mut slots: Vec<Slot> = req
         .items
         .iter()
@@ -683,10 +684,12 @@ fn put_start(
         .items
         .iter()
         .zip(&slots)
-        .map(|(it, slot)| Put {
+        .zip(returning)
+        .map(|((it, slot), returning)| Put {
             hash: it.hash,
             parent: it.parent,
             placed: matches!(slot, Slot::Place { .. }),
+            returning,
         })
         .collect();
     let judged = state.branches.judge(&req.namespace, &puts);

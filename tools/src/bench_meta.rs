@@ -203,6 +203,7 @@ fn branch_bookkeeping(ns: &Namespace, chains: &[Vec<BlockHash>], salt: u64) -> f
                 hash: chain[i],
                 parent: i.checked_sub(1).map(|p| chain[p]),
                 placed: true,
+                returning: false,
             })
             .collect()
     };

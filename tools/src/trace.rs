@@ -258,6 +258,7 @@ pub fn simulate_cluster(
                 hash: hashes[i],
                 parent: i.checked_sub(1).map(|p| hashes[p]),
                 placed: !held(&home, req.hash_ids[i]),
+                returning: home.contains_key(&req.hash_ids[i]) && !held(&home, req.hash_ids[i]),
             })
             .collect();
         let judged = branches.judge(&ns, &puts);
