@@ -254,11 +254,15 @@ pub fn simulate_cluster(
             .collect();
         branches.matched(&ns, &hashes, matched);
         let puts: Vec<Put> = (matched..hashes.len())
-            .map(|i| Put {
-                hash: hashes[i],
-                parent: i.checked_sub(1).map(|p| hashes[p]),
-                placed: !held(&home, req.hash_ids[i]),
-                returning: home.contains_key(&req.hash_ids[i]) && !held(&home, req.hash_ids[i]),
+            .map(|i| {
+                let placed = !held(&home, req.hash_ids[i]);
+                Put {
+                    hash: hashes[i],
+                    parent: i.checked_sub(1).map(|p| hashes[p]),
+                    placed,
+                    // Placed here before and evicted since.
+                    returning: placed && home.contains_key(&req.hash_ids[i]),
+                }
             })
             .collect();
         let judged = branches.judge(&ns, &puts);

@@ -17,7 +17,7 @@
 //!   first (least recently used first); within its share they are as
 //!   safe as main's, and the pool evicts as LRU does, over both queues.
 //!   (Main evicting before probation whatever their ages, as in the
-//!   original 2Q, kept blocks nobody read over the last turns' of a
+//!   original 2Q, kept blocks nobody read over the last turns of a
 //!   conversation or an agent: 1.1 to 1.8 points under LRU on such
 //!   workloads, `docs/benchmarks.md`.) An evicted
 //!   key is remembered (`GHOSTS_PER_BLOCK` keys per stored block): when it
