@@ -8,9 +8,9 @@
 # repository's Python package; starts `mooncake-store up`; and runs the
 # drivers in client/python/engines/, which drive the engines' classes as
 # the engines do: SGLang HiCache's `MooncakeStore` and the native SGLang
-# backend, vLLM's v1 scheduler with the native vLLM connector, LMCache's
-# remote backend with its `mooncakestore` connector and the native one,
-# and vLLM's KV-event classes. Separate from tools/test.sh: the first run
+# backend, vLLM's v1 scheduler with the native vLLM connector, vLLM's
+# encoder-cache store, LMCache's remote backend with its `mooncakestore`
+# connector and the native one, and vLLM's KV-event classes. Separate from tools/test.sh: the first run
 # downloads about 3 GiB and installs 6.8 GiB (4 minutes in all here, the
 # drivers included); later runs take a minute and a half.
 #
@@ -69,6 +69,8 @@ echo "== client/python/engines/vllm_connector.py"
 MOONCAKE_BIN="$BIN" "$VENV/bin/python" -W ignore client/python/engines/vllm_connector.py "$META" "$EVENTS" "$REPLAY"
 echo "== client/python/engines/lmcache_remote.py"
 LMCACHE_LOG_LEVEL=ERROR "$VENV/bin/python" -W ignore client/python/engines/lmcache_remote.py "$META"
+echo "== client/python/engines/vllm_ec_store.py"
+"$VENV/bin/python" -W ignore client/python/engines/vllm_ec_store.py "$META"
 echo "== client/python/engines/vllm_kv_events.py"
 "$VENV/bin/python" -W ignore client/python/engines/vllm_kv_events.py "$META" "$EVENTS" "$REPLAY"
 echo "== client/python/engines/lmcache_replay.py, sglang_replay.py (300 requests of a conversation trace)"

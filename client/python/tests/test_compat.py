@@ -5,11 +5,19 @@ Mooncake project) describes it: the same calls, the same return values."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 
 import numpy as np
 import pytest
 
-from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+from mooncake._numa import node_cpus, parse_cpu_list, preferred_node
+from mooncake.store import (
+    MooncakeDistributedStore,
+    ObjectDataType,
+    ReplicateConfig,
+    bind_to_numa_node,
+)
 
 from conftest import Process, free_port, wait_for_daemon, wait_for_port
 
@@ -103,6 +111,54 @@ def test_replicate_config_is_accepted_and_hard_pin_pins(store):
     config.with_hard_pin = True
     assert store.put("important_data", b"Critical information", config) == 0
     assert store.get("important_data") == b"Critical information"
+
+
+def test_a_put_may_say_what_its_object_holds_as_vllms_encoder_cache_does(store):
+    # Mooncake's values, which its master keeps per object.
+    assert [int(t) for t in (ObjectDataType.UNKNOWN, ObjectDataType.KVCACHE,
+                             ObjectDataType.TENSOR, ObjectDataType.GENERAL)] == [0, 1, 2, 9]
+    config = ReplicateConfig()
+    assert config.data_type == ObjectDataType.UNKNOWN
+    config.data_type = ObjectDataType.TENSOR
+    assert store.put("an_embedding", b"\x01" * 4096, config) == 0
+    assert store.get("an_embedding") == b"\x01" * 4096
+    with pytest.raises(AttributeError):
+        config.no_such_field = 1
+
+
+def in_thread(fn):
+    """What ``fn`` returns when run on a thread of its own, so that the
+    binding it makes ends with that thread."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_binding_to_a_numa_node_runs_the_thread_there_and_prefers_its_memory():
+    assert parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    with pytest.raises(ValueError):
+        parse_cpu_list("3-1")
+    cpus = node_cpus(0)
+    assert cpus, "every Linux machine has node 0"
+
+    def bound():
+        bind_to_numa_node(0)
+        return os.sched_getaffinity(0), preferred_node()
+
+    assert in_thread(bound) == (cpus, 0)
+
+
+def test_binding_to_a_node_the_machine_lacks_changes_nothing(caplog):
+    def bound():
+        before = os.sched_getaffinity(0), preferred_node()
+        bind_to_numa_node(4095)
+        return before, (os.sched_getaffinity(0), preferred_node())
+
+    before, after = in_thread(bound)
+    assert before == after
+    assert "no NUMA node 4095" in caplog.text
 
 
 def test_setup_with_a_dict_and_a_contributed_segment():

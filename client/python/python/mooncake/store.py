@@ -37,6 +37,9 @@ How the two models map (see ``client/python/README.md``):
   CUDA driver is present (blocks then move through pinned staging,
   ``docs/gpu.md``); elsewhere a GPU pointer is refused with ``-600`` and a
   log line.
+- ``bind_to_numa_node(node)``, which LMCache calls before ``setup`` on GPU
+  hosts, runs the calling thread on the node's CPUs and prefers its memory,
+  as Mooncake's does (``mooncake/_numa.py``).
 - Keys are opaque and name no parent. So that daemons can evict a request's
   blocks from the tail and apply 2Q's branch rule, a put names for each key
   the key before it in an earlier ``batch_is_exist`` of this store (vLLM,
@@ -60,13 +63,17 @@ from typing import Any, Dict, List, Optional
 import mooncake_store
 from mooncake_store import OBJECT_NOT_FOUND, INVALID_PARAMS, OK, RPC_FAIL
 
+from mooncake._numa import bind_to_numa_node
+
 __all__ = [
     "BufferHandle",
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
+    "ObjectDataType",
     "ReplicaDescriptor",
     "ReplicateConfig",
     "SoftPinAction",
+    "bind_to_numa_node",
 ]
 
 log = logging.getLogger("mooncake.store")
@@ -78,6 +85,24 @@ class SoftPinAction(enum.IntEnum):
     PRESERVE = 0
     ENABLE = 1
     DISABLE = 2
+
+
+class ObjectDataType(enum.IntEnum):
+    """What an object holds (Mooncake's names and values), as a put's
+    ``ReplicateConfig.data_type`` says; vLLM's encoder-cache connector puts
+    ``TENSOR``. Accepted, and no effect here: every block is evicted by the
+    daemon's one order."""
+
+    UNKNOWN = 0
+    KVCACHE = 1
+    TENSOR = 2
+    WEIGHT = 3
+    SAMPLE = 4
+    ACTIVATION = 5
+    GRADIENT = 6
+    OPTIMIZER_STATE = 7
+    METADATA = 8
+    GENERAL = 9
 
 
 @dataclass(slots=True)
@@ -95,6 +120,7 @@ class ReplicateConfig:
     preferred_segments: List[str] = field(default_factory=list)
     prefer_alloc_in_same_node: bool = False
     group_ids: List[str] = field(default_factory=list)
+    data_type: ObjectDataType = ObjectDataType.UNKNOWN
 
 
 MAX_REPLICAS = 4
