@@ -8,9 +8,10 @@
 # repository's Python package; starts `mooncake-store up`; and runs the
 # drivers in client/python/engines/, which drive the engines' classes as
 # the engines do: SGLang HiCache's `MooncakeStore` and the native SGLang
-# backend, vLLM's v1 scheduler with the native vLLM connector, vLLM's
-# encoder-cache store, LMCache's remote backend with its `mooncakestore`
-# connector and the native one, and vLLM's KV-event classes. Separate from tools/test.sh: the first run
+# backend, SGLang's multimodal embedding store, vLLM's v1 scheduler with
+# the native vLLM connector, vLLM's encoder-cache store, LMCache's remote
+# backend with its `mooncakestore` connector and the native one, and
+# vLLM's KV-event classes. Separate from tools/test.sh: the first run
 # downloads about 3 GiB and installs 6.8 GiB (4 minutes in all here, the
 # drivers included); later runs take a minute and a half.
 #
@@ -64,6 +65,8 @@ start_store 1GiB --events "$EVENTS" --events-replay "$REPLAY" --config "$STORE_C
 
 echo "== client/python/engines/sglang_hicache.py"
 "$VENV/bin/python" -W ignore client/python/engines/sglang_hicache.py "$META"
+echo "== client/python/engines/sglang_embedding.py"
+"$VENV/bin/python" -W ignore client/python/engines/sglang_embedding.py "$META"
 echo "== client/python/engines/vllm_connector.py"
 # MOONCAKE_BIN: the driver also kills and restarts a store of its own.
 MOONCAKE_BIN="$BIN" "$VENV/bin/python" -W ignore client/python/engines/vllm_connector.py "$META" "$EVENTS" "$REPLAY"

@@ -468,6 +468,88 @@ fn without_gpu_support_every_address_is_host_memory() {
     }
 }
 
+/// Slices of a block already read and checked (a read session's), copied
+/// into device and host memory: byte for byte, several stages' worth, a
+/// piece of two memories refused, and a failed copy up failing its
+/// stage's pieces only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_of_checked_bytes_reach_device_and_host_memory_and_a_failed_copy_fails_its_stage() {
+    let gpu = HostStandIn::new();
+    // Stages of 3,000 bytes: pieces 0 to 2 fill one, 3 (larger) and 4
+    // take one each.
+    let client = client_on("127.0.0.1:1", &gpu, 3_000, None);
+    let source = block_bytes(9, 20_000);
+    let slices: [(usize, usize); 5] = [
+        (0, 1),
+        (17, 999),
+        (1_000, 2_000),
+        (9_001, 4_097),
+        (19_969, 31),
+    ];
+    let regions: Vec<usize> = slices.iter().map(|&(_, n)| gpu.alloc(n)).collect();
+    let to_device = |i: usize| -> Vec<Span> {
+        let n = slices[i].1;
+        match i % 2 {
+            0 => vec![Span::new(regions[i], n)],
+            _ => vec![
+                Span::new(regions[i], n / 2),
+                Span::new(regions[i] + n / 2, n - n / 2),
+            ],
+        }
+    };
+    let to_gpu: Vec<(&[u8], Vec<Span>)> = (0..slices.len())
+        .map(|i| {
+            (
+                &source[slices[i].0..slices[i].0 + slices[i].1],
+                to_device(i),
+            )
+        })
+        .collect();
+    // SAFETY: device regions allocated above and apart; the sources are
+    // host memory apart from them.
+    let done = unsafe { client.copy_into_spans(&to_gpu) };
+    assert_eq!(done, vec![Ok(()); 5]);
+    for (i, &(at, n)) in slices.iter().enumerate() {
+        assert_eq!(gpu.read(regions[i], n), source[at..at + n], "slice {i}");
+    }
+
+    // Into host memory, and a piece with a host span and a device span.
+    let mut host = vec![0u8; 3_000];
+    let (first, rest) = host.split_at_mut(1_000);
+    let mixed = vec![
+        Span::new(rest.as_mut_ptr() as usize, 5),
+        Span::new(regions[0], 1),
+    ];
+    let pieces: Vec<(&[u8], Vec<Span>)> = vec![
+        (
+            &source[100..1_100],
+            vec![Span::new(first.as_mut_ptr() as usize, 1_000)],
+        ),
+        (&source[..6], mixed),
+    ];
+    // SAFETY: as above.
+    let done = unsafe { client.copy_into_spans(&pieces) };
+    assert_eq!(done, vec![Ok(()), Err(ErrorCode::Malformed)]);
+    assert_eq!(host[..1_000], source[100..1_100]);
+    assert_eq!(
+        host[1_000..],
+        vec![0u8; 2_000][..],
+        "a refused piece writes nothing"
+    );
+
+    // The second copy up from now (piece 1's first half) fails: the three
+    // pieces of its stage fail; the next stages copy.
+    gpu.fail_copy(2);
+    // SAFETY: as above.
+    let done = unsafe { client.copy_into_spans(&to_gpu) };
+    let failed = Err(ErrorCode::Internal);
+    assert_eq!(done, vec![failed, failed, failed, Ok(()), Ok(())]);
+    for i in 3..5 {
+        let (at, n) = slices[i];
+        assert_eq!(gpu.read(regions[i], n), source[at..at + n], "slice {i}");
+    }
+}
+
 /// `n` bytes cut at random places into 1 to 4 pieces: their lengths
 /// (empty pieces among them, at times: a cut at the start, the end, or
 /// twice in one place).

@@ -77,6 +77,47 @@ impl Pieces {
             .collect()
     }
 
+    /// Block `i`'s length: its pieces' sizes added up.
+    pub(crate) fn total(&self, i: usize) -> usize {
+        self.sizes[i].iter().sum()
+    }
+
+    /// For each block, whether a piece of it overlaps one of the sources
+    /// (`lens[j]` bytes at `ptrs[j]`), which are read while the pieces are
+    /// written.
+    pub(crate) fn overlapping_sources(&self, ptrs: &[usize], lens: &[usize]) -> Vec<bool> {
+        let mut sources: Vec<(usize, usize)> = ptrs
+            .iter()
+            .zip(lens)
+            .map(|(&p, &n)| (p, p.saturating_add(n)))
+            .filter(|(start, end)| end > start)
+            .collect();
+        sources.sort_unstable();
+        // Merged into ranges apart from each other, in order.
+        let mut merged: Vec<(usize, usize)> = Vec::new();
+        for (start, end) in sources {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        let hits = |p: usize, n: usize| {
+            let end = p.saturating_add(n);
+            // The last merged range starting before the piece ends reaches
+            // furthest of those that could meet it.
+            let k = merged.partition_point(|&(start, _)| start < end);
+            n > 0 && k > 0 && merged[k - 1].1 > p
+        };
+        (0..self.ptrs.len())
+            .map(|i| {
+                self.ptrs[i]
+                    .iter()
+                    .zip(&self.sizes[i])
+                    .any(|(&p, &n)| hits(p, n))
+            })
+            .collect()
+    }
+
     /// Block `i`'s pieces, in order, as spans of memory.
     pub(crate) fn spans(&self, i: usize) -> Vec<Span> {
         self.ptrs[i]

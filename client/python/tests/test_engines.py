@@ -200,6 +200,92 @@ def test_a_multi_buffer_object_is_its_pieces_joined_whatever_the_cut(sglang):
     assert got[0] < 0 and not small.kv.any()
 
 
+LAYERS = 4
+LAYER_BYTES = 1024  # one layer of one page: K and V of a page's tokens
+
+
+def test_sglang_direct_linker_loads_each_layers_slice_of_each_page(sglang):
+    # SGLang's direct linker: page objects whose layers lie one after the
+    # other, loaded a layer at a time into a layer-first pool between
+    # batch_get_session_start and batch_get_session_end.
+    pages = 6
+    rng = np.random.default_rng(7)
+    objects = rng.integers(0, 255, (pages, LAYERS * LAYER_BYTES), dtype=np.uint8)
+    keys = [f"direct-{i:040x}_cp0_pp0" for i in range(pages)]
+    assert sglang.register_buffer(objects.ctypes.data, objects.nbytes) == 0
+    assert sglang.batch_put_from(keys, [objects[i].ctypes.data for i in range(pages)],
+                                 [objects.shape[1]] * pages) == [0] * pages
+    pool = np.zeros((LAYERS, pages, LAYER_BYTES), dtype=np.uint8)
+    assert sglang.register_buffer(pool.ctypes.data, pool.nbytes) == 0
+
+    assert sglang.batch_get_session_start(keys) == [0] * pages
+    # Evicted or removed meanwhile: the session still holds what it read.
+    sglang.batch_remove(keys[:2])
+    for layer in range(LAYERS):
+        ptrs = [[pool[layer, i].ctypes.data] for i in range(pages)]
+        got = sglang.batch_get_into_multi_buffer_ranges(
+            keys, ptrs, [[LAYER_BYTES]] * pages, [[layer * LAYER_BYTES]] * pages)
+        assert got == [LAYER_BYTES] * pages, layer
+    assert sglang.batch_get_session_end(keys) == 0
+    for layer in range(LAYERS):
+        assert np.array_equal(pool[layer], objects[:, layer * LAYER_BYTES:(layer + 1) * LAYER_BYTES])
+
+    # Once the sessions ended, what was removed is gone; what is stored is
+    # read whole for a call made outside any session.
+    pool[:] = 0
+    got = sglang.batch_get_into_multi_buffer_ranges(
+        keys[1:3], [[pool[0, 1].ctypes.data], [pool[0, 2].ctypes.data]],
+        [[LAYER_BYTES]] * 2, [[LAYER_BYTES]] * 2)
+    assert got == [OBJECT_NOT_FOUND, LAYER_BYTES]
+    assert np.array_equal(pool[0, 2], objects[2, LAYER_BYTES:2 * LAYER_BYTES])
+    assert not pool[0, 1].any()
+
+
+def test_ranged_reads_refuse_what_lies_outside_the_object_or_registered_memory(sglang):
+    obj = np.arange(4096, dtype=np.uint32).view(np.uint8)
+    assert sglang.put("ranged", obj.tobytes()) == 0
+    dst = np.zeros(4 * 4096, dtype=np.uint8)
+    assert sglang.register_buffer(dst.ctypes.data, dst.nbytes) == 0
+    unregistered = np.zeros(4096, dtype=np.uint8)
+    assert sglang.batch_get_session_start(["ranged", "ranged", "never-stored"]) == [0, 0, OBJECT_NOT_FOUND]
+    base = dst.ctypes.data
+    got = sglang.batch_get_into_multi_buffer_ranges(
+        ["ranged", "ranged", "ranged", "ranged"],
+        [[base], [base + 8192], [unregistered.ctypes.data], [base + 12288, base + 12300]],
+        [[100], [4096], [16], [12, 20]],
+        [[obj.nbytes - 100], [obj.nbytes - 4095], [0], [0, 40]],
+    )
+    # The end of the object; past its end; outside registered memory;
+    # two slices into one destination each.
+    assert got == [100, INVALID_PARAMS, INVALID_PARAMS, 32]
+    assert np.array_equal(dst[:100], obj[-100:])
+    assert not dst[8192:12288].any()
+    assert np.array_equal(dst[12288:12300], obj[:12]) and np.array_equal(dst[12300:12320], obj[40:60])
+    # Opened twice: held until the second end.
+    assert sglang.batch_get_session_end(["ranged"]) == 0
+    sglang.remove("ranged")
+    assert sglang.batch_get_into_multi_buffer_ranges(["ranged"], [[base]], [[8]], [[0]]) == [8]
+    assert sglang.batch_get_session_end(["ranged", "never-stored"]) == 0
+    assert sglang.batch_get_into_multi_buffer_ranges(["ranged"], [[base]], [[8]], [[0]]) == [OBJECT_NOT_FOUND]
+    assert sglang.batch_get_into_multi_buffer_ranges(["ranged"], [[base]], [[8], [8]], [[0]]) == [INVALID_PARAMS]
+
+
+def test_read_sessions_hold_at_most_their_memory(store, monkeypatch):
+    monkeypatch.setenv("MOONCAKE_READ_SESSION_BYTES", str(3 * 4096))
+    s = sglang_setup(store, tenant_id="t/sessions")
+    try:
+        keys = [f"held-{i}" for i in range(4)]
+        assert s.put_batch(keys, [bytes([i]) * 4096 for i in range(4)]) == 0
+        assert s.batch_get_session_start(keys) == [0, 0, 0, -200]
+        # A start's memory goes back once all its sessions ended.
+        assert s.batch_get_session_end(keys[:3]) == 0
+        assert s.batch_get_session_start(keys[3:]) == [0]
+        assert s.batch_get_session_end(keys[3:]) == 0
+    finally:
+        s.remove_all()
+        s.close()
+
+
 def test_sglang_standalone_storage_with_the_host_allocator(store):
     allocator = MooncakeHostMemAllocator()
     size = PAGES * PAGE_BYTES

@@ -449,6 +449,95 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Copies bytes already in host memory into memory given by address,
+    /// host or device (GPU): `pieces[i]` is a source and the spans its
+    /// bytes fill in order (as many as it has). For parts of blocks read
+    /// and checked before, such as a layer's slice of each block of a
+    /// read session. Device spans are reached through pinned staging.
+    /// Per piece: done, or why not (`MIXED`: spans in two memories;
+    /// `COPY_FAILED`).
+    ///
+    /// # Safety
+    /// Every span must be memory this process may write (host memory, or
+    /// device memory of the GPU that `memory_of` names) until the call
+    /// returns, apart from every other span and from every source.
+    pub unsafe fn copy_into_spans(
+        &self,
+        pieces: &[(&[u8], Vec<Span>)],
+    ) -> Vec<Result<(), ErrorCode>> {
+        let mut out = vec![Ok(()); pieces.len()];
+        for (memory, idx) in self.by_memory(pieces.iter().map(|(_, spans)| spans.as_slice())) {
+            match memory {
+                None => idx.into_iter().for_each(|i| out[i] = Err(MIXED)),
+                Some(Memory::Host) => {
+                    for i in idx {
+                        let (mut src, spans) = (pieces[i].0, &pieces[i].1);
+                        // SAFETY: host spans the caller vouches for, apart.
+                        for dst in unsafe { host_slices(spans) } {
+                            let n = dst.len().min(src.len());
+                            mooncake_proto::checksum::copy(&mut dst[..n], &src[..n]);
+                            src = &src[n..];
+                        }
+                    }
+                }
+                // SAFETY: the caller's promise, passed on.
+                Some(Memory::Device(ordinal)) => unsafe {
+                    self.copy_up(ordinal, pieces, &idx, &mut out)
+                },
+            }
+        }
+        out
+    }
+
+    /// `copy_into_spans` of the pieces `idx`, all on GPU `ordinal`: a
+    /// stage's worth at a time, copied into the stage and up from it.
+    unsafe fn copy_up(
+        &self,
+        ordinal: i32,
+        pieces: &[(&[u8], Vec<Span>)],
+        idx: &[usize],
+        out: &mut [Result<(), ErrorCode>],
+    ) {
+        let sizes: Vec<usize> = idx.iter().map(|&i| pieces[i].0.len()).collect();
+        let mut slot = None;
+        for chunk in chunks(&sizes, self.cfg.device_staging) {
+            let need = sizes[chunk.clone()].iter().sum();
+            let stage = match self.stage(&mut slot, ordinal, need) {
+                Ok(stage) => stage,
+                Err(err) => {
+                    tracing::warn!(%err, "no staging to copy to the GPU");
+                    chunk.for_each(|j| out[idx[j]] = Err(COPY_FAILED));
+                    continue;
+                }
+            };
+            let mut at = 0;
+            for j in chunk.clone() {
+                let (src, spans) = (pieces[idx[j]].0, &pieces[idx[j]].1);
+                stage.buf.as_mut_slice()[at..at + src.len()].copy_from_slice(src);
+                let base = stage.buf.as_ptr().wrapping_add(at);
+                at += src.len();
+                // SAFETY: the source's bytes lie in the stage at `base`;
+                // the spans are the caller's; the stage is waited for
+                // below, before it is reused or given back.
+                if let Err(err) = unsafe { up(stage, base, src.len(), spans) } {
+                    tracing::warn!(%err, "bytes could not be copied to the GPU");
+                    out[idx[j]] = Err(COPY_FAILED);
+                }
+            }
+            if let Err(err) = stage.wait() {
+                tracing::warn!(%err, "bytes could not be copied to the GPU");
+                chunk.for_each(|j| out[idx[j]] = Err(COPY_FAILED));
+                // A failed lane is not used again.
+                slot = None;
+            }
+        }
+        if let Some(stage) = slot {
+            self.stages.give(stage);
+        }
+    }
+}
+
 /// What `get_staged` reads: the blocks `idx` of `blocks` (their hashes in
 /// `hashes`), all on GPU `ordinal`.
 #[derive(Clone, Copy)]

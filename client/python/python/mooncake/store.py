@@ -37,6 +37,11 @@ How the two models map (see ``client/python/README.md``):
   CUDA driver is present (blocks then move through pinned staging,
   ``docs/gpu.md``); elsewhere a GPU pointer is refused with ``-600`` and a
   log line.
+- Ranged reads (``batch_get_session_start``,
+  ``batch_get_into_multi_buffer_ranges``, ``batch_get_session_end``, which
+  SGLang's direct linker calls) read each object once, whole, and checked,
+  into the client's memory, and copy slices from there
+  (``mooncake/_sessions.py``).
 - ``bind_to_numa_node(node)``, which LMCache calls before ``setup`` on GPU
   hosts, runs the calling thread on the node's CPUs and prefers its memory,
   as Mooncake's does (``mooncake/_numa.py``).
@@ -64,6 +69,7 @@ import mooncake_store
 from mooncake_store import OBJECT_NOT_FOUND, INVALID_PARAMS, OK, RPC_FAIL
 
 from mooncake._numa import bind_to_numa_node
+from mooncake._sessions import ReadSessions
 
 __all__ = [
     "BufferHandle",
@@ -273,6 +279,7 @@ class MooncakeDistributedStore:
         self._client: Optional[mooncake_store.Client] = None
         self._daemon: Optional[mooncake_store.DaemonProcess] = None
         self._hostname = ""
+        self._read_sessions: Optional[ReadSessions] = None
 
     # -- set-up ---------------------------------------------------------
 
@@ -397,6 +404,9 @@ class MooncakeDistributedStore:
         return OK
 
     def close(self) -> int:
+        if self._read_sessions is not None:
+            self._read_sessions.close()
+            self._read_sessions = None
         if self._daemon is not None:
             self._daemon.stop()
             self._daemon = None
@@ -608,6 +618,40 @@ class MooncakeDistributedStore:
         except (TypeError, ValueError, OverflowError) as err:
             log.error("batch_get_into_multi_buffers: %s", err)
             return [INVALID_PARAMS] * len(keys)
+
+    # -- slices of objects, in read sessions (SGLang's direct linker) ----
+
+    def batch_get_session_start(self, keys: List[str]) -> List[int]:
+        """Opens a read session on each key: its object is read once,
+        whole, and checked; ``0`` per key, or a negative code (``-704`` not
+        stored). See ``mooncake/_sessions.py``."""
+        return self._sessions.start(list(keys))
+
+    def batch_get_into_multi_buffer_ranges(
+        self,
+        keys: List[str],
+        all_buffer_ptrs: List[List[int]],
+        all_sizes: List[List[int]],
+        all_src_offsets: List[List[int]],
+    ) -> List[int]:
+        """Copies slices of each key's object (``all_sizes[i][j]`` bytes
+        from ``all_src_offsets[i][j]``) into registered buffers (host or
+        GPU memory); per key the bytes copied, or a negative code."""
+        try:
+            return self._sessions.ranges(list(keys), all_buffer_ptrs, all_sizes, all_src_offsets)
+        except (TypeError, ValueError, OverflowError) as err:
+            log.error("batch_get_into_multi_buffer_ranges: %s", err)
+            return [INVALID_PARAMS] * len(keys)
+
+    def batch_get_session_end(self, keys: List[str]) -> int:
+        """Closes a read session on each key; ``0``."""
+        return self._sessions.end(list(keys))
+
+    @property
+    def _sessions(self) -> ReadSessions:
+        if self._read_sessions is None:
+            self._read_sessions = ReadSessions(self._c)
+        return self._read_sessions
 
     def _pin_if_asked(
         self, keys: List[str], codes: List[int], config: Optional[ReplicateConfig]

@@ -472,6 +472,28 @@ impl Client {
         }))
     }
 
+    /// Copies registered host memory into several pieces of registered
+    /// buffers: source `i` (`src_lens[i]` bytes at `src_ptrs[i]`) fills
+    /// `ptr_lists[i]` / `size_lists[i]` in order, whose sizes add up to
+    /// its length. For slices of blocks read and checked before (the
+    /// compatible API's read sessions); GPU pieces through pinned staging.
+    /// Per source the bytes copied, or `INVALID_PARAMS` (a source outside
+    /// registered host memory, a piece outside every registered buffer,
+    /// pieces that overlap each other or a source, sizes that do not add
+    /// up: nothing is written).
+    fn copy_into_ptr_lists(
+        &self,
+        py: Python<'_>,
+        src_ptrs: Vec<usize>,
+        src_lens: Vec<usize>,
+        ptr_lists: Vec<Vec<usize>>,
+        size_lists: Vec<Vec<usize>>,
+    ) -> PyResult<Vec<i64>> {
+        check_lengths(src_ptrs.len(), src_lens.len(), "source lengths")?;
+        let pieces = Pieces::new(src_ptrs.len(), ptr_lists, size_lists)?;
+        Ok(self.copy_into_pieces(py, (&src_ptrs, &src_lens), &pieces))
+    }
+
     /// Where each key is stored: `(size, [daemon address of each copy])`,
     /// or `None`.
     #[allow(clippy::type_complexity)]

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use mooncake_client::bindings::except;
-use mooncake_client::device::Span;
+use mooncake_client::device::{Memory, Span};
 use mooncake_client::PutOptions;
 use mooncake_proto::message::EngineTag;
 use mooncake_proto::BlockHash;
@@ -15,6 +15,7 @@ use super::Client;
 use crate::buffers::{overlapping, Region};
 use crate::codes;
 use crate::keys::{hash_of, hashes_of};
+use crate::pieces::Pieces;
 
 impl Client {
     pub(super) fn get_regions(
@@ -110,6 +111,55 @@ impl Client {
             let (hashes, regions) = items.into_iter().unzip();
             f(self, py, hashes, regions)
         }))
+    }
+}
+
+impl Client {
+    /// `copy_into_ptr_lists` of the sources (addresses, lengths) into
+    /// `pieces`: those refused answer `INVALID_PARAMS`.
+    pub(super) fn copy_into_pieces(
+        &self,
+        py: Python<'_>,
+        (ptrs, lens): (&[usize], &[usize]),
+        pieces: &Pieces,
+    ) -> Vec<i64> {
+        let unfit = pieces.unfit_to_write(&self.registered);
+        let reads_over = pieces.overlapping_sources(ptrs, lens);
+        let refused: Vec<bool> = (0..ptrs.len())
+            .map(|i| {
+                unfit[i]
+                    || reads_over[i]
+                    || pieces.total(i) != lens[i]
+                    || !self.registered.covers(ptrs[i], lens[i])
+                    || self.inner.memory_of(ptrs[i]) != Memory::Host
+            })
+            .collect();
+        except(
+            (0..ptrs.len()).collect(),
+            &refused,
+            codes::INVALID_PARAMS,
+            |items: Vec<usize>| {
+                let copies: Vec<(&[u8], Vec<Span>)> = items
+                    .iter()
+                    .map(|&i| {
+                        // SAFETY: the source lies in registered host memory,
+                        // which stays mapped while registered (checked above).
+                        let src =
+                            unsafe { std::slice::from_raw_parts(ptrs[i] as *const u8, lens[i]) };
+                        (src, pieces.spans(i))
+                    })
+                    .collect();
+                // SAFETY: every piece lies in a registered buffer (host or
+                // GPU memory), apart from every other piece and every source
+                // (checked above).
+                let done = py.detach(|| unsafe { self.inner.copy_into_spans(&copies) });
+                items
+                    .iter()
+                    .zip(done)
+                    .map(|(&i, r)| r.map_or_else(codes::of_code, |()| lens[i] as i64))
+                    .collect()
+            },
+        )
     }
 }
 
