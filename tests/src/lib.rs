@@ -73,15 +73,29 @@ impl TestCluster {
         token: Option<&str>,
     ) -> TestCluster {
         let shutdown = CancellationToken::new();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let handle = mooncake_local::start_meta(
-            meta,
-            listener,
-            &prometheus::Registry::new(),
-            shutdown.clone(),
-        )
-        .await
-        .unwrap();
+        let mut tries = 0;
+        let handle = loop {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let stop = shutdown.child_token();
+            let started = mooncake_local::start_meta(
+                meta.clone(),
+                listener,
+                &prometheus::Registry::new(),
+                stop.clone(),
+            )
+            .await;
+            match started {
+                Ok(handle) => break handle,
+                // With QUIC the meta service binds UDP at its TCP port,
+                // which a UDP socket of a test running beside this one
+                // may hold: another port then.
+                Err(err) if meta.quic && tries < 20 && err.to_string().contains("in use") => {
+                    stop.cancel();
+                    tries += 1;
+                }
+                Err(err) => panic!("the meta service did not start: {err}"),
+            }
+        };
         let mut cluster = TestCluster {
             meta_addr: handle.addr.to_string(),
             daemons: Vec::new(),

@@ -12,7 +12,10 @@ does with a remote backend: batched puts of KV chunks (LMCache's
 into new memory objects, byte for byte, and misses for chunks never put.
 Both of the connector's modes run: with `save_chunk_meta` (LMCache's
 default: `put_parts` and `batch_get_buffer`) and without (`batch_put_from`
-and `batch_get_into`, zero copy into LMCache's registered buffer).
+and `batch_get_into`, zero copy into LMCache's registered buffer). Then
+LMCache's `MooncakeLookupClient`, the scheduler side's prefix lookup (one
+`batch_is_exist` of a request's chunk keys, made by LMCache's token
+database from its tokens), on chunks the connector put.
 Run by `tools/test-engines.sh`.
 
 Usage: python lmcache_remote.py META_ADDR
@@ -153,6 +156,43 @@ def run(meta: str, mode: str, loop: asyncio.AbstractEventLoop) -> None:
     backend.close()
 
 
+def lookup_client(meta: str, loop: asyncio.AbstractEventLoop) -> None:
+    """LMCache's `MooncakeLookupClient` finds the chunks its connector put
+    from a request's tokens: as many tokens as the stored leading chunks
+    hold."""
+    from lmcache.v1.lookup_client.mooncake_lookup_client import MooncakeLookupClient
+    from lmcache.v1.token_database import ChunkedTokenDatabase
+
+    cfg, md = config(meta, "zero copy"), metadata()
+    cpu = LocalCPUBackend(config=cfg, metadata=md, dst_device="cpu")
+    backend = RemoteBackend(config=cfg, metadata=md, loop=loop, local_cpu_backend=cpu, dst_device="cpu")
+    # Tokens of this run only, so that no chunk of an earlier run matches.
+    first = int.from_bytes(os.urandom(3), "big")
+    tokens = list(range(first, first + 3 * TOKENS + 100))
+    # Full chunks only: LMCache leaves a request's short last chunk out.
+    keys = [k for _, _, k in ChunkedTokenDatabase(cfg, md).process_tokens(tokens)]
+    assert len(keys) == 3, len(keys)
+    shape = torch.Size([2, LAYERS, TOKENS, HEADS * DIM])
+    objs = []
+    for _ in range(2):
+        obj = cpu.allocate(shape, DTYPE, MemoryFormat.KV_2LTD)
+        obj.tensor.copy_(torch.randn(shape).to(DTYPE))
+        objs.append(obj)
+    written = Done(2)
+    backend.batched_submit_put_task(keys[:2], objs, on_complete_callback=written.one)
+    written.wait(timeout=30)
+    client = MooncakeLookupClient(cfg, md, meta)
+    assert client.lookup(tokens) == 2 * TOKENS, client.lookup(tokens)
+    # The request without its first chunk shares no prefix with it.
+    assert client.lookup(tokens[TOKENS:]) == 0
+    print(f"LMCache's MooncakeLookupClient: {client.lookup(tokens)} of {len(tokens)} tokens "
+          "stored (two chunks put), 0 for another prefix")
+    client.close()
+    for obj in objs:
+        obj.ref_count_down()
+    backend.close()
+
+
 class Done:
     """Counts LMCache's per-chunk completion callbacks."""
 
@@ -179,6 +219,7 @@ def main(meta: str) -> None:
     try:
         for mode in ("save_chunk_meta", "zero copy", "native"):
             run(meta, mode, loop)
+        lookup_client(meta, loop)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
