@@ -22,15 +22,10 @@ pub struct Up {
 
 /// Starts `up` with `dram` of memory and `config` added to its `[daemon]`
 /// table (a `[meta]` table may follow); returns once its daemon is alive.
+/// A start that lost one of its ports to another process (picked free,
+/// taken before `up` bound it) is retried on new ones.
 pub async fn up(dram: &str, config: Option<&str>) -> Up {
     let logs = scratch_dir("up");
-    let (meta, events, replay, admin) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let daemon = format!("127.0.0.1:{}", free_port());
     let config_path = logs.join("store.toml");
     std::fs::write(
         &config_path,
@@ -40,43 +35,60 @@ pub async fn up(dram: &str, config: Option<&str>) -> Up {
         ),
     )
     .unwrap();
-    let args = [
-        "up",
-        "--config",
-        config_path.to_str().unwrap(),
-        "--meta-listen",
-        &meta,
-        "--listen",
-        &daemon,
-        "--dram",
-        dram,
-        "--admin",
-        &admin,
-        "--events",
-        &events,
-        "--events-replay",
-        &replay,
-    ];
-    let proc = Proc::spawn("up", BIN, &args, &logs);
-    let client =
-        Client::new(ClientConfig::new(meta.to_string()).with_timeout(Duration::from_secs(5)));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !client
-        .cluster_stats()
-        .await
-        .is_ok_and(|st| st.daemons.iter().any(|d| d.alive))
-    {
-        assert!(Instant::now() < deadline, "store not up; logs in {logs:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..3 {
+        let address = || format!("127.0.0.1:{}", free_port());
+        let (meta, events, replay, admin, daemon) =
+            (address(), address(), address(), address(), address());
+        let log = logs.join("up.log");
+        let before = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
+        let args = [
+            "up",
+            "--config",
+            config_path.to_str().unwrap(),
+            "--meta-listen",
+            &meta,
+            "--listen",
+            &daemon,
+            "--dram",
+            dram,
+            "--admin",
+            &admin,
+            "--events",
+            &events,
+            "--events-replay",
+            &replay,
+        ];
+        let mut proc = Proc::spawn("up", BIN, &args, &logs);
+        let client =
+            Client::new(ClientConfig::new(meta.to_string()).with_timeout(Duration::from_secs(5)));
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if client
+                .cluster_stats()
+                .await
+                .is_ok_and(|st| st.daemons.iter().any(|d| d.alive))
+            {
+                return Up {
+                    proc,
+                    _logs: logs,
+                    meta,
+                    events,
+                    replay,
+                    admin,
+                };
+            }
+            if proc.child.try_wait().unwrap().is_some() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "store not up; logs in {logs:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // It exited: on a port taken meanwhile, again on new ones.
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let why = text.get(before..).unwrap_or_default();
+        assert!(why.contains("in use"), "up exited: {why}");
     }
-    Up {
-        proc,
-        _logs: logs,
-        meta,
-        events,
-        replay,
-        admin,
-    }
+    panic!("up found a port taken three times over; logs in {logs:?}");
 }
 
 impl Up {
