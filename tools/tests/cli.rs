@@ -115,6 +115,26 @@ fn errors_say_what_to_do_and_exit_with_distinct_codes() {
 }
 
 #[test]
+fn a_client_pointed_at_a_daemon_instead_of_the_meta_service_is_told_so_in_one_line() {
+    let store = Store::up();
+    let out = run(&store.daemon, &["get", "k"], None);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a wrong address is a usage error"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{} is a storage daemon, not the meta service",
+            store.daemon
+        )),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
 fn a_bad_daemon_setting_stops_up_and_daemon_before_anything_starts() {
     let meta = format!("127.0.0.1:{}", free_port());
     let listen = format!("127.0.0.1:{}", free_port());

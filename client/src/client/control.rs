@@ -257,14 +257,20 @@ impl Client {
         if reused {
             return Ok((conn, true));
         }
-        let r: Revision = conn.call(Opcode::Ping, &Empty, "ping").await?;
-        let seen = self
-            .leader_revision
-            .fetch_max(r.revision, Ordering::Relaxed);
-        if r.revision < seen {
+        let revision = match conn.call(Opcode::Ping, &Empty, "ping").await? {
+            PingAnswer::Meta(revision) => revision,
+            PingAnswer::Daemon => {
+                return Err(ClientError::Invalid(format!(
+                    "{} is a storage daemon, not the meta service: give clients the meta service's address (`up --meta-listen`, 127.0.0.1:7070 by default; `daemon --meta`)",
+                    pool.addr()
+                )))
+            }
+        };
+        let seen = self.leader_revision.fetch_max(revision, Ordering::Relaxed);
+        if revision < seen {
             return Err(ClientError::Stale {
                 addr: pool.addr().to_string(),
-                revision: r.revision,
+                revision,
                 seen,
             });
         }
@@ -319,5 +325,33 @@ impl Client {
                 why: why.to_string(),
             },
         }
+    }
+}
+
+/// The answer to `Ping`: the meta service's election revision, or nothing
+/// from a storage daemon, which answers `Ping` too (a client pointed at a
+/// daemon's address by mistake).
+enum PingAnswer {
+    Meta(u64),
+    Daemon,
+}
+
+impl Body for PingAnswer {
+    fn encode(&self, w: &mut mooncake_proto::codec::Writer) {
+        if let PingAnswer::Meta(revision) = self {
+            Revision {
+                revision: *revision,
+            }
+            .encode(w);
+        }
+    }
+
+    fn decode(
+        r: &mut mooncake_proto::codec::Reader<'_>,
+    ) -> Result<Self, mooncake_proto::ProtoError> {
+        if r.remaining() == 0 {
+            return Ok(PingAnswer::Daemon);
+        }
+        Ok(PingAnswer::Meta(Revision::decode(r)?.revision))
     }
 }

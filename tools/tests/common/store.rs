@@ -11,6 +11,8 @@ use super::{free_port, BIN};
 pub struct Store {
     pub child: Child,
     pub meta: String,
+    /// Its daemon's data address.
+    pub daemon: String,
     /// The addresses that stood for [`FRESH`] in `up`'s arguments.
     pub fresh: Vec<String>,
     /// Its stderr, shown when it fails to start.
@@ -93,6 +95,7 @@ impl Store {
         let mut store = Store {
             child,
             meta: meta.clone(),
+            daemon: daemon.clone(),
             fresh,
             log: log_path,
         };
