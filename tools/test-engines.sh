@@ -8,7 +8,8 @@
 # repository's Python package; starts `mooncake-store up`; and runs the
 # drivers in client/python/engines/, which drive the engines' classes as
 # the engines do: SGLang HiCache's `MooncakeStore` and the native SGLang
-# backend, SGLang's multimodal embedding store, vLLM's v1 scheduler with
+# backend, SGLang's own test of its Mooncake backend (shipped in its
+# wheel), SGLang's multimodal embedding store, vLLM's v1 scheduler with
 # the native vLLM connector, vLLM's encoder-cache store, LMCache's remote
 # backend with its `mooncakestore` connector and the native one, and
 # vLLM's KV-event classes. Separate from tools/test.sh: the first run
@@ -65,6 +66,13 @@ start_store 1GiB --events "$EVENTS" --events-replay "$REPLAY" --config "$STORE_C
 
 echo "== client/python/engines/sglang_hicache.py"
 "$VENV/bin/python" -W ignore client/python/engines/sglang_hicache.py "$META"
+echo "== SGLang's own test of its Mooncake backend (sglang.srt.mem_cache.storage.mooncake_store.test_mooncake_store)"
+# As SGLang's docs run it: set up from MOONCAKE_* variables, each store
+# contributing a segment (here a daemon of this package beside it).
+MOONCAKE_BIN="$BIN" MOONCAKE_MASTER="$META" MOONCAKE_PROTOCOL=tcp \
+    MOONCAKE_TE_META_DATA_SERVER=P2PHANDSHAKE MOONCAKE_GLOBAL_SEGMENT_SIZE=67108864 \
+    "$VENV/bin/python" -W ignore -m sglang.srt.mem_cache.storage.mooncake_store.test_mooncake_store 2>&1 \
+    | grep -E "passed|Traceback|[A-Za-z]Error: "
 echo "== client/python/engines/sglang_embedding.py"
 "$VENV/bin/python" -W ignore client/python/engines/sglang_embedding.py "$META"
 echo "== client/python/engines/vllm_connector.py"
