@@ -13,8 +13,21 @@ release_and_python() {
     "$VENV/bin/pip" install -q ./client/python
 }
 
+# A loopback port free for TCP and UDP, at random below the kernel's
+# ephemeral range (as the tests pick them: tools/tests/common/mod.rs).
 free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+    python3 -c '
+import random, socket
+while True:
+    port = random.randrange(20000, 32000)
+    try:
+        with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            tcp.bind(("127.0.0.1", port))
+            udp.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    print(port)
+    break'
 }
 
 start_store() {

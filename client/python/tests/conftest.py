@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import time
@@ -29,10 +30,23 @@ def binary() -> str:
     raise RuntimeError("build the CLI first (cargo build), or set MOONCAKE_BIN")
 
 
+# Ports handed to the stores the tests start: below the kernel's ephemeral
+# range (32768 and up), so that no outgoing connection takes one between
+# its pick and the store's bind, at random, and free for TCP and UDP (QUIC)
+# alike, as the Rust tests pick them (tools/tests/common/mod.rs).
+TEST_PORTS = range(20_000, 32_000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        port = random.choice(TEST_PORTS)
+        with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            try:
+                tcp.bind(("127.0.0.1", port))
+                udp.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 class Process:
