@@ -10,7 +10,8 @@
 # the engines do: SGLang HiCache's `MooncakeStore` and the native SGLang
 # backend, SGLang's own test of its Mooncake backend (shipped in its
 # wheel), SGLang's multimodal embedding store, vLLM's v1 scheduler with
-# the native vLLM connector, vLLM's encoder-cache store, LMCache's remote
+# vLLM's own MooncakeStoreConnector and with the native vLLM connector,
+# vLLM's encoder-cache store, LMCache's remote
 # backend with its `mooncakestore` connector and the native one, and
 # vLLM's KV-event classes. Separate from tools/test.sh: the first run
 # downloads about 3 GiB and installs 6.8 GiB (4 minutes in all here, the
@@ -80,6 +81,9 @@ echo "== client/python/engines/vllm_connector.py"
 MOONCAKE_BIN="$BIN" "$VENV/bin/python" -W ignore client/python/engines/vllm_connector.py "$META" "$EVENTS" "$REPLAY"
 echo "== client/python/engines/lmcache_remote.py"
 LMCACHE_LOG_LEVEL=ERROR "$VENV/bin/python" -W ignore client/python/engines/lmcache_remote.py "$META"
+echo "== client/python/engines/vllm_store_connector.py"
+# MOONCAKE_BIN: vLLM's `embedded` mode starts a daemon beside each worker.
+MOONCAKE_BIN="$BIN" "$VENV/bin/python" -W ignore client/python/engines/vllm_store_connector.py "$META"
 echo "== client/python/engines/vllm_ec_store.py"
 "$VENV/bin/python" -W ignore client/python/engines/vllm_ec_store.py "$META"
 echo "== client/python/engines/vllm_kv_events.py"

@@ -27,7 +27,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 
 import mooncake_store
 from mooncake_store.engines.vllm import MooncakeStoreNative, StoreMetadata, Transfer
-from vllm_connector import MODEL, vllm_config
+from vllm_connector import vllm_config
+from vllm_harness import MODEL
 
 BLOCK, HEADS, DIM = 16, 8, 128
 

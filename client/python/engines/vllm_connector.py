@@ -5,8 +5,8 @@
 Builds vLLM's `VllmConfig` for a small Llama-shaped model (its config.json
 only: no weights, no tokenizer), vLLM's v1 `Scheduler`, which creates the
 scheduler side of the connector through vLLM's own factory, and the
-worker side with a paged KV cache on the CPU in FlashAttention's layout
-(2, blocks, block_size, heads, head_dim) per layer. A stand-in for the
+worker side with a paged KV cache on the CPU in vLLM's layout (blocks,
+KV heads, block size, K and V) per layer. A stand-in for the
 model runner does what vLLM's does around a forward pass (binds the
 step's connector metadata, starts the loads, writes the KV of the tokens
 scheduled, waits for the saves, reports load errors) and writes, for each
@@ -26,20 +26,13 @@ Usage: python vllm_connector.py META_ADDR [EVENTS_ADDR REPLAY_ADDR]
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-import zlib
-from pathlib import Path
 
-import torch
-
-from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
@@ -53,10 +46,8 @@ from vllm.config import (
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, maybe_convert_block_hash
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -64,17 +55,9 @@ from vllm.v1.structured_output import StructuredOutputManager
 import mooncake_store
 from mooncake_store.engines import vllm as vllm_native
 from mooncake_store.engines.vllm import MooncakeStoreNative
+from vllm_harness import BLOCK, BLOCKS, Requests, kv_cache_config, kv_caches
+from vllm_harness import model_dir as make_model_dir
 from vllm_kv_events import Subscriber
-
-BLOCK, LAYERS, HEADS, DIM, BLOCKS = 16, 2, 2, 16, 96
-EOS = 2
-
-MODEL = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HEADS * DIM * 2,
-    "intermediate_size": 128, "num_attention_heads": HEADS * 2, "num_key_value_heads": HEADS,
-    "num_hidden_layers": LAYERS, "vocab_size": 1000, "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5, "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": EOS,
-}
 
 
 def vllm_config(model_dir: str, meta: str, namespace: str, tp: int, events: tuple[int, int] | None = None) -> VllmConfig:
@@ -108,25 +91,15 @@ def vllm_config(model_dir: str, meta: str, namespace: str, tp: int, events: tupl
     )
 
 
-def expected(tokens: list[int], pos: int, layer: int, rank: int) -> torch.Tensor:
-    """The (K, V) of token `pos` in `layer` on tensor-parallel rank `rank`
-    (its heads): a function of every token up to it, as a model's would
-    be; small integers, exact in float16."""
-    seed = zlib.crc32(repr((rank, layer, tokens[: pos + 1])).encode())
-    base = torch.arange(HEADS * DIM, dtype=torch.int64).view(HEADS, DIM)
-    k = (base * 7 + seed) % 2039
-    return torch.stack([k, (k + 1) % 2039]).to(torch.float16)
-
-
 class Worker:
     """One tensor-parallel rank: the connector's worker side and the rank's
     paged KV cache."""
 
-    def __init__(self, config: VllmConfig, kv_config: KVCacheConfig, layers: list[str], rank: int):
+    def __init__(self, config: VllmConfig, rank: int):
         self.rank = rank
-        self.connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_config)
+        self.connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config())
         assert isinstance(self.connector, MooncakeStoreNative)
-        self.caches = {name: torch.zeros(2, BLOCKS, BLOCK, HEADS, DIM, dtype=torch.float16) for name in layers}
+        self.caches = kv_caches()
         # The rank vLLM's process groups would give this worker's process.
         saved, vllm_native._ranks = vllm_native._ranks, lambda: (rank, 0)
         try:
@@ -135,43 +108,24 @@ class Worker:
             vllm_native._ranks = saved
 
 
-class Engine:
+class Engine(Requests):
     """One vLLM instance: its scheduler (with the connector's scheduler
     side) and a worker per tensor-parallel rank."""
 
     def __init__(self, model_dir: str, meta: str, namespace: str, tp: int = 1, events: tuple[int, int] | None = None):
         self.config = vllm_config(model_dir, meta, namespace, tp, events)
         self.config.cache_config.num_gpu_blocks = BLOCKS
-        layers = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
-        kv_config = KVCacheConfig(
-            num_blocks=BLOCKS,
-            kv_cache_tensors=[],
-            kv_cache_groups=[
-                KVCacheGroupSpec(layers, FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=torch.float16))
-            ],
-        )
-        self.scheduler = Scheduler(
-            vllm_config=self.config, kv_cache_config=kv_config, log_stats=True,
+        scheduler = Scheduler(
+            vllm_config=self.config, kv_cache_config=kv_cache_config(), log_stats=True,
             structured_output_manager=StructuredOutputManager(self.config), block_size=BLOCK,
         )
-        assert isinstance(self.scheduler.connector, MooncakeStoreNative), type(self.scheduler.connector)
-        self.workers = [Worker(self.config, kv_config, layers, rank) for rank in range(tp)]
-        self.hash_fn = get_hash_fn_by_name(self.config.cache_config.prefix_caching_hash_algo)
-        init_none_hash(self.hash_fn)
-        self.tokens: dict[str, list[int]] = {}
-        self.load_errors: set[int] = set()
-
-    def add(self, req_id: str, prompt: list[int], max_tokens: int) -> Request:
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        params.update_from_generation_config({}, EOS)
-        request = Request(
-            request_id=req_id, prompt_token_ids=list(prompt), sampling_params=params,
-            pooling_params=None, mm_features=None,
-            block_hasher=get_request_block_hasher(BLOCK, self.hash_fn),
+        assert isinstance(scheduler.connector, MooncakeStoreNative), type(scheduler.connector)
+        self.workers = [Worker(self.config, rank) for rank in range(tp)]
+        super().__init__(
+            scheduler, [(w.rank, w.caches) for w in self.workers],
+            self.config.cache_config.prefix_caching_hash_algo,
         )
-        self.scheduler.add_request(request)
-        self.tokens[req_id] = list(prompt)
-        return request
+        self.load_errors: set[int] = set()
 
     def schedule(self):
         return self.scheduler.schedule()
@@ -213,14 +167,10 @@ class Engine:
                 kv_events.add_events(mine.get_all_events())
                 kv_events.increment_workers(1)
         req_ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for req_id in req_ids:
-            request = self.scheduler.requests[req_id]
-            done = starts[req_id] + out.num_scheduled_tokens[req_id] >= request.num_tokens
-            token = (sum(self.tokens[req_id]) % 900) + 10 if done and not errors else None
-            sampled.append([token] if token is not None else [])
-            if token is not None:
-                self.tokens[req_id].append(token)
+        sampled = [
+            self.sampled(r, starts[r] + out.num_scheduled_tokens[r] >= self.scheduler.requests[r].num_tokens and not errors)
+            for r in req_ids
+        ]
         result = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -236,25 +186,6 @@ class Engine:
         )
         self.scheduler.update_from_output(out, result)
         return dict(out.num_scheduled_tokens)
-
-    def slots(self, req_id: str) -> list[int]:
-        return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[0])
-
-    def forward(self, req_id: str, start: int, n: int) -> None:
-        tokens, blocks = self.tokens[req_id], self.slots(req_id)
-        for w in self.workers:
-            for pos in range(start, start + n):
-                for layer, cache in enumerate(w.caches.values()):
-                    cache[:, blocks[pos // BLOCK], pos % BLOCK] = expected(tokens, pos, layer, w.rank)
-
-    def check(self, req_id: str, upto: int) -> None:
-        tokens, blocks = self.tokens[req_id], self.slots(req_id)
-        for w in self.workers:
-            for pos in range(upto):
-                for layer, cache in enumerate(w.caches.values()):
-                    got = cache[:, blocks[pos // BLOCK], pos % BLOCK]
-                    if not torch.equal(got, expected(tokens, pos, layer, w.rank)):
-                        raise AssertionError(f"{req_id}: token {pos} of layer {layer} on rank {w.rank} differs")
 
     def finish(self, limit: int = 200) -> None:
         for _ in range(limit):
@@ -276,8 +207,7 @@ def keys_of(request: Request) -> list[bytes]:
 def main() -> None:
     meta = sys.argv[1]
     namespace = "vllm-test"
-    model_dir = tempfile.mkdtemp(prefix="vllm-model-")
-    Path(model_dir, "config.json").write_text(json.dumps(MODEL))
+    model_dir = make_model_dir()
     store = mooncake_store.Client(meta, namespace=f"{namespace}/auto/tp0of1")
     store.remove_all()
     events = Subscriber(*sys.argv[2:4]) if len(sys.argv) >= 4 else None

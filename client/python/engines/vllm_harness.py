@@ -1,0 +1,126 @@
+"""What the vLLM drivers share: a small Llama-shaped model (its config.json
+only: no weights, no tokenizer), the KV cache configuration vLLM derives
+for it, and a stand-in for the model runner's KV writes: for each token,
+KV bytes that depend on the token and all tokens before it, so that what a
+connector loads is checked byte for byte against what the model would
+have computed.
+
+KV caches are in vLLM's layout: per layer (blocks, KV heads, block size,
+K and V).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import zlib
+from pathlib import Path
+
+import torch
+
+from vllm import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.request import Request
+
+BLOCK, LAYERS, HEADS, DIM, BLOCKS = 16, 2, 2, 16, 96
+EOS = 2
+LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+
+MODEL = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HEADS * DIM * 2,
+    "intermediate_size": 128, "num_attention_heads": HEADS * 2, "num_key_value_heads": HEADS,
+    "num_hidden_layers": LAYERS, "vocab_size": 1000, "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5, "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": EOS,
+}
+
+
+def model_dir() -> str:
+    """A folder with the model's config.json, as vLLM reads a model."""
+    folder = tempfile.mkdtemp(prefix="vllm-model-")
+    Path(folder, "config.json").write_text(json.dumps(MODEL))
+    return folder
+
+
+def kv_cache_config() -> KVCacheConfig:
+    return KVCacheConfig(
+        num_blocks=BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                LAYER_NAMES,
+                FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=torch.float16),
+            )
+        ],
+    )
+
+
+def kv_caches() -> dict[str, torch.Tensor]:
+    """One rank's paged KV cache, a tensor per layer."""
+    return {name: torch.zeros(BLOCKS, HEADS, BLOCK, 2 * DIM, dtype=torch.float16) for name in LAYER_NAMES}
+
+
+def expected(tokens: list[int], pos: int, layer: int, rank: int) -> torch.Tensor:
+    """K and V (heads, 2 * head size) of token `pos` in `layer` on
+    tensor-parallel rank `rank` (its heads): a function of every token up
+    to it, as a model's would be; small integers, exact in float16."""
+    seed = zlib.crc32(repr((rank, layer, tokens[: pos + 1])).encode())
+    base = torch.arange(HEADS * DIM, dtype=torch.int64).view(HEADS, DIM)
+    k = (base * 7 + seed) % 2039
+    return torch.cat([k, (k + 1) % 2039], dim=1).to(torch.float16)
+
+
+class Requests:
+    """An instance's requests and the KV its ranks compute for them: a
+    driver's engine calls `__init__` with its scheduler and its ranks'
+    caches, `(rank, {layer: cache})` each."""
+
+    def __init__(self, scheduler, ranks: list[tuple[int, dict[str, torch.Tensor]]], hash_algo: str) -> None:
+        self.scheduler = scheduler
+        self.ranks = ranks
+        self.hash_fn = get_hash_fn_by_name(hash_algo)
+        init_none_hash(self.hash_fn)
+        self.tokens: dict[str, list[int]] = {}
+
+    def add(self, req_id: str, prompt: list[int], max_tokens: int) -> Request:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        params.update_from_generation_config({}, EOS)
+        request = Request(
+            request_id=req_id, prompt_token_ids=list(prompt), sampling_params=params,
+            pooling_params=None, mm_features=None,
+            block_hasher=get_request_block_hasher(BLOCK, self.hash_fn),
+        )
+        self.scheduler.add_request(request)
+        self.tokens[req_id] = list(prompt)
+        return request
+
+    def slots(self, req_id: str) -> list[int]:
+        return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[0])
+
+    def forward(self, req_id: str, start: int, n: int) -> None:
+        """Writes the KV of tokens `start` to `start + n` on every rank."""
+        tokens, blocks = self.tokens[req_id], self.slots(req_id)
+        for rank, caches in self.ranks:
+            for pos in range(start, start + n):
+                for layer, cache in enumerate(caches.values()):
+                    cache[blocks[pos // BLOCK], :, pos % BLOCK] = expected(tokens, pos, layer, rank)
+
+    def check(self, req_id: str, upto: int) -> None:
+        """Fails unless every rank holds the model's KV for tokens before `upto`."""
+        tokens, blocks = self.tokens[req_id], self.slots(req_id)
+        for rank, caches in self.ranks:
+            for pos in range(upto):
+                for layer, cache in enumerate(caches.values()):
+                    got = cache[blocks[pos // BLOCK], :, pos % BLOCK]
+                    if not torch.equal(got, expected(tokens, pos, layer, rank)):
+                        raise AssertionError(f"{req_id}: token {pos} of layer {layer} on rank {rank} differs")
+
+    def sampled(self, req_id: str, done: bool) -> list[int]:
+        """The token a step samples for a request: one when its last
+        scheduled token was its last known one (a function of its tokens)."""
+        if not done:
+            return []
+        token = (sum(self.tokens[req_id]) % 900) + 10
+        self.tokens[req_id].append(token)
+        return [token]

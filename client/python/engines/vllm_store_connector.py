@@ -1,0 +1,347 @@
+"""vLLM's own `MooncakeStoreConnector` (vllm/distributed/kv_transfer/
+kv_connector/v1/mooncake/store/), unchanged, on this store: the connector
+vLLM documents for Mooncake Store, configured as docs/engines/vllm.md says
+(MOONCAKE_CONFIG_PATH, `standalone-store` mode).
+
+Builds vLLM's `VllmConfig` for a small Llama-shaped model (its config.json
+only), vLLM's v1 `Scheduler`, which creates the connector's scheduler side
+through vLLM's own factory, and the worker side with a paged KV cache on
+the CPU in vLLM's layout (blocks, KV heads, block size, K and V), in a
+process whose tensor-parallel group vLLM itself set up (gloo, one rank).
+A stand-in for the model runner calls the connector as vLLM's
+`KVConnectorModelRunnerMixin` does (bind the step's metadata, write the KV
+of the tokens scheduled, start the loads, wait for the saves, collect
+finished and failed transfers, load errors, stats, worker metadata) and
+writes, for each token, KV bytes that depend on the token and all tokens
+before it, so that what the connector loads from the store is checked
+byte for byte against what the model would have computed.
+
+The connector's lookups, loads and saves run in its own threads, as on a
+GPU host. The one substitution: `torch.cuda.Event`, which the connector
+records after each forward pass so that its saving thread waits for the
+GPU's KV writes, is a host event here (the writes are done when the
+stand-in's forward returns); this CPU build of torch has no CUDA.
+
+Run by `tools/test-engines.sh`.
+
+Usage: python vllm_store_connector.py META_ADDR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+class HostEvent:
+    """`torch.cuda.Event` on a host without a GPU: the work it would order is
+    done when it is recorded."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream=None) -> None:
+        pass
+
+
+torch.cuda.Event = HostEvent  # before vLLM's connector module is imported
+
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+    set_current_vllm_config,
+)
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (  # noqa: E402
+    MooncakeStoreConnector,
+)
+from vllm.distributed.parallel_state import (  # noqa: E402
+    init_distributed_environment,
+    initialize_model_parallel,
+)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from mooncake.store import MooncakeDistributedStore  # noqa: E402
+from vllm_harness import BLOCK, BLOCKS, Requests, kv_cache_config, kv_caches  # noqa: E402
+from vllm_harness import model_dir as make_model_dir  # noqa: E402
+
+# How long the driver waits for the connector's threads to finish a
+# transfer before it fails (a bound on a wait, not a speed check).
+DEADLINE_S = 60.0
+
+
+def mooncake_config(meta: str, **fields) -> str:
+    """A MOONCAKE_CONFIG_PATH file: docs/engines/vllm.md's (`standalone-store`
+    mode, the store's daemons hold the blocks), or with `fields` changed."""
+    config = {
+        "local_hostname": "localhost", "metadata_server": "P2PHANDSHAKE",
+        "mode": "standalone-store", "global_segment_size": 0,
+        "protocol": "tcp", "device_name": "", "master_server_address": meta,
+    }
+    config.update(fields)
+    path = Path(tempfile.mkdtemp(prefix="vllm-mooncake-"), "mooncake.json")
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def vllm_config(model_dir: str, extra: dict | None = None) -> VllmConfig:
+    config = VllmConfig(
+        parallel_config=ParallelConfig(tensor_parallel_size=1),
+        model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", seed=0),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8, max_num_batched_tokens=512, max_model_len=4096,
+            enable_chunked_prefill=True, is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, enable_prefix_caching=True),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="MooncakeStoreConnector", kv_role="kv_both", kv_load_failure_policy="recompute",
+            kv_connector_extra_config=dict(extra or {}),
+        ),
+        device_config=DeviceConfig("cpu"),
+    )
+    config.cache_config.num_gpu_blocks = BLOCKS
+    return config
+
+
+class Engine(Requests):
+    """One vLLM instance: its scheduler (with the connector's scheduler side)
+    and its one worker, with the worker side and the KV cache."""
+
+    def __init__(self, model_dir: str, mooncake_json: str, extra: dict | None = None):
+        # vLLM's connector reads it when its worker side is made.
+        os.environ["MOONCAKE_CONFIG_PATH"] = mooncake_json
+        self.config = vllm_config(model_dir, extra)
+        with set_current_vllm_config(self.config):
+            # The worker first: its rank 0 serves the scheduler's lookups.
+            self.worker = KVConnectorFactory.create_connector(self.config, KVConnectorRole.WORKER, kv_cache_config())
+            assert isinstance(self.worker, MooncakeStoreConnector), type(self.worker)
+            self.caches = kv_caches()
+            self.worker.register_kv_caches(self.caches)
+            scheduler = Scheduler(
+                vllm_config=self.config, kv_cache_config=kv_cache_config(), log_stats=True,
+                structured_output_manager=StructuredOutputManager(self.config), block_size=BLOCK,
+            )
+        assert isinstance(scheduler.connector, MooncakeStoreConnector), type(scheduler.connector)
+        super().__init__(scheduler, [(0, self.caches)], self.config.cache_config.prefix_caching_hash_algo)
+        self.loaded: dict[str, int] = {}  # tokens loaded from the store, per request
+        self.load_errors: set[int] = set()
+        self.stats: list = []
+
+    def step(self, before_load=None) -> dict[str, int]:
+        """One engine step: schedule, then the model runner's step as
+        vLLM's KV connector mixin runs it; the tokens computed per request."""
+        out = self.scheduler.schedule()
+        if before_load is not None:
+            before_load()
+        w = self.worker
+        w.bind_connector_metadata(out.kv_connector_metadata)
+        if out.has_sync_kv_loads:
+            w.start_load_kv(None)
+        starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        starts.update(zip(cached.req_ids, cached.num_computed_tokens))
+        for req_id, start in starts.items():
+            if req_id not in self.loaded:
+                # Its first step: what it starts from came from the store
+                # (or vLLM's own cache, which these instances start without).
+                self.loaded[req_id] = start
+                self.check(req_id, start)
+        for req_id, n in out.num_scheduled_tokens.items():
+            self.forward(req_id, starts[req_id], n)
+        if not out.has_sync_kv_loads:
+            w.start_load_kv(None)
+        w.wait_for_save()
+        results = w.get_transfer_results(out.finished_req_ids)
+        errors = w.get_block_ids_with_load_errors()
+        self.load_errors |= errors
+        stats = w.get_kv_connector_stats()
+        if stats is not None:
+            self.stats.append(stats)
+        connector_output = KVConnectorOutput(
+            finished_sending=results.finished_sending,
+            finished_recving=results.finished_recving,
+            failed_recving=results.failed_recving,
+            invalid_block_ids=errors,
+            kv_connector_stats=stats,
+            kv_cache_events=w.get_kv_connector_kv_cache_events(),
+            kv_connector_worker_meta=w.build_connector_worker_meta(),
+        )
+        w.clear_connector_metadata()
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = [
+            self.sampled(r, starts[r] + out.num_scheduled_tokens[r] >= self.scheduler.requests[r].num_tokens)
+            for r in req_ids
+        ]
+        result = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=None,
+            kv_connector_output=connector_output,
+        )
+        self.scheduler.update_from_output(out, result)
+        return dict(out.num_scheduled_tokens)
+
+    def finish(self) -> None:
+        """Steps until every request is done and every save has landed."""
+        deadline = time.monotonic() + DEADLINE_S
+        sender = self.worker.connector_worker.kv_send_thread
+        while self.scheduler.has_requests() or sender.request_queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                raise AssertionError("requests or their saves did not finish")
+            if not self.step():
+                time.sleep(0.01)  # waiting on the connector's threads
+
+    def run(self, req_id: str, prompt: list[int], max_tokens: int) -> int:
+        """Serves one request to its end; the tokens it loaded from the store."""
+        self.add(req_id, prompt, max_tokens)
+        self.finish()
+        return self.loaded.get(req_id, 0)
+
+    def counted(self, name: str) -> int:
+        return sum(s.reduce().get(name, 0) for s in self.stats)
+
+    def close(self) -> None:
+        self.scheduler.shutdown()
+        self.worker.shutdown()
+
+
+def init_vllm_process(config: VllmConfig) -> None:
+    """The process group vLLM's worker process has: one rank, on the CPU."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(config):
+        init_distributed_environment(
+            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", local_rank=0, backend="gloo",
+        )
+        initialize_model_parallel(1, 1)
+
+
+def main() -> None:
+    meta = sys.argv[1]
+    standalone = mooncake_config(meta)
+    model_dir = make_model_dir()
+    init_vllm_process(vllm_config(model_dir))
+
+    # 1. One instance serves a request; the connector saves the prompt's
+    #    full blocks (vLLM's default leaves decode blocks unsaved).
+    a = Engine(model_dir, standalone)
+    prompt = [(i * 37 + 11) % 1000 for i in range(200)]
+    assert a.run("r1", prompt, max_tokens=20) == 0
+    saved = a.counted("save_put_total_keys")
+    assert saved == 200 // BLOCK and a.counted("save_put_failed_keys") == 0, [s.reduce() for s in a.stats]
+    a.close()
+    print(f"  1 instance, 200-token prompt: {saved} blocks saved by vLLM's connector")
+
+    # 2. Another instance, with nothing cached locally, gets a request that
+    #    shares 180 tokens: the connector's lookup finds the 11 full blocks
+    #    they fill, its threads load them, and vLLM computes only the rest;
+    #    the loaded bytes are what the model computes. This one puts with
+    #    Mooncake's group semantics on (ReplicateConfig.group_ids).
+    b = Engine(model_dir, standalone, {"enable_group_semantics": "true"})
+    loaded = b.run("r2", prompt[:180] + [(i * 13 + 5) % 1000 for i in range(40)], max_tokens=4)
+    assert loaded == 176 and not b.load_errors, (loaded, b.load_errors)
+    assert b.counted("load_get_total_keys") == 11 and b.counted("load_get_failed_keys") == 0
+    # Its own two new full blocks; the 11 it found are not written again.
+    assert b.counted("save_put_total_keys") == 2, [s.reduce() for s in b.stats]
+    b.close()
+    print(
+        f"  2nd instance, 180 shared tokens: {loaded} loaded by vLLM's connector, bytes exact;"
+        " 2 new blocks saved (group semantics on)"
+    )
+
+    # 3. Blocks gone between the lookup and the load (removed here; evicted
+    #    or a daemon lost in a cluster): the connector reports them, vLLM
+    #    recomputes them, and the request ends with the right KV.
+    c = Engine(model_dir, standalone)
+    other = MooncakeDistributedStore()
+    assert other.setup("localhost", "P2PHANDSHAKE", 0, 64 << 20, "tcp", "", meta) == 0
+    c.add("r3", prompt + [7] * 8, max_tokens=2)
+    removed: list[bool] = []
+
+    def remove_once_loading() -> None:
+        # The step whose schedule gave the request its blocks to load (the
+        # lookup runs in the connector's thread; vLLM asks again each step).
+        if not removed and c.scheduler.requests["r3"].status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            assert other.remove_all() >= 0
+            removed.append(True)
+
+    deadline = time.monotonic() + DEADLINE_S
+    while not removed:
+        assert time.monotonic() < deadline, "the lookup found nothing to load"
+        c.step(before_load=remove_once_loading)
+        time.sleep(0.01)
+    c.finish()
+    failed = c.counted("load_get_failed_keys")
+    assert failed == 12 and len(c.load_errors) == 12, (failed, c.load_errors)
+    c.close()
+    print(f"  blocks removed before their load: {failed} reported to vLLM, recomputed, KV exact")
+
+    # 4. The store has them again (saved when recomputed): another instance
+    #    loads them. 5. vLLM's prefix-cache reset reaches the store (the
+    #    connector's remove_all): afterwards nothing is found.
+    d = Engine(model_dir, standalone)
+    loaded = d.run("r4", prompt + [7] * 8 + [5] * 30, max_tokens=2)
+    assert loaded == 208, loaded
+    # An instance of another tenant (vLLM passes Mooncake's `tenant_id`)
+    # finds none of them.
+    t = Engine(model_dir, mooncake_config(meta, tenant_id="another-team"))
+    assert t.run("r4t", prompt + [7] * 8 + [5] * 30, max_tokens=2) == 0
+    t.close()
+    assert d.scheduler.connector.reset_cache() is True
+    d.close()
+    e = Engine(model_dir, standalone)
+    assert e.run("r5", prompt + [7] * 8, max_tokens=2) == 0
+    e.close()
+    other.close()
+    print(
+        f"  recomputed blocks saved again ({loaded} tokens loaded by a 4th instance, none by another tenant's);"
+        " vLLM's reset_cache empties the store"
+    )
+
+    # 6. vLLM's default `embedded` mode: each instance contributes a segment
+    #    (here a daemon of this package beside it, from MOONCAKE_BIN); another
+    #    instance loads what it saved.
+    if os.environ.get("MOONCAKE_BIN"):
+        f = Engine(model_dir, mooncake_config(meta, mode="embedded", global_segment_size="64MB"))
+        prompt = [(i * 11 + 3) % 1000 for i in range(96)]
+        f.run("r6", prompt, max_tokens=2)
+        g = Engine(model_dir, mooncake_config(meta, mode="embedded", global_segment_size="64MB"))
+        loaded = g.run("r7", prompt + [9] * 20, max_tokens=2)
+        assert loaded == 96, loaded
+        g.close()
+        f.close()
+        print(f"  embedded mode (a 64MB segment each): {loaded} tokens one instance saved, loaded by another")
+    print("vLLM MooncakeStoreConnector: ok")
+
+
+if __name__ == "__main__":
+    main()
