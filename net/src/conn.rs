@@ -42,7 +42,8 @@ pub(crate) async fn connecting<T>(
 }
 
 /// A TCP connection to `addr` with Nagle off (small control frames and
-/// pipelined requests must not wait for each other); the caller bounds it.
+/// pipelined requests must not wait for each other) and large buffers
+/// (`sockbuf`); the caller bounds it.
 pub(crate) async fn dial(addr: &str, side: ErrorSource) -> Result<TcpStream, CallError> {
     let io = |err| CallError::Io {
         side,
@@ -51,6 +52,7 @@ pub(crate) async fn dial(addr: &str, side: ErrorSource) -> Result<TcpStream, Cal
     };
     let stream = TcpStream::connect(addr).await.map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
+    crate::sockbuf::enlarge(&stream, crate::sockbuf::TCP_BUFFER);
     Ok(stream)
 }
 

@@ -11,6 +11,7 @@ mod pool;
 pub mod quic;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod sockbuf;
 pub mod tcp_tls;
 pub mod tls;
 

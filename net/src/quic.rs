@@ -80,32 +80,14 @@ fn endpoint(
     ] {
         // Past net.core.rmem_max/wmem_max only with CAP_NET_ADMIN (the
         // FORCE options); else as much as those allow.
-        if set_buffer(&socket, force).is_err() {
-            let _ = set_buffer(&socket, plain);
+        // UDP has no buffer tuning of its own: as much as allowed.
+        if crate::sockbuf::set(&socket, force, UDP_BUFFER).is_err() {
+            let _ = crate::sockbuf::set(&socket, plain, UDP_BUFFER);
         }
     }
     let runtime = quinn::default_runtime()
         .ok_or_else(|| std::io::Error::other("QUIC needs a tokio runtime"))?;
     quinn::Endpoint::new(quinn::EndpointConfig::default(), server, socket, runtime)
-}
-
-fn set_buffer(socket: &std::net::UdpSocket, option: libc::c_int) -> std::io::Result<()> {
-    let size = UDP_BUFFER as libc::c_int;
-    // SAFETY: a valid socket and a c_int option value that outlives the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(socket),
-            libc::SOL_SOCKET,
-            option,
-            (&size as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// One bidirectional stream a client opened: a server serves it exactly

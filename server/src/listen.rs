@@ -85,6 +85,7 @@ impl<S: Service> Server<S> {
                 tracing::debug!(%peer, %err, "connection closed");
                 continue;
             }
+            mooncake_net::sockbuf::enlarge(&stream, mooncake_net::sockbuf::TCP_BUFFER);
             match &tls {
                 None => {
                     let (rd, wr) = stream.into_split();

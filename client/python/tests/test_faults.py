@@ -9,7 +9,7 @@ import time
 import mooncake_store
 from mooncake_store import OBJECT_NOT_FOUND, RPC_FAIL
 
-from conftest import Process, free_port, wait_for_daemon
+from conftest import Process, free_port, single_host_store, wait_for_daemon
 
 
 def test_a_daemon_killed_mid_run_costs_errors_never_the_interpreter():
@@ -88,3 +88,20 @@ def test_same_host_reads_through_shared_memory(tmp_path):
         assert elsewhere.same_host_pages() is None
     finally:
         proc.kill()
+
+
+def test_the_compatible_setup_maps_the_same_host_pool_before_it_returns(tmp_path, monkeypatch):
+    # An engine's first puts and gets must not share a core with mapping
+    # the daemon's pool: setup() waits for it ($MOONCAKE_SHM_SOCKET).
+    from mooncake.store import MooncakeDistributedStore
+
+    sock = tmp_path / "daemon.sock"
+    with single_host_store("256MiB", "--shm-socket", str(sock)) as meta:
+        monkeypatch.setenv("MOONCAKE_SHM_SOCKET", str(sock))
+        s = MooncakeDistributedStore()
+        assert s.setup("localhost", "", 0, 0, "tcp", "", meta) == 0
+        # No time given: true only if this process's view is mapped already.
+        assert s._c.same_host_ready(timeout=0.0)
+        assert s.put("k", b"v" * 100_000) == 0 and s.get("k") == b"v" * 100_000
+        assert s._c.shm_reads == 1
+        s.close()

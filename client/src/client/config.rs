@@ -78,7 +78,7 @@ pub struct ClientConfig {
     /// GID (InfiniBand: 0).
     pub rdma_gid_index: Option<u32>,
     /// Most connections (or QUIC streams) one large batch to one daemon is
-    /// spread over, 8 MiB or more each. Default 4; 1 keeps every batch on
+    /// spread over, 1 MiB or more each. Default 4; 1 keeps every batch on
     /// one connection.
     pub stripes: usize,
     /// Copies of each block a put stores, on distinct hosts, unless the

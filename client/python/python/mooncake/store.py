@@ -130,6 +130,8 @@ class ReplicateConfig:
 
 
 MAX_REPLICAS = 4
+# How long setup waits for a same-host daemon's pool to be mapped.
+SAME_HOST_READY_S = 30.0
 
 
 def _replicas(config: Optional[ReplicateConfig]) -> int:
@@ -391,6 +393,14 @@ class MooncakeDistributedStore:
         except ValueError as err:
             log.error("setup: %s", err)
             return INVALID_PARAMS
+        # With a same-host daemon ($MOONCAKE_SHM_SOCKET), its pool is
+        # mapped into this process now, not under the first puts and gets
+        # (mapping a large pool takes seconds, on the core they run on).
+        if os.environ.get("MOONCAKE_SHM_SOCKET") and not client.same_host_ready(SAME_HOST_READY_S):
+            log.warning(
+                "setup: the same-host daemon's pool (MOONCAKE_SHM_SOCKET) was not mapped within %.0f s;"
+                " going on", SAME_HOST_READY_S,
+            )
         if global_segment_size > 0:
             try:
                 self._daemon = mooncake_store.DaemonProcess(
@@ -500,8 +510,9 @@ class MooncakeDistributedStore:
             return RPC_FAIL
         return OBJECT_NOT_FOUND if size is None else size
 
-    def remove(self, key: str) -> int:
-        return self.batch_remove([key])[0]
+    def remove(self, key: str, force: bool = False) -> int:
+        """``force`` is accepted as in ``batch_remove``."""
+        return self.batch_remove([key], force)[0]
 
     def batch_remove(self, keys: List[str], force: bool = False) -> List[int]:
         try:
