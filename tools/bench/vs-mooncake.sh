@@ -16,7 +16,8 @@
 #         (`--shm-socket`), same buffers.
 # Servers run on CPU 0 and the client on the others (`taskset`), so that
 # where the scheduler puts them does not decide a run; rounds alternate
-# the two stores, and the medians are printed.
+# the two stores after an unmeasured warm-up round, and the medians are
+# printed.
 #
 # Mooncake's wheel links the CUDA driver (libcuda.so.1) and runtime. On a
 # host without a GPU the script builds a stand-in libcuda whose every call
@@ -104,8 +105,11 @@ bench() { # store path python setup [extra]
     # settle before the next run shares the core with it.
     sleep 3
 }
-for r in $(seq "$ROUNDS"); do
+# Round 0 warms both stores up (first touches of their memory, first
+# puts of a size) and is not counted: the rounds measure steady state.
+for r in $(seq 0 "$ROUNDS"); do
     echo "round $r of $ROUNDS" >&2
+    [ "$r" = 1 ] && : >"$tmp/rows.jsonl"
     LD_LIBRARY_PATH="$mc_libs" GLOG_minloglevel=2 bench mooncake tcp "$MC_VENV/bin/python" \
         "[\"127.0.0.1\", \"P2PHANDSHAKE\", 0, 67108864, \"tcp\", \"\", \"127.0.0.1:$mc_master\"]"
     bench ours tcp "$VENV/bin/python" "[\"127.0.0.1\", \"\", 0, 67108864, \"tcp\", \"\", \"127.0.0.1:$ours_tcp\"]"
