@@ -98,8 +98,9 @@ impl MetaHandle {
 }
 
 /// Binds the event sockets the config asks for, so that a port in use is
-/// refused when the term starts.
-fn bind_events(config: &MetaConfig) -> Result<Option<events::Sockets>, MetaError> {
+/// refused at once: when a term starts, or, for a meta replica, when it
+/// starts (it holds them while it stands by).
+pub fn bind_events(config: &MetaConfig) -> Result<Option<events::Sockets>, MetaError> {
     if config.events_listen.is_empty() {
         return Ok(None);
     }
@@ -164,12 +165,33 @@ pub fn serve(
     shutdown: CancellationToken,
 ) -> Result<MetaHandle, MetaError> {
     config.validate().map_err(MetaError::Config)?;
+    let events = bind_events(&config)?;
+    serve_term(
+        config,
+        (listener, events),
+        leadership,
+        coordinator,
+        metrics,
+        shutdown,
+    )
+}
+
+/// `serve` on sockets bound already: the control port and the events
+/// ports (a meta replica binds them once, at its start).
+pub(crate) fn serve_term(
+    config: MetaConfig,
+    (listener, events): (TcpListener, Option<events::Sockets>),
+    leadership: Leadership,
+    coordinator: Arc<dyn Coordinator>,
+    metrics: Arc<MetaMetrics>,
+    shutdown: CancellationToken,
+) -> Result<MetaHandle, MetaError> {
+    config.validate().map_err(MetaError::Config)?;
     let addr = listener.local_addr().map_err(MetaError::Listener)?;
     tracing::info!(%addr, revision = leadership.revision, "meta service leading");
     let stop = shutdown.child_token();
     let lost = leadership.lost.clone();
     let stop_on_loss = stop.clone();
-    let events = bind_events(&config)?;
     let (index_events, feed) = match &events {
         Some(_) => {
             let keys = config.events_format == config::EventsFormat::Mooncake;

@@ -43,13 +43,14 @@ impl ReplicaView {
 }
 
 /// Runs a replica advertised as `advertise` until `stop`: each time it is
-/// elected it serves the term on `listener`, which it holds from its start
-/// (so that no other process takes its port while it stands by, and a port
-/// taken already stops it at start, not at a failover). An error only when
-/// the configuration is refused; a failed campaign is retried.
+/// elected it serves the term on `listener` and publishes store events on
+/// `events` (`bind_events`), which it holds from its start, so that no
+/// other process takes its ports while it stands by, and a port taken
+/// already stops it at start, not at a failover. An error only when the
+/// configuration is refused; a failed campaign is retried.
 pub async fn run_replica(
     cfg: MetaConfig,
-    listener: std::net::TcpListener,
+    (listener, events): (std::net::TcpListener, Option<crate::events::Sockets>),
     advertise: String,
     coordinator: Arc<dyn Coordinator>,
     metrics: Arc<MetaMetrics>,
@@ -76,10 +77,15 @@ pub async fn run_replica(
             .try_clone()
             .and_then(TcpListener::from_std)
             .map_err(MetaError::Listener)?;
+        let term_events = events
+            .as_ref()
+            .map(|e| e.try_clone())
+            .transpose()
+            .map_err(MetaError::Listener)?;
         let term = stop.child_token();
-        let meta = crate::serve(
+        let meta = crate::serve_term(
             cfg.clone(),
-            term_listener,
+            (term_listener, term_events),
             leadership,
             coordinator.clone(),
             metrics.clone(),

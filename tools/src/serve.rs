@@ -489,6 +489,9 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         .or_else(|| cfg.advertise.clone())
         .unwrap_or_else(|| cfg.listen.clone());
     let listener = listener.into_std().map_err(|e| Failure::other(e.into()))?;
+    // Its events ports too, held from now on (a port taken by another
+    // process while it stood by would stop it at the failover).
+    let events = mooncake_meta::bind_events(&cfg).map_err(|e| Failure::other(e.into()))?;
     etcd.register(MemberKind::Meta, advertise.clone())
         .await
         .map_err(|e| Failure::connection(e.to_string()))?;
@@ -525,9 +528,16 @@ pub async fn meta(args: MetaArgs) -> Result<(), Failure> {
         println!("meta replica {advertise}: metrics on http://{a}/metrics");
     }
     println!("meta replica {advertise}: standing by, leading when elected");
-    let ran =
-        mooncake_meta::run_replica(cfg, listener, advertise, etcd.clone(), metrics, view, stop)
-            .await;
+    let ran = mooncake_meta::run_replica(
+        cfg,
+        (listener, events),
+        advertise,
+        etcd.clone(),
+        metrics,
+        view,
+        stop,
+    )
+    .await;
     etcd.close().await;
     ran.map_err(|e| Failure::other(e.into()))
 }

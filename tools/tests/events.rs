@@ -551,3 +551,28 @@ async fn after_a_kill_and_restart_blocks_read_back_from_nvme_keep_their_engine_n
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_holds_its_events_ports_from_its_start_until_it_leads() {
+    // A port that another process took while a replica stood by would stop
+    // it when elected: at the failover it stands by for.
+    let cluster = Cluster::start_events(2, 1, "64MiB").await;
+    let standby = 1 - cluster.leader_index().await;
+    // Standing by (its ports bound before it says so): a bounded wait.
+    let log = cluster.logs.join(format!("meta-{standby}.log"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("standing by")) {
+        assert!(
+            Instant::now() < deadline,
+            "the standby never stood by: {}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (events, replay) = cluster.events.as_ref().unwrap()[standby].clone();
+    for addr in [events, replay] {
+        let err = std::net::TcpListener::bind(&addr)
+            .expect_err("a standby's events port was free for another process");
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{addr}: {err}");
+    }
+}

@@ -54,6 +54,22 @@ pub struct Sockets {
     pub window: Duration,
 }
 
+impl Sockets {
+    /// The same sockets for one leader's term, each listener's descriptor
+    /// duplicated: a meta replica holds the originals from its start, so
+    /// that no other process takes its events ports while it stands by.
+    pub fn try_clone(&self) -> std::io::Result<Sockets> {
+        Ok(Sockets {
+            publish: self.publish.try_clone()?,
+            replay: self.replay.as_ref().map(|l| l.try_clone()).transpose()?,
+            topic: self.topic.clone(),
+            format: self.format.clone(),
+            keep: self.keep,
+            window: self.window,
+        })
+    }
+}
+
 /// The format events are published in.
 #[derive(Debug, Clone)]
 pub enum Format {
