@@ -48,7 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -166,25 +166,14 @@ class Engine(Requests):
             else:
                 kv_events.add_events(mine.get_all_events())
                 kv_events.increment_workers(1)
-        req_ids = list(out.num_scheduled_tokens)
-        sampled = [
-            self.sampled(r, starts[r] + out.num_scheduled_tokens[r] >= self.scheduler.requests[r].num_tokens and not errors)
-            for r in req_ids
-        ]
-        result = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=None,
-            kv_connector_output=(
-                KVConnectorOutput(invalid_block_ids=errors, kv_cache_events=kv_events)
-                if errors or kv_events is not None
-                else None
-            ),
+        self.report(
+            out,
+            starts,
+            KVConnectorOutput(invalid_block_ids=errors, kv_cache_events=kv_events)
+            if errors or kv_events is not None
+            else None,
+            sample=not errors,
         )
-        self.scheduler.update_from_output(out, result)
         return dict(out.num_scheduled_tokens)
 
     def finish(self, limit: int = 200) -> None:
@@ -248,7 +237,7 @@ def main() -> None:
     #    fill from the store and computes only the rest; the loaded bytes
     #    are what the model computes.
     b = Engine(model_dir, meta, namespace)
-    r2 = b.add("r2", prompt[:180] + [(i * 13 + 5) % 1000 for i in range(40)], max_tokens=4)
+    b.add("r2", prompt[:180] + [(i * 13 + 5) % 1000 for i in range(40)], max_tokens=4)
     out = b.schedule()
     scheduled = b.run(out)
     assert scheduled["r2"] == 220 - 176, scheduled

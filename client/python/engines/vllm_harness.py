@@ -22,6 +22,7 @@ from vllm import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 BLOCK, LAYERS, HEADS, DIM, BLOCKS = 16, 2, 2, 16, 96
@@ -115,6 +116,27 @@ class Requests:
                     got = cache[blocks[pos // BLOCK], :, pos % BLOCK]
                     if not torch.equal(got, expected(tokens, pos, layer, rank)):
                         raise AssertionError(f"{req_id}: token {pos} of layer {layer} on rank {rank} differs")
+
+    def report(self, out, starts: dict[str, int], connector_output, sample: bool = True) -> None:
+        """Ends a step as the model runner does: a token sampled for each
+        request whose prompt (or last token) the step finished (none when
+        `sample` is false: vLLM drops what a step with failed loads
+        computed), and the output handed to the scheduler."""
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = [
+            self.sampled(r, sample and starts[r] + out.num_scheduled_tokens[r] >= self.scheduler.requests[r].num_tokens)
+            for r in req_ids
+        ]
+        result = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=None,
+            kv_connector_output=connector_output,
+        )
+        self.scheduler.update_from_output(out, result)
 
     def sampled(self, req_id: str, done: bool) -> list[int]:
         """The token a step samples for a request: one when its last

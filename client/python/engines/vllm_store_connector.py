@@ -82,7 +82,7 @@ from vllm.distributed.parallel_state import (  # noqa: E402
     initialize_model_parallel,
 )
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -192,21 +192,7 @@ class Engine(Requests):
             kv_connector_worker_meta=w.build_connector_worker_meta(),
         )
         w.clear_connector_metadata()
-        req_ids = list(out.num_scheduled_tokens)
-        sampled = [
-            self.sampled(r, starts[r] + out.num_scheduled_tokens[r] >= self.scheduler.requests[r].num_tokens)
-            for r in req_ids
-        ]
-        result = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=None,
-            kv_connector_output=connector_output,
-        )
-        self.scheduler.update_from_output(out, result)
+        self.report(out, starts, connector_output)
         return dict(out.num_scheduled_tokens)
 
     def finish(self) -> None:
