@@ -10,7 +10,8 @@
 # the engines do: SGLang HiCache's `MooncakeStore` and the native SGLang
 # backend, SGLang's own test of its Mooncake backend (shipped in its
 # wheel), SGLang's multimodal embedding store, vLLM's v1 scheduler with
-# vLLM's own MooncakeStoreConnector and with the native vLLM connector,
+# vLLM's own MooncakeStoreConnector (one rank, and tensor-parallel ranks
+# in worker processes of their own) and with the native vLLM connector,
 # vLLM's encoder-cache store, LMCache's remote
 # backend with its `mooncakestore` connector and the native one, and
 # vLLM's KV-event classes. Separate from tools/test.sh: the first run

@@ -55,7 +55,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 import mooncake_store
 from mooncake_store.engines import vllm as vllm_native
 from mooncake_store.engines.vllm import MooncakeStoreNative
-from vllm_harness import BLOCK, BLOCKS, Requests, kv_cache_config, kv_caches
+from vllm_harness import BLOCK, BLOCKS, HEADS, Requests, kv_cache_config, kv_caches
 from vllm_harness import model_dir as make_model_dir
 from vllm_kv_events import Subscriber
 
@@ -97,6 +97,8 @@ class Worker:
 
     def __init__(self, config: VllmConfig, rank: int):
         self.rank = rank
+        # Rank r's KV heads: HEADS of its own (each rank's cache has HEADS).
+        self.heads = range(rank * HEADS, (rank + 1) * HEADS)
         self.connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config())
         assert isinstance(self.connector, MooncakeStoreNative)
         self.caches = kv_caches()
@@ -122,7 +124,7 @@ class Engine(Requests):
         assert isinstance(scheduler.connector, MooncakeStoreNative), type(scheduler.connector)
         self.workers = [Worker(self.config, rank) for rank in range(tp)]
         super().__init__(
-            scheduler, [(w.rank, w.caches) for w in self.workers],
+            scheduler, [(w.heads, w.caches) for w in self.workers],
             self.config.cache_config.prefix_caching_hash_algo,
         )
         self.load_errors: set[int] = set()

@@ -44,40 +44,58 @@ def model_dir() -> str:
     return folder
 
 
-def kv_cache_config() -> KVCacheConfig:
+def kv_cache_config(heads: int = HEADS) -> KVCacheConfig:
+    """The KV cache configuration of a rank holding `heads` KV heads."""
     return KVCacheConfig(
         num_blocks=BLOCKS,
         kv_cache_tensors=[],
         kv_cache_groups=[
             KVCacheGroupSpec(
                 LAYER_NAMES,
-                FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=torch.float16),
+                FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=DIM, dtype=torch.float16),
             )
         ],
     )
 
 
-def kv_caches() -> dict[str, torch.Tensor]:
+def kv_caches(heads: int = HEADS) -> dict[str, torch.Tensor]:
     """One rank's paged KV cache, a tensor per layer."""
-    return {name: torch.zeros(BLOCKS, HEADS, BLOCK, 2 * DIM, dtype=torch.float16) for name in LAYER_NAMES}
+    return {name: torch.zeros(BLOCKS, heads, BLOCK, 2 * DIM, dtype=torch.float16) for name in LAYER_NAMES}
 
 
-def expected(tokens: list[int], pos: int, layer: int, rank: int) -> torch.Tensor:
-    """K and V (heads, 2 * head size) of token `pos` in `layer` on
-    tensor-parallel rank `rank` (its heads): a function of every token up
-    to it, as a model's would be; small integers, exact in float16."""
-    seed = zlib.crc32(repr((rank, layer, tokens[: pos + 1])).encode())
-    base = torch.arange(HEADS * DIM, dtype=torch.int64).view(HEADS, DIM)
-    k = (base * 7 + seed) % 2039
+def expected(tokens: list[int], pos: int, layer: int, heads: range) -> torch.Tensor:
+    """K and V (heads, 2 * head size) of token `pos` in `layer` for the KV
+    heads `heads` (a tensor-parallel rank holds a range of them): a
+    function of the head and every token up to `pos`, as a model's would
+    be; small integers, exact in float16."""
+    seed = zlib.crc32(repr((layer, tokens[: pos + 1])).encode())
+    head = torch.tensor(list(heads), dtype=torch.int64).view(-1, 1)
+    k = (torch.arange(DIM, dtype=torch.int64) * 7 + head * 131 + seed) % 2039
     return torch.cat([k, (k + 1) % 2039], dim=1).to(torch.float16)
+
+
+def write_kv(caches: dict[str, torch.Tensor], heads: range, tokens: list[int], blocks: list[int], start: int, n: int):
+    """A rank's forward pass: the KV of tokens `start` to `start + n` into
+    the slots of `blocks`."""
+    for pos in range(start, start + n):
+        for layer, cache in enumerate(caches.values()):
+            cache[blocks[pos // BLOCK], :, pos % BLOCK] = expected(tokens, pos, layer, heads)
+
+
+def check_kv(caches: dict[str, torch.Tensor], heads: range, tokens: list[int], blocks: list[int], upto: int):
+    """Fails unless a rank holds the model's KV for tokens before `upto`."""
+    for pos in range(upto):
+        for layer, cache in enumerate(caches.values()):
+            if not torch.equal(cache[blocks[pos // BLOCK], :, pos % BLOCK], expected(tokens, pos, layer, heads)):
+                raise AssertionError(f"token {pos} of layer {layer}, KV heads {heads.start}-{heads.stop - 1}, differs")
 
 
 class Requests:
     """An instance's requests and the KV its ranks compute for them: a
     driver's engine calls `__init__` with its scheduler and its ranks'
-    caches, `(rank, {layer: cache})` each."""
+    KV heads and caches, `(heads, {layer: cache})` each."""
 
-    def __init__(self, scheduler, ranks: list[tuple[int, dict[str, torch.Tensor]]], hash_algo: str) -> None:
+    def __init__(self, scheduler, ranks: list[tuple[range, dict[str, torch.Tensor]]], hash_algo: str) -> None:
         self.scheduler = scheduler
         self.ranks = ranks
         self.hash_fn = get_hash_fn_by_name(hash_algo)
@@ -101,21 +119,16 @@ class Requests:
 
     def forward(self, req_id: str, start: int, n: int) -> None:
         """Writes the KV of tokens `start` to `start + n` on every rank."""
-        tokens, blocks = self.tokens[req_id], self.slots(req_id)
-        for rank, caches in self.ranks:
-            for pos in range(start, start + n):
-                for layer, cache in enumerate(caches.values()):
-                    cache[blocks[pos // BLOCK], :, pos % BLOCK] = expected(tokens, pos, layer, rank)
+        for heads, caches in self.ranks:
+            write_kv(caches, heads, self.tokens[req_id], self.slots(req_id), start, n)
 
     def check(self, req_id: str, upto: int) -> None:
         """Fails unless every rank holds the model's KV for tokens before `upto`."""
-        tokens, blocks = self.tokens[req_id], self.slots(req_id)
-        for rank, caches in self.ranks:
-            for pos in range(upto):
-                for layer, cache in enumerate(caches.values()):
-                    got = cache[blocks[pos // BLOCK], :, pos % BLOCK]
-                    if not torch.equal(got, expected(tokens, pos, layer, rank)):
-                        raise AssertionError(f"{req_id}: token {pos} of layer {layer} on rank {rank} differs")
+        for heads, caches in self.ranks:
+            try:
+                check_kv(caches, heads, self.tokens[req_id], self.slots(req_id), upto)
+            except AssertionError as e:
+                raise AssertionError(f"{req_id}: {e}") from None
 
     def report(self, out, starts: dict[str, int], connector_output, sample: bool = True) -> None:
         """Ends a step as the model runner does: a token sampled for each

@@ -7,14 +7,18 @@ Builds vLLM's `VllmConfig` for a small Llama-shaped model (its config.json
 only), vLLM's v1 `Scheduler`, which creates the connector's scheduler side
 through vLLM's own factory, and the worker side with a paged KV cache on
 the CPU in vLLM's layout (blocks, KV heads, block size, K and V), in a
-process whose tensor-parallel group vLLM itself set up (gloo, one rank).
+process whose tensor-parallel group vLLM itself set up (gloo). With
+tensor parallelism, as vLLM's multiprocess executor runs it: each rank's
+worker in a process of its own, holding its share of the KV heads, the
+ranks' connector outputs joined by vLLM's `KVOutputAggregator`.
 A stand-in for the model runner calls the connector as vLLM's
 `KVConnectorModelRunnerMixin` does (bind the step's metadata, write the KV
 of the tokens scheduled, start the loads, wait for the saves, collect
 finished and failed transfers, load errors, stats, worker metadata) and
-writes, for each token, KV bytes that depend on the token and all tokens
-before it, so that what the connector loads from the store is checked
-byte for byte against what the model would have computed.
+writes, for each token and KV head, bytes that depend on the head, the
+token and all tokens before it, so that what the connector loads from the
+store is checked byte for byte against what the model would have
+computed, whichever rank wrote each head.
 
 The connector's lookups, loads and saves run in its own threads, as on a
 GPU host. The one substitution: `torch.cuda.Event`, which the connector
@@ -30,11 +34,13 @@ Usage: python vllm_store_connector.py META_ADDR
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import socket
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -73,21 +79,27 @@ from vllm.config import (  # noqa: E402
     set_current_vllm_config,
 )
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (  # noqa: E402
     MooncakeStoreConnector,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (  # noqa: E402
+    KeyMetadata,
+    LBHNCStoreLayout,
+    PoolKey,
 )
 from vllm.distributed.parallel_state import (  # noqa: E402
     init_distributed_environment,
     initialize_model_parallel,
 )
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from mooncake.store import MooncakeDistributedStore  # noqa: E402
-from vllm_harness import BLOCK, BLOCKS, Requests, kv_cache_config, kv_caches  # noqa: E402
+from vllm_harness import BLOCK, BLOCKS, HEADS, Requests, check_kv, kv_cache_config, kv_caches, write_kv  # noqa: E402
 from vllm_harness import model_dir as make_model_dir  # noqa: E402
 
 # How long the driver waits for the connector's threads to finish a
@@ -109,9 +121,13 @@ def mooncake_config(meta: str, **fields) -> str:
     return str(path)
 
 
-def vllm_config(model_dir: str, extra: dict | None = None) -> VllmConfig:
+def meta_of(mooncake_json: str) -> str:
+    return json.loads(Path(mooncake_json).read_text())["master_server_address"]
+
+
+def vllm_config(model_dir: str, extra: dict | None = None, tp: int = 1) -> VllmConfig:
     config = VllmConfig(
-        parallel_config=ParallelConfig(tensor_parallel_size=1),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp),
         model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", seed=0),
         scheduler_config=SchedulerConfig(
             max_num_seqs=8, max_num_batched_tokens=512, max_model_len=4096,
@@ -125,81 +141,196 @@ def vllm_config(model_dir: str, extra: dict | None = None) -> VllmConfig:
         device_config=DeviceConfig("cpu"),
     )
     config.cache_config.num_gpu_blocks = BLOCKS
+    # The layout vLLM's engine core resolves (resolve_kv_cache_layout) for
+    # an HNC attention backend, which is the caches' layout: per layer
+    # (blocks, KV heads, block size, K and V).
+    config.cache_config.kv_cache_layout = "LBHNC"
     return config
 
 
-class Engine(Requests):
-    """One vLLM instance: its scheduler (with the connector's scheduler side)
-    and its one worker, with the worker side and the KV cache."""
+@dataclass
+class Work:
+    """A model-runner step on one rank, as vLLM's executor hands it to each
+    worker: the connector's metadata, and the KV to check (of requests in
+    their first step: what they start from was loaded) and to write."""
 
-    def __init__(self, model_dir: str, mooncake_json: str, extra: dict | None = None):
+    metadata: object
+    sync_loads: bool
+    finished: set[str]
+    checks: list[tuple[str, list[int], list[int], int]]  # request, tokens, its blocks, tokens to check
+    writes: list[tuple[list[int], list[int], int, int]]  # tokens, blocks, first token, tokens
+
+
+class Rank:
+    """One tensor-parallel rank's worker: the connector's worker side and
+    the rank's paged KV cache (its share of the KV heads), in the process
+    whose tensor-parallel group vLLM set up."""
+
+    def __init__(self, config: VllmConfig, mooncake_json: str, rank: int, tp: int):
         # vLLM's connector reads it when its worker side is made.
         os.environ["MOONCAKE_CONFIG_PATH"] = mooncake_json
-        self.config = vllm_config(model_dir, extra)
-        with set_current_vllm_config(self.config):
-            # The worker first: its rank 0 serves the scheduler's lookups.
-            self.worker = KVConnectorFactory.create_connector(self.config, KVConnectorRole.WORKER, kv_cache_config())
+        per_rank = HEADS // tp
+        self.heads = range(rank * per_rank, (rank + 1) * per_rank)
+        with set_current_vllm_config(config):
+            self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config(per_rank))
             assert isinstance(self.worker, MooncakeStoreConnector), type(self.worker)
-            self.caches = kv_caches()
+            self.caches = kv_caches(per_rank)
             self.worker.register_kv_caches(self.caches)
+
+    def run(self, work: Work) -> KVConnectorOutput:
+        """The step as vLLM's KV connector mixin runs it around the model."""
+        w = self.worker
+        w.bind_connector_metadata(work.metadata)
+        if work.sync_loads:
+            w.start_load_kv(None)
+        for req_id, tokens, blocks, upto in work.checks:
+            try:
+                check_kv(self.caches, self.heads, tokens, blocks, upto)
+            except AssertionError as e:
+                raise AssertionError(f"{req_id}: {e}") from None
+        for tokens, blocks, start, n in work.writes:
+            write_kv(self.caches, self.heads, tokens, blocks, start, n)
+        if not work.sync_loads:
+            w.start_load_kv(None)
+        w.wait_for_save()
+        results = w.get_transfer_results(work.finished)
+        output = KVConnectorOutput(
+            finished_sending=results.finished_sending,
+            finished_recving=results.finished_recving,
+            failed_recving=results.failed_recving,
+            invalid_block_ids=w.get_block_ids_with_load_errors(),
+            kv_connector_stats=w.get_kv_connector_stats(),
+            kv_cache_events=w.get_kv_connector_kv_cache_events(),
+            kv_connector_worker_meta=w.build_connector_worker_meta(),
+        )
+        w.clear_connector_metadata()
+        return output
+
+    def saving(self) -> bool:
+        return self.worker.connector_worker.kv_send_thread.request_queue.unfinished_tasks > 0
+
+    def close(self) -> None:
+        self.worker.shutdown()
+
+
+def serve_rank(model_dir: str, mooncake_json: str, extra: dict | None, tp: int, rank: int, port: int, pipe) -> None:
+    """A worker process of a tensor-parallel instance, as vLLM's
+    multiprocess executor starts one: its process group (gloo), its rank,
+    then the steps its executor sends, until told to stop."""
+    config = vllm_config(model_dir, extra, tp)
+    config.parallel_config.rank = rank  # as vLLM's WorkerBase sets it
+    init_vllm_process(config, tp, rank, port)
+    me = Rank(config, mooncake_json, rank, tp)
+    pipe.send("ready")
+    while (work := pipe.recv()) is not None:
+        try:
+            pipe.send(me.saving() if work == "saving" else me.run(work))
+        except AssertionError as e:
+            pipe.send(e)
+    me.close()
+
+
+class RankProcess:
+    """The executor's handle on a rank in a process of its own."""
+
+    def __init__(self, model_dir: str, mooncake_json: str, extra: dict | None, tp: int, rank: int, port: int):
+        spawn = multiprocessing.get_context("spawn")
+        self.pipe, theirs = spawn.Pipe()
+        self.process = spawn.Process(
+            target=serve_rank, args=(model_dir, mooncake_json, extra, tp, rank, port, theirs), daemon=True,
+        )
+        self.process.start()
+
+    def send(self, work) -> None:
+        self.pipe.send(work)
+
+    def answer(self):
+        if not self.pipe.poll(DEADLINE_S):
+            raise AssertionError(f"a worker process did not answer within {DEADLINE_S:.0f}s")
+        answer = self.pipe.recv()
+        if isinstance(answer, AssertionError):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        self.send(None)
+        self.process.join(DEADLINE_S)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+class Engine(Requests):
+    """One vLLM instance: its scheduler (with the connector's scheduler
+    side, as in vLLM's engine core) and its tensor-parallel ranks' workers:
+    in this process with one rank; with several, each in a process of its
+    own, their connector outputs joined by vLLM's own `KVOutputAggregator`
+    as its multiprocess executor does."""
+
+    def __init__(self, model_dir: str, mooncake_json: str, extra: dict | None = None, tp: int = 1):
+        self.config = vllm_config(model_dir, extra, tp)
+        # The workers first: rank 0 serves the scheduler's lookups.
+        if tp == 1:
+            self.local: Rank | None = Rank(self.config, mooncake_json, 0, 1)
+            self.processes: list[RankProcess] = []
+        else:
+            self.local, port = None, free_port()
+            self.processes = [RankProcess(model_dir, mooncake_json, extra, tp, r, port) for r in range(tp)]
+            for p in self.processes:
+                assert p.answer() == "ready"
+        with set_current_vllm_config(self.config):
             scheduler = Scheduler(
-                vllm_config=self.config, kv_cache_config=kv_cache_config(), log_stats=True,
+                vllm_config=self.config, kv_cache_config=kv_cache_config(HEADS // tp), log_stats=True,
                 structured_output_manager=StructuredOutputManager(self.config), block_size=BLOCK,
             )
         assert isinstance(scheduler.connector, MooncakeStoreConnector), type(scheduler.connector)
-        super().__init__(scheduler, [(0, self.caches)], self.config.cache_config.prefix_caching_hash_algo)
+        # The KV is written and checked by the ranks, wherever they run.
+        super().__init__(scheduler, [], self.config.cache_config.prefix_caching_hash_algo)
+        self.aggregator = KVOutputAggregator.from_connector(scheduler.connector, tp)
         self.loaded: dict[str, int] = {}  # tokens loaded from the store, per request
         self.load_errors: set[int] = set()
         self.stats: list = []
 
     def step(self, before_load=None) -> dict[str, int]:
-        """One engine step: schedule, then the model runner's step as
-        vLLM's KV connector mixin runs it; the tokens computed per request."""
+        """One engine step: schedule, then the model runner's step on every
+        rank; the tokens computed per request."""
         out = self.scheduler.schedule()
         if before_load is not None:
             before_load()
-        w = self.worker
-        w.bind_connector_metadata(out.kv_connector_metadata)
-        if out.has_sync_kv_loads:
-            w.start_load_kv(None)
         starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
         starts.update(zip(cached.req_ids, cached.num_computed_tokens))
+        checks = []
         for req_id, start in starts.items():
             if req_id not in self.loaded:
                 # Its first step: what it starts from came from the store
                 # (or vLLM's own cache, which these instances start without).
                 self.loaded[req_id] = start
-                self.check(req_id, start)
-        for req_id, n in out.num_scheduled_tokens.items():
-            self.forward(req_id, starts[req_id], n)
-        if not out.has_sync_kv_loads:
-            w.start_load_kv(None)
-        w.wait_for_save()
-        results = w.get_transfer_results(out.finished_req_ids)
-        errors = w.get_block_ids_with_load_errors()
-        self.load_errors |= errors
-        stats = w.get_kv_connector_stats()
-        if stats is not None:
-            self.stats.append(stats)
-        connector_output = KVConnectorOutput(
-            finished_sending=results.finished_sending,
-            finished_recving=results.finished_recving,
-            failed_recving=results.failed_recving,
-            invalid_block_ids=errors,
-            kv_connector_stats=stats,
-            kv_cache_events=w.get_kv_connector_kv_cache_events(),
-            kv_connector_worker_meta=w.build_connector_worker_meta(),
-        )
-        w.clear_connector_metadata()
-        self.report(out, starts, connector_output)
+                checks.append((req_id, self.tokens[req_id], self.slots(req_id), start))
+        writes = [(self.tokens[r], self.slots(r), starts[r], n) for r, n in out.num_scheduled_tokens.items()]
+        work = Work(out.kv_connector_metadata, out.has_sync_kv_loads, out.finished_req_ids, checks, writes)
+        outputs = [self.local.run(work)] if self.local else self.on_processes(work)
+        joined = self.aggregator.aggregate(
+            [ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=o) for o in outputs]
+        ).kv_connector_output
+        self.load_errors |= joined.invalid_block_ids
+        if joined.kv_connector_stats is not None:
+            self.stats.append(joined.kv_connector_stats)
+        self.report(out, starts, joined)
         return dict(out.num_scheduled_tokens)
+
+    def on_processes(self, work) -> list:
+        for p in self.processes:
+            p.send(work)
+        return [p.answer() for p in self.processes]
+
+    def saving(self) -> bool:
+        """Whether a rank's connector still has saves to do."""
+        return self.local.saving() if self.local else any(self.on_processes("saving"))
 
     def finish(self) -> None:
         """Steps until every request is done and every save has landed."""
         deadline = time.monotonic() + DEADLINE_S
-        sender = self.worker.connector_worker.kv_send_thread
-        while self.scheduler.has_requests() or sender.request_queue.unfinished_tasks:
+        while self.scheduler.has_requests() or self.saving():
             if time.monotonic() > deadline:
                 raise AssertionError("requests or their saves did not finish")
             if not self.step():
@@ -216,19 +347,27 @@ class Engine(Requests):
 
     def close(self) -> None:
         self.scheduler.shutdown()
-        self.worker.shutdown()
+        if self.local:
+            self.local.close()
+        for p in self.processes:
+            p.close()
 
 
-def init_vllm_process(config: VllmConfig) -> None:
-    """The process group vLLM's worker process has: one rank, on the CPU."""
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def init_vllm_process(config: VllmConfig, tp: int = 1, rank: int = 0, port: int | None = None) -> None:
+    """The process groups vLLM gives a worker process: rank `rank` of `tp`,
+    on the CPU (gloo)."""
     with set_current_vllm_config(config):
         init_distributed_environment(
-            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", local_rank=0, backend="gloo",
+            world_size=tp, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port or free_port()}",
+            local_rank=rank, backend="gloo",
         )
-        initialize_model_parallel(1, 1)
+        initialize_model_parallel(tp, 1)
 
 
 def main() -> None:
@@ -326,7 +465,59 @@ def main() -> None:
         g.close()
         f.close()
         print(f"  embedded mode (a 64MB segment each): {loaded} tokens one instance saved, loaded by another")
+    tensor_parallel(model_dir, standalone)
     print("vLLM MooncakeStoreConnector: ok")
+
+
+def tensor_parallel(model_dir: str, mooncake_json: str) -> None:
+    """7. Tensor parallelism: each rank's worker in a process of its own,
+    as vLLM's multiprocess executor runs them, each holding half the KV
+    heads. With vLLM's `store_tp_size` the ranks' shards of a block are
+    stored so that instances of other TP sizes load them."""
+    prompt = [(i * 29 + 17) % 1000 for i in range(200)]
+    sharded = {"store_tp_size": 2}
+
+    # A TP 2 instance saves the prompt's 12 full blocks, a shard a rank.
+    h = Engine(model_dir, mooncake_json, sharded, tp=2)
+    request = h.add("t1", prompt, max_tokens=4)
+    h.finish()
+    saved = h.counted("save_put_total_keys")
+    assert h.loaded["t1"] == 0 and saved == 2 * 12 and h.counted("save_put_failed_keys") == 0, h.stats
+    h.close()
+
+    # Rank 1's shard of the 6th block is lost (removed here; in a cluster,
+    # a daemon lost): the key named as vLLM's connector names it.
+    store = MooncakeDistributedStore()
+    assert store.setup("localhost", "P2PHANDSHAKE", 0, 64 << 20, "tcp", "", meta_of(mooncake_json)) == 0
+    namespace = LBHNCStoreLayout.shared_namespace(2, 1)
+    rank1 = KeyMetadata(Path(model_dir).name, tp_rank=1, pcp_rank=0, dcp_rank=0, pp_rank=0, store_namespace=namespace)
+    shard = PoolKey.build_key_string(PoolKey.build_prefix(rank1), request.block_hashes[5].hex())
+    assert store.is_exist(shard) == 1 and store.remove(shard) == 0, shard
+    store.close()
+
+    # A TP 1 instance (all heads on one rank) gets a request sharing 180
+    # tokens: it loads the 5 blocks before the lost shard, each from its
+    # two shards into its heads, bytes exact; it computes the rest and
+    # saves what the store lacks: the lost shard, and its 2 new blocks'.
+    second = prompt[:180] + [(i * 3 + 1) % 1000 for i in range(40)]
+    i = Engine(model_dir, mooncake_json, sharded, tp=1)
+    loaded = i.run("t2", second, max_tokens=4)
+    assert loaded == 5 * BLOCK and not i.load_errors, (loaded, i.load_errors)
+    assert i.counted("load_get_total_keys") == 2 * 5 and i.counted("save_put_total_keys") == 1 + 2 * 2, i.stats
+    i.close()
+    print(
+        f"  tensor parallelism, vLLM's store_tp_size 2: a TP 2 instance saved {saved} shards (12 blocks);"
+        f" after one shard was lost, a TP 1 instance loaded the {loaded} tokens before it, bytes exact,"
+        " and saved the lost shard and its new blocks'"
+    )
+
+    # A TP 2 instance loads the 13 blocks both wrote (11 by TP 2, 2 by
+    # TP 1), each rank its heads, bytes exact.
+    j = Engine(model_dir, mooncake_json, sharded, tp=2)
+    loaded = j.run("t3", second + [4] * 20, max_tokens=2)
+    assert loaded == 13 * BLOCK and not j.load_errors, (loaded, j.load_errors)
+    j.close()
+    print(f"  a TP 2 instance loaded {loaded} tokens, 3 blocks' shards of them saved by TP 1, both ranks bytes exact")
 
 
 if __name__ == "__main__":
