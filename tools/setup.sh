@@ -5,6 +5,8 @@
 #
 #   tools/setup.sh           what the build and the tests need (tools/test.sh)
 #   tools/setup.sh --build   only what building the binary needs (tools/up.sh)
+#   tools/setup.sh --engines the build's, and what the serving engines'
+#                            drivers need (tools/test-engines.sh)
 #
 # What is installed is decided by asking dpkg about package names, never by
 # looking for files that another package may also provide (Debian's
@@ -17,7 +19,8 @@ mode=all
 case "${1:-}" in
     "") ;;
     --build) mode=build ;;
-    *) echo "usage: tools/setup.sh [--build]" >&2; exit 2 ;;
+    --engines) mode=engines ;;
+    *) echo "usage: tools/setup.sh [--build | --engines]" >&2; exit 2 ;;
 esac
 
 build=(
@@ -36,8 +39,12 @@ tests=(
     prometheus           # a test scrapes the store with a real Prometheus; promtool
     util-linux           # unshare: the disk-full tests mount a tmpfs in a private namespace
 )
+engines=(
+    libssl-dev python3-dev # SGLang compiles its page-hash extension (OpenSSL's SHA-256, Python.h) at first use
+)
 wanted=("${build[@]}")
 [[ $mode == all ]] && wanted+=("${tests[@]}")
+[[ $mode == engines ]] && wanted+=("${engines[@]}")
 
 if ! command -v dpkg-query >/dev/null; then
     echo "tools/setup.sh installs Debian packages; on this system install the equivalents of: ${wanted[*]}" >&2
@@ -60,7 +67,7 @@ if ((${#need[@]})); then
         done
     fi
 fi
-[[ $mode == build ]] && exit 0
+[[ $mode != all ]] && exit 0
 
 # Python tools for the tests, in one virtual environment outside the clone:
 # the Kubernetes API's schemas (kubernetes-validate, with PyYAML) for

@@ -9,7 +9,8 @@
 # drivers in client/python/engines/, which drive the engines' classes as
 # the engines do: SGLang HiCache's `MooncakeStore` and the native SGLang
 # backend, SGLang's own test of its Mooncake backend (shipped in its
-# wheel), SGLang's multimodal embedding store, vLLM's v1 scheduler with
+# wheel), SGLang's multimodal embedding store, SGLang's direct linker
+# (unified cache, layer-wise loads), vLLM's v1 scheduler with
 # vLLM's own MooncakeStoreConnector (one rank, and tensor-parallel ranks
 # in worker processes of their own) and with the native vLLM connector,
 # vLLM's encoder-cache store, LMCache's remote
@@ -24,7 +25,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
 VENV="${MOONCAKE_ENGINES_VENV:-$HOME/.cache/mooncake-engines-venv}"
 
-tools/setup.sh --build
+tools/setup.sh --engines
 # The debug build tools/test.sh made: these drivers check behaviour, not speed.
 cargo build -q --bin mooncake-store
 BIN="$CARGO_TARGET_DIR/debug/mooncake-store"
@@ -38,7 +39,7 @@ BIN="$CARGO_TARGET_DIR/debug/mooncake-store"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps sglang==0.5.23
 "$VENV/bin/pip" install -q --disable-pip-version-check \
     aiohttp==3.14.5 apache-tvm-ffi==0.1.15.post2 compressed-tensors==0.20.1 dill==0.4.1 \
-    gguf==0.19.0 ipython==9.18.1 msgspec==0.23.0 orjson==3.13.0 packaging==26.4 \
+    gguf==0.19.0 ipython==9.18.1 msgspec==0.23.0 ninja==1.13.2 orjson==3.13.0 packaging==26.4 \
     pillow==13.0.0 psutil==7.2.2 pybase64==1.5.1 pydantic==2.14.4 pyzmq==27.3.0 \
     requests==2.34.2 sentencepiece==0.2.3 starlette==1.10.0 torchvision==0.29.2 \
     tqdm==4.70.1 transformers==5.24.0 2>&1 | grep -v "requires\|incompatible\|resolver" || true
@@ -77,6 +78,11 @@ MOONCAKE_BIN="$BIN" MOONCAKE_MASTER="$META" MOONCAKE_PROTOCOL=tcp \
     | grep -E "passed|Traceback|[A-Za-z]Error: "
 echo "== client/python/engines/sglang_embedding.py"
 "$VENV/bin/python" -W ignore client/python/engines/sglang_embedding.py "$META"
+echo "== client/python/engines/sglang_direct_linker.py"
+# SGLang builds its page-hash extension at first use with ninja (from the
+# venv's bin) and c++; triton's bindings print leak reports at exit.
+PATH="$VENV/bin:$PATH" "$VENV/bin/python" -W ignore client/python/engines/sglang_direct_linker.py "$META" 2>&1 \
+    | grep -v "nanobind\|leaked\|skipped remainder"
 echo "== client/python/engines/vllm_connector.py"
 # MOONCAKE_BIN: the driver also kills and restarts a store of its own.
 MOONCAKE_BIN="$BIN" "$VENV/bin/python" -W ignore client/python/engines/vllm_connector.py "$META" "$EVENTS" "$REPLAY"
