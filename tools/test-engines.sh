@@ -45,7 +45,7 @@ BIN="$CARGO_TARGET_DIR/debug/mooncake-store"
     tqdm==4.70.1 transformers==5.24.0 2>&1 | grep -v "requires\|incompatible\|resolver" || true
 # vLLM's own KV-event classes (vllm.distributed.kv_events) read the store's
 # events: vLLM without its dependencies, plus what that module imports.
-"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps vllm==0.33.0
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps vllm==0.34.0
 "$VENV/bin/pip" install -q --disable-pip-version-check \
     cbor2==6.3.0 cloudpickle==3.1.3 fastapi==0.165.0 llguidance==1.9.1 openai==3.57.0 \
     openai-harmony==0.0.8 partial-json-parser==0.2.1.1.post7 prometheus-client==0.26.0 \

@@ -11,6 +11,7 @@ K and V).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import zlib
@@ -90,6 +91,14 @@ def check_kv(caches: dict[str, torch.Tensor], heads: range, tokens: list[int], b
                 raise AssertionError(f"token {pos} of layer {layer}, KV heads {heads.start}-{heads.stop - 1}, differs")
 
 
+def runner_output(req_ids: list[str], **fields) -> ModelRunnerOutput:
+    """A model runner's output: vLLM 0.33's also maps each request to its
+    row (`req_id_to_index`), which vLLM 0.34 dropped."""
+    if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+        fields["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+    return ModelRunnerOutput(req_ids=req_ids, **fields)
+
+
 class Requests:
     """An instance's requests and the KV its ranks compute for them: a
     driver's engine calls `__init__` with its scheduler and its ranks'
@@ -140,9 +149,8 @@ class Requests:
             self.sampled(r, sample and starts[r] + out.num_scheduled_tokens[r] >= self.scheduler.requests[r].num_tokens)
             for r in req_ids
         ]
-        result = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        result = runner_output(
+            req_ids,
             sampled_token_ids=sampled,
             logprobs=None,
             prompt_logprobs_dict={},

@@ -84,22 +84,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  #
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (  # noqa: E402
     MooncakeStoreConnector,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (  # noqa: E402
-    KeyMetadata,
-    LBHNCStoreLayout,
-    PoolKey,
-)
 from vllm.distributed.parallel_state import (  # noqa: E402
     init_distributed_environment,
     initialize_model_parallel,
 )
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from mooncake.store import MooncakeDistributedStore  # noqa: E402
-from vllm_harness import BLOCK, BLOCKS, HEADS, Requests, check_kv, kv_cache_config, kv_caches, write_kv  # noqa: E402
+from vllm_harness import (  # noqa: E402
+    BLOCK, BLOCKS, HEADS, Requests, check_kv, kv_cache_config, kv_caches, runner_output, write_kv,
+)
 from vllm_harness import model_dir as make_model_dir  # noqa: E402
 
 # How long the driver waits for the connector's threads to finish a
@@ -310,7 +307,7 @@ class Engine(Requests):
         work = Work(out.kv_connector_metadata, out.has_sync_kv_loads, out.finished_req_ids, checks, writes)
         outputs = [self.local.run(work)] if self.local else self.on_processes(work)
         joined = self.aggregator.aggregate(
-            [ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=o) for o in outputs]
+            [runner_output([], kv_connector_output=o) for o in outputs]
         ).kv_connector_output
         self.load_errors |= joined.invalid_block_ids
         if joined.kv_connector_stats is not None:
@@ -486,21 +483,22 @@ def tensor_parallel(model_dir: str, mooncake_json: str) -> None:
     h.close()
 
     # Rank 1's shard of the 6th block is lost (removed here; in a cluster,
-    # a daemon lost): the key named as vLLM's connector names it.
+    # a daemon lost). Its key as vLLM's connector names it: the TP 1
+    # instance's layout holds both shards.
+    second = prompt[:180] + [(i * 3 + 1) % 1000 for i in range(40)]
+    i = Engine(model_dir, mooncake_json, sharded, tp=1)
+    layout = i.local.worker.connector_worker.token_dbs[0].store_layout
+    assert tuple(layout.local_shard_ids) == (0, 1), layout.local_shard_ids
+    shard = layout.key_for(1, request.block_hashes[5])
     store = MooncakeDistributedStore()
     assert store.setup("localhost", "P2PHANDSHAKE", 0, 64 << 20, "tcp", "", meta_of(mooncake_json)) == 0
-    namespace = LBHNCStoreLayout.shared_namespace(2, 1)
-    rank1 = KeyMetadata(Path(model_dir).name, tp_rank=1, pcp_rank=0, dcp_rank=0, pp_rank=0, store_namespace=namespace)
-    shard = PoolKey.build_key_string(PoolKey.build_prefix(rank1), request.block_hashes[5].hex())
     assert store.is_exist(shard) == 1 and store.remove(shard) == 0, shard
     store.close()
 
-    # A TP 1 instance (all heads on one rank) gets a request sharing 180
+    # The TP 1 instance (all heads on one rank) gets a request sharing 180
     # tokens: it loads the 5 blocks before the lost shard, each from its
     # two shards into its heads, bytes exact; it computes the rest and
     # saves what the store lacks: the lost shard, and its 2 new blocks'.
-    second = prompt[:180] + [(i * 3 + 1) % 1000 for i in range(40)]
-    i = Engine(model_dir, mooncake_json, sharded, tp=1)
     loaded = i.run("t2", second, max_tokens=4)
     assert loaded == 5 * BLOCK and not i.load_errors, (loaded, i.load_errors)
     assert i.counted("load_get_total_keys") == 2 * 5 and i.counted("save_put_total_keys") == 1 + 2 * 2, i.stats

@@ -94,6 +94,7 @@ def test_batch_operations_existence_size_and_removal(store):
     assert store.put_batch(keys, values) == 0
     assert store.get_batch(keys) == values
     assert store.batch_is_exist(keys + ["key4"]) == [1, 1, 1, 0]
+    assert store.batch_probe_key(["key4", "key2"]) == [0, 1]
     assert store.get_size("key1") == 6
     assert store.get_size("key4") < 0
     assert store.get("key4") == b""

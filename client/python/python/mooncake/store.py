@@ -503,6 +503,13 @@ class MooncakeDistributedStore:
         except (mooncake_store.StoreError, TypeError, ValueError):
             return [-1] * len(keys)
 
+    def batch_probe_key(self, keys: List[str]) -> List[int]:
+        """``batch_is_exist`` without a lease, as Mooncake's newer releases
+        have it (vLLM 0.34 probes with it when
+        ``VLLM_MOONCAKE_STORE_SELECTIVE_LEASE`` is set). Here no lookup
+        leases an object, so the two answer alike."""
+        return self.batch_is_exist(keys)
+
     def get_size(self, key: str) -> int:
         try:
             size = self._c.sizes([key])[0]

@@ -424,8 +424,10 @@ class _SchedulerSide:
                 continue
             new_ids = cached.new_block_ids[i]
             if new_ids is not None:
-                if req_id in cached.resumed_req_ids:
-                    # A resumed request's new ids are all of its blocks.
+                # vLLM 0.33 lists a request resumed after preemption here,
+                # its new ids being all of its blocks; vLLM 0.34 sends it
+                # again in full among the new requests (above).
+                if req_id in getattr(cached, "resumed_req_ids", ()):
                     tracked.block_ids = list(new_ids[0])
                 else:
                     tracked.block_ids.extend(new_ids[0])
