@@ -431,6 +431,13 @@ def main() -> None:
     #    loads them. 5. vLLM's prefix-cache reset reaches the store (the
     #    connector's remove_all): afterwards nothing is found.
     d = Engine(model_dir, standalone)
+    # Before it serves, it sleeps and wakes as vLLM's sleep mode does: its
+    # KV cache unregistered from the connector, its memory given back and
+    # committed again (same addresses, other bytes), registered again.
+    d.local.worker.unregister_kv_caches()
+    for cache in d.local.caches.values():
+        cache.fill_(-1.0)
+    d.local.worker.restore_kv_caches()
     loaded = d.run("r4", prompt + [7] * 8 + [5] * 30, max_tokens=2)
     assert loaded == 208, loaded
     # An instance of another tenant (vLLM passes Mooncake's `tenant_id`)
@@ -446,7 +453,7 @@ def main() -> None:
     other.close()
     print(
         f"  recomputed blocks saved again ({loaded} tokens loaded by a 4th instance, none by another tenant's);"
-        " vLLM's reset_cache empties the store"
+        " vLLM's reset_cache empties the store; loads after a sleep and wake-up are exact"
     )
 
     # 6. vLLM's default `embedded` mode: each instance contributes a segment
