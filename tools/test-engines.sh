@@ -16,8 +16,8 @@
 # vLLM's encoder-cache store, LMCache's remote
 # backend with its `mooncakestore` connector and the native one, and
 # vLLM's KV-event classes. Separate from tools/test.sh: the first run
-# downloads about 3 GiB and installs 6.8 GiB (4 minutes in all here, the
-# drivers included); later runs take a minute and a half.
+# also downloads about 3 GiB and installs 6.8 GiB; a later run took 2 min
+# 59 s here, the drivers included.
 #
 # Usage: tools/test-engines.sh
 set -euo pipefail
