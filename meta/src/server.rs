@@ -597,6 +597,7 @@ async fn dispatch(
         | Opcode::ShmTouch
         | Opcode::ShmRoom
         | Opcode::ShmStore
+        | Opcode::Hold
         | Opcode::RdmaConnect
         | Opcode::Fetch => return Err(Failure::Protocol(ProtoError::UnknownOpcode(op as u8))),
     })

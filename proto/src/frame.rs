@@ -97,6 +97,10 @@ opcodes! {
     /// Same host: store a block the client wrote into room it holds
     /// (`ShmRoom`), in one message; the answer hands it room for the next.
     ShmStore = 0x13,
+    /// Lease a batch of stored blocks for the daemon's `kv_lease_ttl`:
+    /// kept from eviction until then (a client found them and will read
+    /// them; Mooncake's `batch_is_exist`). A status per key.
+    Hold = 0x14,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).

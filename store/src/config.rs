@@ -72,6 +72,14 @@ pub struct DaemonConfig {
     /// dropped and its room freed: a header alone holds room only briefly.
     /// Default 5s.
     pub put_stall_timeout: HumanDuration,
+    /// How long a client that found a block (Mooncake's `batch_is_exist`,
+    /// which vLLM's and SGLang's connectors call before they load) keeps
+    /// it from eviction, so that the load finds it; as Mooncake's master
+    /// flag `default_kv_lease_ttl`. A lookup again extends it. Held blocks
+    /// count against the pool: with every block held, a put is refused
+    /// until leases end. At most 10 minutes; 0s: a lookup leases nothing.
+    /// Default 5s.
+    pub kv_lease_ttl: HumanDuration,
     /// With `auth`: most connections at once that have not presented a
     /// valid token yet. Past it the oldest of them is closed to make room,
     /// so peers without a token never hold more, and cannot keep a client
@@ -161,6 +169,10 @@ pub struct DaemonConfig {
     pub heartbeat_interval: HumanDuration,
 }
 
+/// The longest `kv_lease_ttl`: a lease is for the load that follows a
+/// lookup, and every held block is memory no put can use.
+const MAX_KV_LEASE_TTL: Duration = Duration::from_secs(600);
+
 impl Default for DaemonConfig {
     fn default() -> Self {
         DaemonConfig {
@@ -184,6 +196,7 @@ impl Default for DaemonConfig {
             auth_timeout: HumanDuration(Duration::from_secs(5)),
             idle_timeout: HumanDuration(Duration::from_secs(300)),
             put_stall_timeout: HumanDuration(Duration::from_secs(5)),
+            kv_lease_ttl: HumanDuration(Duration::from_secs(5)),
             max_unauthenticated_connections: 256,
             nvme: Vec::new(),
             nvme_engine: crate::io::EngineKind::Uring,
@@ -243,6 +256,12 @@ impl DaemonConfig {
             return Err(format!(
                 "probation_share = {} must be above 0 and below 1",
                 self.probation_share
+            ));
+        }
+        if self.kv_lease_ttl.0 > MAX_KV_LEASE_TTL {
+            return Err(format!(
+                "kv_lease_ttl = {} is above the maximum of 10m",
+                self.kv_lease_ttl
             ));
         }
         if self.max_connections == 0 || self.max_connections_per_client == 0 {
@@ -373,6 +392,7 @@ impl DaemonConfig {
             request_timeout: self.request_timeout.0,
             put_stall_timeout: self.put_stall_timeout.0,
             peers: crate::fetch::Peers::default(),
+            kv_lease_ttl: self.kv_lease_ttl.0,
         }
     }
 

@@ -27,6 +27,7 @@ pub(crate) const OPS: &[Opcode] = &[
     Opcode::Verify,
     Opcode::Evict,
     Opcode::Fetch,
+    Opcode::Hold,
 ];
 
 pub struct DaemonMetrics {
@@ -96,6 +97,7 @@ struct PoolCollector {
     free: IntGaugeVec,
     blocks: IntGaugeVec,
     pinned: IntGaugeVec,
+    held: IntGaugeVec,
     evictions: IntCounterVec,
     gets: IntCounterVec,
     moves: IntCounterVec,
@@ -133,6 +135,10 @@ impl PoolCollector {
             "mooncake_daemon_pool_pinned_blocks",
             "Blocks pinned against eviction.",
         )?;
+        let held = gauge(
+            "mooncake_daemon_pool_held_blocks",
+            "Blocks a client found and holds from eviction until it reads them (kv_lease_ttl).",
+        )?;
         let evictions = IntCounterVec::new(
             Opts::new(
                 "mooncake_daemon_evictions_total",
@@ -152,7 +158,7 @@ impl PoolCollector {
             "Blocks found corrupt (checksum mismatch) and dropped.",
         )?;
         let mut descs = Vec::new();
-        for c in [&capacity, &used, &free, &blocks, &pinned] {
+        for c in [&capacity, &used, &free, &blocks, &pinned, &held] {
             descs.extend(c.desc().into_iter().cloned());
         }
         descs.extend(evictions.desc().into_iter().cloned());
@@ -275,6 +281,7 @@ impl PoolCollector {
             free,
             blocks,
             pinned,
+            held,
             evictions,
             gets,
             corrupt,
@@ -304,6 +311,7 @@ impl Collector for PoolCollector {
             .set(st.capacity.saturating_sub(st.used) as i64);
         self.blocks.with_label_values(&t).set(st.blocks as i64);
         self.pinned.with_label_values(&t).set(st.pinned as i64);
+        self.held.with_label_values(&t).set(pool.held() as i64);
         let bump = |c: prometheus::IntCounter, now: u64| c.inc_by(now.saturating_sub(c.get()));
         bump(self.evictions.with_label_values(&t), st.evictions);
         // The pool counts gets the daemon served from any tier; NVMe counts
@@ -395,6 +403,7 @@ impl Collector for PoolCollector {
             &self.free,
             &self.blocks,
             &self.pinned,
+            &self.held,
         ] {
             out.extend(c.collect());
         }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_proto::auth::Identity;
-use mooncake_proto::message::{Body, KeyRequest, PutHead};
+use mooncake_proto::message::{Body, KeyRequest, KeysRequest, PutHead, Statuses};
 use mooncake_proto::{ErrorCode, Header, Opcode, ProtoError, HEADER_LEN};
 use mooncake_server::{read_body, reply, ConnError, Service, IO_BUFFER};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -28,6 +28,8 @@ pub struct DataConfig {
     pub put_stall_timeout: Duration,
     /// How other daemons are called (`Fetch`).
     pub peers: crate::fetch::Peers,
+    /// How long a `Hold` keeps a block from eviction.
+    pub kv_lease_ttl: Duration,
 }
 
 /// The daemon's answers to block requests, whichever transport they came on.
@@ -149,6 +151,25 @@ where
             };
             let code = result.err().map_or(ErrorCode::Ok, |e| e.code());
             reply(wr, header, code, &[]).await
+        }
+        Opcode::Hold => {
+            let req: KeysRequest = read_body(header, rd).await?;
+            if !who.may_use(&req.namespace) {
+                return reply(wr, header, ErrorCode::Unauthorized, &[]).await;
+            }
+            let until = std::time::Instant::now() + cfg.kv_lease_ttl;
+            let codes = req
+                .hashes
+                .iter()
+                .map(|hash| {
+                    let key = mooncake_proto::BlockKey::new(req.namespace.clone(), *hash);
+                    tiers
+                        .hold(&key, until)
+                        .err()
+                        .map_or(ErrorCode::Ok, |e| e.code())
+                })
+                .collect();
+            reply(wr, header, ErrorCode::Ok, &Statuses { codes }.to_bytes()).await
         }
         Opcode::Fetch => {
             // The meta service's call (role cluster, checked by the server).

@@ -421,6 +421,17 @@ impl Tiers {
     }
 
     /// Removes a block from every tier; `false` if none held it.
+    /// Leases a stored block until `until`: kept in DRAM until then. A
+    /// block already on its way to the NVMe drives, or only there, is
+    /// found but not held (the drives' own order evicts it); `NotFound`
+    /// where no tier has it.
+    pub fn hold(&self, key: &BlockKey, until: std::time::Instant) -> Result<(), PoolError> {
+        match self.dram.hold(key, until) {
+            Err(PoolError::NotFound) if self.on_nvme(key) || self.dram.is_demoting(key) => Ok(()),
+            held => held,
+        }
+    }
+
     pub fn remove(&self, key: &BlockKey) -> bool {
         let in_dram = self.dram.remove(key).is_ok();
         let mut on_nvme = false;

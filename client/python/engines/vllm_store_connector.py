@@ -33,10 +33,12 @@ Usage: python vllm_store_connector.py META_ADDR
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -470,6 +472,8 @@ def main() -> None:
         f.close()
         print(f"  embedded mode (a 64MB segment each): {loaded} tokens one instance saved, loaded by another")
     tensor_parallel(model_dir, standalone)
+    if os.environ.get("MOONCAKE_BIN"):
+        leases(model_dir)
     print("vLLM MooncakeStoreConnector: ok")
 
 
@@ -523,6 +527,107 @@ def tensor_parallel(model_dir: str, mooncake_json: str) -> None:
     assert loaded == 13 * BLOCK and not j.load_errors, (loaded, j.load_errors)
     j.close()
     print(f"  a TP 2 instance loaded {loaded} tokens, 3 blocks' shards of them saved by TP 1, both ranks bytes exact")
+
+
+@contextlib.contextmanager
+def small_store(dram: str, config: str):
+    """A store of its own (`mooncake-store up`, from MOONCAKE_BIN) with
+    `dram` of memory and `config` as its TOML; its meta address."""
+    meta = f"127.0.0.1:{free_port()}"
+    toml = Path(tempfile.mkdtemp(prefix="vllm-mooncake-"), "store.toml")
+    toml.write_text(config)
+    proc = subprocess.Popen(
+        [os.environ["MOONCAKE_BIN"], "up", "--meta-listen", meta, "--listen", f"127.0.0.1:{free_port()}",
+         "--admin", "", "--dram", dram, "--config", str(toml)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            store = MooncakeDistributedStore()
+            ready = store.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta) == 0
+            ready = ready and store.put("readiness", b"x") == 0 and store.remove("readiness") == 0
+            store.close()
+            if ready:
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, "the small store did not start"
+            time.sleep(0.1)
+        yield meta
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def leases(model_dir: str) -> None:
+    """8. What a lookup found is still in the store when vLLM loads it,
+    however much the store took in between: Mooncake's `batch_is_exist`
+    leases each key it finds (here for the daemon's `kv_lease_ttl`), and
+    with VLLM_MOONCAKE_STORE_SELECTIVE_LEASE vLLM probes without a lease
+    (`batch_probe_key`), then leases what its hit loads. A 4 MiB store, in
+    which another client puts four times its size between each lookup and
+    its load."""
+    with small_store("4MiB", '[daemon]\nkv_lease_ttl = "10m"\n') as meta:
+        mooncake_json = mooncake_config(meta)
+        other = MooncakeDistributedStore()
+        assert other.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta) == 0
+        filled: list[str] = []
+
+        def fill_once_loading(engine: Engine, req_id: str) -> None:
+            if req_id in filled or engine.scheduler.requests[req_id].status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+                return
+            filled.append(req_id)
+            for i in range(64):
+                assert other.put(f"{req_id}-filler-{i}", b"f" * (256 << 10)) == 0
+
+        def serve(engine: Engine, req_id: str, prompt: list[int]) -> int:
+            engine.add(req_id, prompt, max_tokens=2)
+            deadline = time.monotonic() + DEADLINE_S
+            while req_id not in filled:
+                assert time.monotonic() < deadline, "the lookup found nothing to load"
+                engine.step(before_load=lambda: fill_once_loading(engine, req_id))
+                time.sleep(0.01)
+            engine.finish()
+            assert not engine.load_errors and engine.counted("load_get_failed_keys") == 0, engine.load_errors
+            return engine.loaded[req_id]
+
+        first = [(i * 41 + 7) % 1000 for i in range(200)]
+        second = [(i * 43 + 9) % 1000 for i in range(200)]
+        a = Engine(model_dir, mooncake_json)
+        a.run("s1", first, max_tokens=2)
+        b = Engine(model_dir, mooncake_json)
+        loaded = serve(b, "l1", first + [7] * 8)
+        assert loaded == 192, loaded
+        b.close()
+
+        # Selective: a block of the hit is lost between vLLM's probe and
+        # its lease (removed here); the lease says so, vLLM's hit ends
+        # before it, and that much loads, exact, the rest recomputed.
+        a.run("s2", second, max_tokens=2)
+        a.close()
+        os.environ["VLLM_MOONCAKE_STORE_SELECTIVE_LEASE"] = "1"
+        try:
+            c = Engine(model_dir, mooncake_json)
+        finally:
+            del os.environ["VLLM_MOONCAKE_STORE_SELECTIVE_LEASE"]
+        store = c.local.worker.connector_worker.store
+        probe, lost = store.batch_probe_key, []
+
+        def probe_then_lose(keys: list[str]) -> list[int]:
+            found = probe(keys)
+            if not lost and len(keys) >= 12:
+                lost.append(keys[6])
+                assert other.remove(keys[6]) == 0
+            return found
+
+        store.batch_probe_key = probe_then_lose
+        loaded = serve(c, "l2", second + [7] * 8)
+        assert lost and loaded == 6 * BLOCK, (lost, loaded)
+        c.close()
+        other.close()
+    print(
+        "  leases: 192 tokens found by a lookup loaded exactly after 16 MiB went into a 4 MiB store;"
+        f" vLLM's selective lease: a block lost after the probe, the {loaded} tokens before it loaded exactly"
+    )
 
 
 if __name__ == "__main__":

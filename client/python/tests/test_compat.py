@@ -19,7 +19,7 @@ from mooncake.store import (
     bind_to_numa_node,
 )
 
-from conftest import Process, free_port, wait_for_daemon, wait_for_port
+from conftest import Process, free_port, single_host_store, wait_for_daemon, wait_for_port
 
 OBJECT_NOT_FOUND = -704
 
@@ -104,6 +104,30 @@ def test_batch_operations_existence_size_and_removal(store):
     assert store.put_parts("greeting", b"Hello, ", b"World!") == 0
     assert store.get("greeting") == b"Hello, World!"
     assert store.remove_all() == 2  # key3 and greeting
+
+
+def test_batch_is_exist_leases_what_it_finds_and_batch_probe_key_does_not(tmp_path):
+    # As in Mooncake: what a lookup finds stays until the engine loads it
+    # (for the daemon's kv_lease_ttl, Mooncake's default_kv_lease_ttl),
+    # however many puts come in between; a probe leases nothing.
+    config = tmp_path / "store.toml"
+    config.write_text('[daemon]\nkv_lease_ttl = "10m"\n')
+    with single_host_store("4MiB", "--config", str(config)) as meta:
+        s = MooncakeDistributedStore()
+        assert s.setup("localhost", "P2PHANDSHAKE", 0, 64 << 20, "tcp", "", meta) == 0
+        block = 256 << 10
+        for name in ("leased", "probed", "unasked"):
+            assert s.put(name, name[0].encode() * block) == 0
+        assert s.batch_is_exist(["leased", "nothing"]) == [1, 0]
+        assert s.batch_probe_key(["probed"]) == [1]
+        # Four pools' worth of newer blocks, none read again.
+        for i in range(64):
+            assert s.put(f"filler-{i}", b"f" * block) == 0
+        assert s.get("leased") == b"l" * block
+        # Evicted: the daemons say so, whatever the index has heard yet.
+        assert s.batch_is_exist(["probed", "unasked", "leased"]) == [0, 0, 1]
+        assert s.get("probed") == b""
+        assert s.close() == 0
 
 
 def test_replicate_config_is_accepted_and_hard_pin_pins(store):

@@ -1,10 +1,12 @@
-//! The client API: `put`, `get_into`, `match_prefix`, `exists`, `remove`,
+//! The client API: `put`, `get_into`, `match_prefix`, `exists`,
+//! `exists_leased`, `remove`,
 //! `pin`, in batch form. Every call runs under the configured deadline.
 //!
 //! - `config`: what a client is configured with;
 //! - `put`, `get`: the data calls (meta service for placement and
 //!   locations, then straight to the daemons);
 //! - `control`: the other calls to the meta service, and leader following;
+//! - `hold`: lookups that lease what they find (Mooncake's `batch_is_exist`);
 //! - `device`: blocks to and from GPU memory, through pinned staging;
 //! - `paths`: which data path (shared memory, RDMA, QUIC, TCP) reaches
 //!   each daemon.
@@ -52,6 +54,7 @@ mod control;
 mod device;
 mod direct;
 mod get;
+mod hold;
 mod paths;
 mod put;
 

@@ -54,6 +54,7 @@ fn session_with(puts: bool) -> Session {
             request_timeout: std::time::Duration::from_secs(5),
             put_stall_timeout: std::time::Duration::from_secs(5),
             peers: crate::fetch::Peers::default(),
+            kv_lease_ttl: std::time::Duration::from_secs(5),
         },
         metrics: crate::metrics::DaemonMetrics::new(&prometheus::Registry::new(), tiers.clone())
             .unwrap(),

@@ -85,6 +85,12 @@ impl DramPool {
             .is_some_and(|f| f.seq == demoted.seq && f.read)
     }
 
+    /// Whether a block evicted from DRAM is still on its way to the next
+    /// tier (not counted as a read).
+    pub fn is_demoting(&self, key: &BlockKey) -> bool {
+        self.demoting.lock().contains_key(key)
+    }
+
     /// A block evicted from DRAM and still on its way to the next tier:
     /// its bytes and checksum, so that a read between its eviction and its
     /// write is a hit.

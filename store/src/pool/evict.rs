@@ -342,6 +342,7 @@ impl DramPool {
     /// Evicts the next block in the pool's order; `false` if nothing is
     /// evictable.
     pub(super) fn evict_one(&self, inner: &mut Inner) -> bool {
+        self.expire_holds(inner);
         let over = inner.probation_units > inner.probation_target;
         let Some((_, key)) = inner.lru.pop_first(self.cfg.eviction, over) else {
             return false;
@@ -353,6 +354,7 @@ impl DramPool {
     /// Evicts the coldest evictable block of tenant `t`; `false` if none
     /// is found among the coldest `MAX_QUOTA_SCAN`.
     pub(super) fn evict_tenant_one(&self, inner: &mut Inner, t: u16) -> bool {
+        self.expire_holds(inner);
         let Some(key) = inner.lru.coldest_of(t).and_then(|s| inner.lru.remove(s)) else {
             return false;
         };

@@ -23,6 +23,7 @@ use crate::region::Region;
 
 mod demotion;
 mod evict;
+mod hold;
 mod lease;
 #[cfg(test)]
 mod props;
@@ -148,6 +149,8 @@ pub struct DramPool {
     index: Option<SharedIndex>,
     cfg: PoolConfig,
     inner: Mutex<Inner>,
+    /// Lease deadlines count from here (`hold`).
+    epoch: std::time::Instant,
     removed: Mutex<Vec<BlockKey>>,
     removed_notify: Notify,
     evictions: AtomicU64,
@@ -201,6 +204,8 @@ struct Inner {
     /// The same per tenant (part of `tenant_used`).
     tenant_pending: Vec<u64>,
     pinned: u64,
+    /// Blocks held by a lease for a time, and when each lease ends.
+    holds: hold::Holds,
 }
 
 struct Block {
@@ -212,6 +217,9 @@ struct Block {
     ready: bool,
     leases: u32,
     pins: u32,
+    /// Held from eviction until then, in ms since the pool's epoch (0:
+    /// not held; see `hold`).
+    held_until: u64,
     stamp: u64,
     /// The block whose prefix this one extends (same namespace), if the
     /// writer said.
@@ -243,6 +251,7 @@ impl Block {
             ready: false,
             leases: 0,
             pins: 0,
+            held_until: 0,
             stamp: 0,
             parent: None,
             queue: Queue::Main,
@@ -255,8 +264,19 @@ impl Block {
     }
 
     fn evictable(&self) -> bool {
-        self.ready && self.leases == 0 && self.pins == 0
+        self.ready && self.leases == 0 && self.pins == 0 && self.held_until == 0
     }
+}
+
+/// A stored (committed) block, to change what may evict it.
+fn stored_mut<'a>(
+    blocks: &'a mut KeyMap<BlockKey, Block>,
+    key: &BlockKey,
+) -> Result<&'a mut Block, PoolError> {
+    blocks
+        .get_mut(key)
+        .filter(|b| b.ready)
+        .ok_or(PoolError::NotFound)
 }
 
 struct Doomed {
@@ -305,7 +325,9 @@ impl DramPool {
                 room_units: 0,
                 tenant_pending: vec![0; tenants],
                 pinned: 0,
+                holds: Default::default(),
             }),
+            epoch: std::time::Instant::now(),
             removed: Mutex::new(Vec::new()),
             removed_notify: Notify::new(),
             evictions: AtomicU64::new(0),
@@ -636,6 +658,9 @@ impl DramPool {
         if block.pins > 0 {
             inner.pinned -= 1;
         }
+        if block.held_until != 0 {
+            inner.holds.held -= 1;
+        }
         if block.leases > 0 {
             inner.doomed.insert(
                 block.alloc.offset,
@@ -671,11 +696,7 @@ impl DramPool {
     pub fn pin(&self, key: &BlockKey) -> Result<(), PoolError> {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
-        let block = inner
-            .blocks
-            .get_mut(key)
-            .filter(|b| b.ready)
-            .ok_or(PoolError::NotFound)?;
+        let block = stored_mut(&mut inner.blocks, key)?;
         // Pins nest; past u32::MAX of them a pin is refused, not wrapped
         // (which would make a pinned block evictable).
         let pins = block.pins.checked_add(1).ok_or(PoolError::TooManyPins)?;
@@ -693,11 +714,7 @@ impl DramPool {
     pub fn unpin(&self, key: &BlockKey) -> Result<(), PoolError> {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
-        let block = inner
-            .blocks
-            .get_mut(key)
-            .filter(|b| b.ready)
-            .ok_or(PoolError::NotFound)?;
+        let block = stored_mut(&mut inner.blocks, key)?;
         if block.pins == 0 {
             return Ok(());
         }

@@ -29,6 +29,12 @@ enum Op {
     Lease {
         key: u8,
     },
+    /// A lease for a time (`hold`): for an hour, or one that has already
+    /// run out.
+    Hold {
+        key: u8,
+        long: bool,
+    },
     Release {
         nth: u8,
     },
@@ -61,6 +67,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => key.clone().prop_map(|key| Op::Pin { key }),
         1 => key.clone().prop_map(|key| Op::Unpin { key }),
         2 => key.clone().prop_map(|key| Op::Lease { key }),
+        2 => (key.clone(), any::<bool>()).prop_map(|(key, long)| Op::Hold { key, long }),
         1 => key.clone().prop_map(|key| Op::Touch { key }),
         2 => any::<u8>().prop_map(|nth| Op::Release { nth }),
         1 => (1u32..70_000).prop_map(|len| Op::Room { len }),
@@ -177,6 +184,8 @@ fn check(pool: &DramPool, rooms: &[Room]) {
     );
     let pinned = inner.blocks.values().filter(|b| b.pins > 0).count() as u64;
     assert_eq!(pinned, inner.pinned);
+    let held = inner.blocks.values().filter(|b| b.held_until != 0).count() as u64;
+    assert_eq!(held, inner.holds.held);
     let mut children: KeyMap<BlockKey, u32> = KeyMap::default();
     for (k, b) in inner.blocks.iter().filter(|(_, b)| b.ready) {
         if let Some(p) = b.parent {
@@ -278,6 +287,9 @@ proptest! {
         let pool = Arc::new(DramPool::new(cfg).unwrap());
         let mut leases: Vec<ReadLease> = Vec::new();
         let mut pinned: std::collections::HashSet<u8> = Default::default();
+        // Keys held for an hour: never evicted while they hold the same
+        // block (as pinned ones).
+        let mut held: std::collections::HashSet<u8> = Default::default();
         let mut rooms: Vec<Room> = Vec::new();
         for op in ops {
             match op {
@@ -287,6 +299,7 @@ proptest! {
                         // Whatever the key held before (pinned or not)
                         // was replaced.
                         pinned.remove(&k);
+                        held.remove(&k);
                         slot.buf_mut().copy_from_slice(&value);
                         // Chains 0, 2, 4, ... and 1, 3, 5, ... (one
                         // namespace each).
@@ -297,11 +310,13 @@ proptest! {
                 Op::Abandon { key: k, len } => {
                     if pool.reserve(key(k), len as u64, 0).is_ok() {
                         pinned.remove(&k);
+                        held.remove(&k);
                     }
                 }
                 Op::Remove { key: k } => {
                     if pool.remove(&key(k)).is_ok() {
                         pinned.remove(&k);
+                        held.remove(&k);
                     }
                 }
                 Op::Pin { key: k } => {
@@ -315,6 +330,15 @@ proptest! {
                     }
                 }
                 Op::Lease { key: k } => leases.extend(pool.get(&key(k))),
+                Op::Hold { key: k, long } => {
+                    let now = std::time::Instant::now();
+                    let until = if long { now + std::time::Duration::from_secs(3600) } else { now };
+                    let stored = pool.contains(&key(k));
+                    prop_assert_eq!(pool.hold(&key(k), until).is_ok(), stored);
+                    if stored && long {
+                        held.insert(k);
+                    }
+                }
                 Op::Touch { key: k } => {
                     let ready = pool.contains(&key(k));
                     prop_assert_eq!(pool.touch(&key(k)), ready);
@@ -335,6 +359,7 @@ proptest! {
                         match pool.fill_room(room, key(k), value.len() as u64, Some(sum)) {
                             Ok(slot) => {
                                 pinned.remove(&k);
+                        held.remove(&k);
                                 slot.commit_hashed(sum).unwrap();
                             }
                             Err((_, room)) => rooms.push(room),
@@ -350,6 +375,9 @@ proptest! {
             check(&pool, &rooms);
             for k in &pinned {
                 prop_assert!(pool.contains(&key(*k)), "pinned block {k} was evicted");
+            }
+            for k in &held {
+                prop_assert!(pool.contains(&key(*k)), "held block {k} was evicted");
             }
             for lease in &leases {
                 // A leased block's bytes stay in place, removed or not.

@@ -239,6 +239,49 @@ fn pinned_and_leased_blocks_are_never_evicted() {
 }
 
 #[test]
+fn a_held_block_outlives_eviction_until_its_lease_ends() {
+    let p = pool(64 << 10);
+    let hour = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    put(&p, key(0), 0, 16 << 10).unwrap();
+    put(&p, key(1), 1, 16 << 10).unwrap();
+    p.hold(&key(0), hour).unwrap();
+    // Held by a lease that has already run out: evictable again.
+    p.hold(&key(1), std::time::Instant::now()).unwrap();
+    assert_eq!(p.hold(&key(7), hour), Err(PoolError::NotFound));
+    for i in 10..30 {
+        let _ = put(&p, key(i), 2, 8 << 10);
+    }
+    assert!(p.contains(&key(0)), "a held block was evicted");
+    assert!(!p.contains(&key(1)), "a lease that ran out still holds");
+    assert_eq!(p.held(), 1);
+    // The space of everything else, and the held block's: NoSpace.
+    assert_eq!(put(&p, key(99), 3, 60 << 10), Err(PoolError::NoSpace));
+    // A shorter lease taken again does not shorten it.
+    p.hold(&key(0), std::time::Instant::now()).unwrap();
+    assert_eq!(put(&p, key(99), 3, 60 << 10), Err(PoolError::NoSpace));
+    // Removing a held block ends its lease with it.
+    p.remove(&key(0)).unwrap();
+    assert_eq!(p.held(), 0);
+    put(&p, key(99), 3, 60 << 10).unwrap();
+}
+
+#[test]
+fn a_lease_ends_by_itself_and_the_block_goes_back_where_it_was() {
+    let p = pool(64 << 10);
+    let soon = std::time::Instant::now() + std::time::Duration::from_millis(20);
+    for i in 0..3 {
+        put(&p, key(i), i as u8, 16 << 10).unwrap();
+    }
+    p.hold(&key(0), soon).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    // Past its end: key 0, the coldest, goes first again.
+    assert_eq!(p.evict_bytes(1).1, 1);
+    assert!(!p.contains(&key(0)));
+    assert!(p.contains(&key(1)) && p.contains(&key(2)));
+    assert_eq!(p.held(), 0);
+}
+
+#[test]
 fn removed_block_stays_readable_while_leased() {
     let p = pool(1 << 20);
     put(&p, key(1), 9, 4096).unwrap();

@@ -498,17 +498,26 @@ class MooncakeDistributedStore:
         return self.batch_is_exist([key])[0]
 
     def batch_is_exist(self, keys: List[str]) -> List[int]:
-        try:
-            return [1 if e else 0 for e in self._c.exists(keys)]
-        except (mooncake_store.StoreError, TypeError, ValueError):
-            return [-1] * len(keys)
+        """1 for each key stored, 0 for one not, -1 if the store could not
+        be asked. As in Mooncake, each key found is leased: the daemons
+        holding it keep it from eviction for their ``kv_lease_ttl``
+        (default 5 s; Mooncake's ``default_kv_lease_ttl``), so that the
+        load an engine plans on it finds it. A key evicted after the index
+        answered is reported 0 (vLLM's selective lease looks for that)."""
+        return self._exists(keys, lease=True)
 
     def batch_probe_key(self, keys: List[str]) -> List[int]:
         """``batch_is_exist`` without a lease, as Mooncake's newer releases
         have it (vLLM 0.34 probes with it when
-        ``VLLM_MOONCAKE_STORE_SELECTIVE_LEASE`` is set). Here no lookup
-        leases an object, so the two answer alike."""
-        return self.batch_is_exist(keys)
+        ``VLLM_MOONCAKE_STORE_SELECTIVE_LEASE`` is set, then leases only
+        what it will load, with ``batch_is_exist``)."""
+        return self._exists(keys, lease=False)
+
+    def _exists(self, keys: List[str], lease: bool) -> List[int]:
+        try:
+            return [1 if e else 0 for e in self._c.exists(keys, lease=lease)]
+        except (mooncake_store.StoreError, TypeError, ValueError):
+            return [-1] * len(keys)
 
     def get_size(self, key: str) -> int:
         try:

@@ -620,12 +620,22 @@ impl Client {
         Ok(out)
     }
 
-    /// Whether each key is stored.
-    fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+    /// Whether each key is stored. With `lease`, each daemon holding a
+    /// key found keeps it from eviction for its `kv_lease_ttl` (as
+    /// Mooncake's `batch_is_exist`), and a key evicted since the index
+    /// answered is reported missing.
+    #[pyo3(signature = (keys, lease = false))]
+    fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, lease: bool) -> PyResult<Vec<bool>> {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
-        py.detach(|| self.run(client.exists(ns, &hashes)))
-            .map_err(codes::to_py)
+        py.detach(|| {
+            if lease {
+                self.run(client.exists_leased(ns, &hashes))
+            } else {
+                self.run(client.exists(ns, &hashes))
+            }
+        })
+        .map_err(codes::to_py)
     }
 
     /// Size in bytes of each key's block (`None`: not stored).

@@ -1,0 +1,98 @@
+//! Leases for a time: a client that found a block (Mooncake's
+//! `batch_is_exist`, which vLLM's scheduler calls before it plans a load)
+//! keeps it from eviction until it has read it, or the lease runs out.
+//! Unlike a pin, nobody ends a lease: it ends by itself, so a client that
+//! goes away holds nothing for long. Taking a lease again extends it.
+//!
+//! A held block is off the LRU, as a pinned or leased one is; a heap of
+//! deadlines (one entry per held block) puts it back when its lease ends,
+//! checked before each eviction. Its recency is not changed by the lease:
+//! it goes back where its last read left it.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Instant;
+
+use mooncake_proto::BlockKey;
+
+use super::{stored_mut, DramPool, Inner, PoolError};
+
+/// The deadlines of held blocks, earliest first.
+#[derive(Default)]
+pub(super) struct Holds {
+    /// (deadline in ms since the pool's epoch, key): at most one entry
+    /// per held block, whose own deadline may since have moved later.
+    due: BinaryHeap<Reverse<(u64, BlockKey)>>,
+    /// Blocks held now.
+    pub(super) held: u64,
+}
+
+impl DramPool {
+    /// Keeps a stored block from eviction until `until` (or later, if it
+    /// is already held longer).
+    pub fn hold(&self, key: &BlockKey, until: Instant) -> Result<(), PoolError> {
+        let until = self.ms_since_epoch(until);
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let block = stored_mut(&mut inner.blocks, key)?;
+        if block.held_until != 0 {
+            block.held_until = block.held_until.max(until);
+            return Ok(());
+        }
+        if block.evictable() {
+            inner.lru.remove(block.stamp);
+        }
+        block.held_until = until;
+        inner.holds.held += 1;
+        inner.holds.due.push(Reverse((until, key.clone())));
+        Ok(())
+    }
+
+    /// Blocks held by leases that have not run out, as of the last
+    /// eviction or `held` call.
+    pub fn held(&self) -> u64 {
+        let mut inner = self.inner.lock();
+        self.expire_holds(&mut inner);
+        inner.holds.held
+    }
+
+    /// Ends the leases that have run out: their blocks go back on the LRU
+    /// (if nothing else keeps them off it).
+    pub(super) fn expire_holds(&self, inner: &mut Inner) {
+        if inner.holds.due.is_empty() {
+            return;
+        }
+        let now = self.ms_since_epoch(Instant::now());
+        while let Some(Reverse((due, _))) = inner.holds.due.peek() {
+            if *due > now {
+                break;
+            }
+            let Reverse((_, key)) = inner.holds.due.pop().expect("just peeked");
+            let Some(block) = inner.blocks.get_mut(&key) else {
+                continue;
+            };
+            if block.held_until == 0 {
+                // Removed and stored again since: not held.
+                continue;
+            }
+            if block.held_until > now {
+                // Extended: due again later.
+                let until = block.held_until;
+                inner.holds.due.push(Reverse((until, key)));
+                continue;
+            }
+            block.held_until = 0;
+            inner.holds.held -= 1;
+            if block.evictable() {
+                let (stamp, tenant, queue) = (block.stamp, block.tenant, block.queue);
+                Self::lru_insert(inner, stamp, &key, tenant, queue);
+            }
+        }
+    }
+
+    /// Whole milliseconds from the pool's epoch to `at`, plus one: 0 is
+    /// left to mean "not held".
+    fn ms_since_epoch(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_millis() as u64 + 1
+    }
+}
