@@ -61,3 +61,27 @@ def test_a_chain_of_blocks_made_of_pieces_is_evicted_from_its_tail():
             time.sleep(0.05)
         assert client.match_prefix(chain) == 2
         assert client.get(chain[1]) == pool[2 * half : 4 * half].tobytes()
+
+
+def test_a_leased_match_keeps_its_chain_through_a_full_pool(tmp_path):
+    """`match_prefix(lease=True)`, as the native connectors check a prefix
+    before they load it: the chain it matched stays while newer blocks
+    fill the pool many times over; an unleased one goes. A key evicted
+    since the index answered ends a leased match (the daemon says so)."""
+    config = tmp_path / "store.toml"
+    config.write_text('[daemon]\nkv_lease_ttl = "10m"\n')
+    with single_host_store("4MiB", "--config", str(config)) as meta:
+        client = mooncake_store.Client(meta, namespace="t/leased-chain")
+        block = 256 << 10
+        leased = mooncake_store.block_hashes(list(range(48)), 16)
+        other = mooncake_store.block_hashes(list(range(100, 148)), 16)
+        assert client.put_chain(leased, [bytes([i]) * block for i in range(3)]) == [0, 0, 0]
+        assert client.put_chain(other, [b"o" * block] * 3) == [0, 0, 0]
+        assert client.match_prefix(leased, lease=True) == 3
+        assert client.match_prefix(other) == 3
+        for i in range(64):
+            client.put(f"filler-{i}", b"f" * block)
+        assert client.match_prefix(leased, lease=True) == 3
+        assert [client.get(h) for h in leased] == [bytes([i]) * block for i in range(3)]
+        assert client.match_prefix(other, lease=True) == 0
+        assert client.exists(other, lease=True) == [False] * 3

@@ -18,9 +18,38 @@ impl Client {
         hashes: &[BlockHash],
     ) -> Result<Vec<bool>, ClientError> {
         let locs = self.lookup(namespace, hashes).await?;
+        let found: Vec<Option<&Location>> = locs.items.iter().map(Option::as_ref).collect();
+        Ok(self.hold_found(namespace, hashes, &found).await)
+    }
+
+    /// `match_prefix`, its matched blocks leased as `exists_leased` leases
+    /// them: the match ends before the first of them found gone.
+    pub async fn match_prefix_leased(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+    ) -> Result<PrefixMatch, ClientError> {
+        let mut m = self.match_prefix(namespace, hashes).await?;
+        let found: Vec<Option<&Location>> = m.locations.iter().map(Some).collect();
+        let held = self
+            .hold_found(namespace, &hashes[..m.matched], &found)
+            .await;
+        m.matched = held.iter().take_while(|&&h| h).count();
+        m.locations.truncate(m.matched);
+        Ok(m)
+    }
+
+    /// Leases each key found (`found`: where the index says it is) on
+    /// every daemon holding a copy; whether each is still stored.
+    async fn hold_found(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+        found: &[Option<&Location>],
+    ) -> Vec<bool> {
         // The positions of each daemon's keys.
         let mut on: HashMap<u32, Vec<usize>> = HashMap::new();
-        for (i, loc) in locs.items.iter().enumerate() {
+        for (i, loc) in found.iter().enumerate() {
             for d in loc.iter().flat_map(|l| l.daemons.iter()) {
                 on.entry(d).or_default().push(i);
             }
@@ -42,15 +71,15 @@ impl Client {
             }
         }
         let mut out = Vec::with_capacity(hashes.len());
-        for ((hash, loc), gone) in hashes.iter().zip(&locs.items).zip(gone) {
-            let found = loc.as_ref().is_some_and(|l| gone < l.daemons.len());
-            if loc.is_some() && !found {
+        for ((hash, loc), gone) in hashes.iter().zip(found).zip(gone) {
+            let stored = loc.is_some_and(|l| gone < l.daemons.len());
+            if loc.is_some() && !stored {
                 self.locations
                     .forget(&BlockKey::new(namespace.clone(), *hash));
             }
-            out.push(found);
+            out.push(stored);
         }
-        Ok(out)
+        out
     }
 
     /// Leases `hashes` on one daemon; its status for each.

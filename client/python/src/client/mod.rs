@@ -543,11 +543,27 @@ impl Client {
     }
 
     /// How many leading keys of a chain are stored, in one round trip.
-    fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+    /// With `lease`, the daemons holding them keep them from eviction for
+    /// their `kv_lease_ttl`, so that a load planned on the match finds
+    /// them (one round trip more); the match ends before a key evicted
+    /// since the index answered.
+    #[pyo3(signature = (keys, lease = false))]
+    fn match_prefix(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        lease: bool,
+    ) -> PyResult<usize> {
         let hashes = hashes_of(keys)?;
         let (client, ns) = (&self.inner, &self.namespace);
         let m = py
-            .detach(|| self.run(client.match_prefix(ns, &hashes)))
+            .detach(|| {
+                if lease {
+                    self.run(client.match_prefix_leased(ns, &hashes))
+                } else {
+                    self.run(client.match_prefix(ns, &hashes))
+                }
+            })
             .map_err(codes::to_py)?;
         Ok(m.matched)
     }

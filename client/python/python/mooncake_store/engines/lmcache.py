@@ -15,7 +15,9 @@ API:
 - LMCache's prefix lookup (`batched_contains`, `batched_async_contains`:
   how many leading chunks of a request are stored) is one `match_prefix`
   round trip, where the `mooncakestore` connector asks one `is_exist` per
-  chunk, one after another.
+  chunk, one after another; and a lease on what it matched (one round
+  trip more: the daemons keep those chunks from eviction for their
+  `kv_lease_ttl` until LMCache retrieves them).
 - A batch of chunks is written as a chain (each chunk names the one
   before: LMCache stores a request's chunks in order), so that daemons evict
   a request's chunks from the tail and keep the heads others match. The
@@ -87,7 +89,7 @@ class MooncakeStoreRemote(RemoteConnector):
 
     def exists_sync(self, key: CacheEngineKey) -> bool:
         try:
-            return self.client.exists([key.to_string()])[0]
+            return self.client.exists([key.to_string()], lease=True)[0]
         except mooncake_store.StoreError as err:
             log.warning("exists: %s", err)
             return False
@@ -96,12 +98,13 @@ class MooncakeStoreRemote(RemoteConnector):
         return True
 
     def batched_contains(self, keys: List[CacheEngineKey]) -> int:
-        """How many leading chunks are stored: one round trip."""
+        """How many leading chunks are stored, leased until LMCache
+        retrieves them: two round trips."""
         if not keys:
             return 0
         names = [k.to_string() for k in keys]
         try:
-            matched = self.client.match_prefix(names)
+            matched = self.client.match_prefix(names, lease=True)
         except mooncake_store.StoreError as err:
             log.warning("batched_contains: %s", err)
             return 0

@@ -9,7 +9,9 @@ backend that SGLang loads by its own plug-in mechanism, without a patch:
 What it does beyond SGLang's `mooncake` backend on the compatible API:
 
 - A request's prefix check (`batch_exists`) is one `match_prefix` round
-  trip, instead of one existence check per object.
+  trip, instead of one existence check per object, and a lease on what it
+  matched (one round trip more: the daemons keep those pages from
+  eviction for their `kv_lease_ttl` until SGLang's prefetch reads them).
 - Pages are written as a chain (`prefix_keys` names the page before), so
   that a daemon evicts a chain from its tail and keeps the heads that other
   requests match.
@@ -159,13 +161,14 @@ class MooncakeStoreHiCache(HiCacheStorage):
     # -- the calls HiCache makes -------------------------------------------
 
     def batch_exists(self, keys: List[str], extra_info=None) -> int:
-        """How many leading pages are stored: one round trip."""
+        """How many leading pages are stored, leased until the prefetch
+        reads them: two round trips."""
         if not keys:
             return 0
         if self._anchor_only():
             return len(keys)
         try:
-            return self.client.match_prefix(self._names(keys)) // (self.pieces if self.split else 1)
+            return self.client.match_prefix(self._names(keys), lease=True) // (self.pieces if self.split else 1)
         except mooncake_store.StoreError as err:
             log.warning("batch_exists: %s", err)
             return 0
@@ -272,7 +275,7 @@ class MooncakeStoreHiCache(HiCacheStorage):
                 names += self._side_names(keys[:kv], str(transfer.name))
             spans.append((start, len(names)))
         try:
-            found = self.client.exists(names) if names else []
+            found = self.client.exists(names, lease=True) if names else []
         except mooncake_store.StoreError as err:
             log.warning("batch_exists_v2: %s", err)
             found = [False] * len(names)

@@ -13,8 +13,11 @@ What it does:
   store's events name the same blocks as vLLM's. One object holds a block
   of every layer on one rank.
 - A request's prefix check is one `match_prefix` round trip per rank, in
-  the scheduler, before vLLM allocates blocks; the hit is loaded into
-  vLLM's paged KV cache before the forward pass that needs it.
+  the scheduler, before vLLM allocates blocks, and a lease on what it
+  matched (one round trip more: the daemons keep those blocks from
+  eviction for their `kv_lease_ttl`, as Mooncake's `batch_is_exist`
+  does); the hit is loaded into vLLM's paged KV cache before the forward
+  pass that needs it.
 - Every block that fills (prompt and generated tokens) is written after the
   forward pass that computed it, as a chain (each block names the one
   before), so that daemons evict a request's blocks from the tail and keep
@@ -378,7 +381,7 @@ class _SchedulerSide:
             keys = [_key(h) for h in hashes[:loadable]]
             try:
                 # Every rank must hold a block for it to be loaded.
-                stored = min(c.match_prefix(keys) for c in self.clients)
+                stored = min(c.match_prefix(keys, lease=True) for c in self.clients)
             except mooncake_store.StoreError as err:
                 log.warning("prefix check of %s: %s", request.request_id, err)
                 stored = 0
