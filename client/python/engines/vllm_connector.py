@@ -31,7 +31,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from vllm.config import (
     CacheConfig,
@@ -295,6 +297,7 @@ def main() -> None:
     preemption(model_dir, meta, namespace)
     if os.environ.get("MOONCAKE_BIN"):
         store_restarted(model_dir, os.environ["MOONCAKE_BIN"])
+        leases(model_dir, os.environ["MOONCAKE_BIN"])
     print("vLLM native connector: ok")
 
 
@@ -395,15 +398,20 @@ class OwnStore:
     """A `mooncake-store up` of this driver's, on fixed ports, to kill and
     start again."""
 
-    def __init__(self, binary: str):
+    def __init__(self, binary: str, dram: str = "256MiB", config: str | None = None):
         self.binary = binary
         self.meta, self.daemon = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        self.args = ["--dram", dram]
+        if config is not None:
+            toml = Path(tempfile.mkdtemp(prefix="vllm-native-"), "store.toml")
+            toml.write_text(config)
+            self.args += ["--config", str(toml)]
         self.proc = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [self.binary, "up", "--meta-listen", self.meta, "--listen", self.daemon,
-             "--admin", "", "--dram", "256MiB"],
+             "--admin", "", *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         # Ready when a put lands: the meta service answers, and its daemon
@@ -471,3 +479,37 @@ def store_restarted(model_dir: str, binary: str) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def leases(model_dir: str, binary: str) -> None:
+    """7. What the prefix check matched is still in the store at the load,
+    however much the store took in between: the connector leases it
+    (`match_prefix(lease=True)`, as Mooncake's `batch_is_exist` leases what
+    it finds), for the daemon's `kv_lease_ttl`. A 4 MiB store, into which
+    another client puts 16 MiB between the check and the load."""
+    store = OwnStore(binary, dram="4MiB", config='[daemon]\nkv_lease_ttl = "10m"\n')
+    store.start()
+    try:
+        prompt = [(i * 23 + 5) % 1000 for i in range(200)]
+        a = Engine(model_dir, store.meta, "vllm-lease")
+        a.add("l1", prompt, max_tokens=2)
+        a.finish()
+        b = Engine(model_dir, store.meta, "vllm-lease")
+        b.add("l2", prompt + [7] * 8, max_tokens=2)
+        out = b.schedule()  # the prefix check: 12 blocks matched, leased
+        other = mooncake_store.Client(store.meta, namespace="filler")
+
+        def fill() -> None:
+            for i in range(64):
+                other.put(f"filler-{i}", b"f" * (256 << 10))
+
+        scheduled = b.run(out, before_load=fill)
+        assert not b.load_errors, sorted(b.load_errors)
+        assert scheduled["l2"] == 208 - 192, scheduled
+        b.finish()
+        for engine in (a, b):
+            engine.close()
+        print("  leases: 192 tokens matched by the prefix check loaded exactly after 16 MiB went into a 4 MiB store")
+    finally:
+        if store.proc is not None and store.proc.poll() is None:
+            store.kill()
