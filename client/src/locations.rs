@@ -107,6 +107,19 @@ impl LocationCache {
         }
     }
 
+    /// The daemons holding `key` as last seen, without counting a read.
+    pub fn peek_daemons(&self, namespace: &Namespace, hashes: &[BlockHash]) -> Vec<Vec<u32>> {
+        let map = self.map.lock();
+        hashes
+            .iter()
+            .map(|h| {
+                let key = BlockKey::new(namespace.clone(), *h);
+                map.get(&key)
+                    .map_or_else(Vec::new, |hint| hint.location.daemons.iter().collect())
+            })
+            .collect()
+    }
+
     pub fn forget(&self, key: &BlockKey) {
         self.map.lock().remove(key);
     }
@@ -151,5 +164,19 @@ mod tests {
         );
         aged.insert(key(1), loc());
         assert_eq!(aged.get(&key(1)), Some(loc()), "learned again");
+    }
+
+    #[test]
+    fn a_peek_names_the_daemons_and_counts_no_read() {
+        let c = LocationCache::new(4, Duration::ZERO);
+        c.insert(key(1), loc());
+        let ns = key(1).namespace;
+        for _ in 0..2 * REREAD {
+            let seen = c.peek_daemons(&ns, &[key(1).hash, key(2).hash]);
+            assert_eq!(seen, vec![vec![1], vec![]]);
+        }
+        for _ in 0..REREAD {
+            assert_eq!(c.get(&key(1)), Some(loc()), "peeks were not reads");
+        }
     }
 }

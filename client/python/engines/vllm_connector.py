@@ -477,10 +477,6 @@ def store_restarted(model_dir: str, binary: str) -> None:
             store.kill()
 
 
-if __name__ == "__main__":
-    main()
-
-
 def leases(model_dir: str, binary: str) -> None:
     """7. What the prefix check matched is still in the store at the load,
     however much the store took in between: the connector leases it
@@ -513,3 +509,7 @@ def leases(model_dir: str, binary: str) -> None:
     finally:
         if store.proc is not None and store.proc.poll() is None:
             store.kill()
+
+
+if __name__ == "__main__":
+    main()
