@@ -75,10 +75,10 @@ pub struct DaemonConfig {
     /// How long a client that found a block (Mooncake's `batch_is_exist`,
     /// which vLLM's and SGLang's connectors call before they load) keeps
     /// it from eviction, so that the load finds it; as Mooncake's master
-    /// flag `default_kv_lease_ttl`. A lookup again extends it. Held blocks
-    /// count against the pool: with every block held, a put is refused
-    /// until leases end. At most 10 minutes; 0s: a lookup leases nothing.
-    /// Default 5s.
+    /// flag `default_kv_lease_ttl`. A lookup again extends it. Leases hold
+    /// at most half the DRAM pool; past it a block found is not leased, so
+    /// puts always have room. At most 10 minutes; 0s: a lookup leases
+    /// nothing. Default 5s.
     pub kv_lease_ttl: HumanDuration,
     /// With `auth`: most connections at once that have not presented a
     /// valid token yet. Past it the oldest of them is closed to make room,

@@ -106,6 +106,7 @@ struct PoolCollector {
     tenant_used: IntGaugeVec,
     tenant_quota: IntGaugeVec,
     quota_evictions: IntCounter,
+    holds_refused: IntCounter,
     /// What 2Q did (`EvictionEvents`), by event.
     eviction_events: IntCounterVec,
     /// 2Q's probation: bytes held, and the most it holds now.
@@ -207,6 +208,11 @@ impl PoolCollector {
             descs.extend(c.desc().into_iter().cloned());
         }
         descs.extend(quota_evictions.desc().into_iter().cloned());
+        let holds_refused = IntCounter::new(
+            "mooncake_daemon_holds_refused_total",
+            "Blocks a lookup found but could not lease: leases held half the pool.",
+        )?;
+        descs.extend(holds_refused.desc().into_iter().cloned());
         let eviction_events = IntCounterVec::new(
             Opts::new(
                 "mooncake_daemon_eviction_events_total",
@@ -266,6 +272,7 @@ impl PoolCollector {
             tenant_used,
             tenant_quota,
             quota_evictions,
+            holds_refused,
             eviction_events,
             probation,
             nvme_events,
@@ -378,6 +385,7 @@ impl Collector for PoolCollector {
             }
         }
         bump(self.quota_evictions.clone(), pool.quota_evictions());
+        bump(self.holds_refused.clone(), pool.holds_refused());
         let ev = pool.eviction_events();
         for (event, n) in [
             ("probation_admitted", ev.probation_admitted),
@@ -408,6 +416,7 @@ impl Collector for PoolCollector {
             out.extend(c.collect());
         }
         out.extend(self.evictions.collect());
+        out.extend(self.holds_refused.collect());
         if pool.eviction() == crate::pool::Eviction::TwoQ {
             out.extend(self.eviction_events.collect());
             out.extend(self.probation.collect());

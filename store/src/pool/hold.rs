@@ -8,6 +8,12 @@
 //! deadlines (one entry per held block) puts it back when its lease ends,
 //! checked before each eviction. Its recency is not changed by the lease:
 //! it goes back where its last read left it.
+//!
+//! Leases hold at most half of the pool (`MAX_HELD_SHARE`): past it a
+//! block is found but not held (`Busy`, counted), so that lookups of a
+//! long queue of waiting requests, renewed at every scheduler step, never
+//! leave puts without room (in Mooncake they can: every put is then
+//! refused until leases end).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -15,7 +21,10 @@ use std::time::Instant;
 
 use mooncake_proto::BlockKey;
 
-use super::{stored_mut, DramPool, Inner, PoolError};
+use super::{stored_mut, DramPool, Inner, PoolError, UNIT};
+
+/// Leases hold at most 1 / this of the pool's units.
+const MAX_HELD_SHARE: u64 = 2;
 
 /// The deadlines of held blocks, earliest first.
 #[derive(Default)]
@@ -23,8 +32,19 @@ pub(super) struct Holds {
     /// (deadline in ms since the pool's epoch, key): at most one entry
     /// per held block, whose own deadline may since have moved later.
     due: BinaryHeap<Reverse<(u64, BlockKey)>>,
-    /// Blocks held now.
+    /// Blocks held now, and their units.
     pub(super) held: u64,
+    pub(super) held_units: u64,
+    /// Holds refused because leases held their share of the pool.
+    refused: u64,
+}
+
+impl Holds {
+    /// A held block of `units` left the pool, or its lease ended.
+    pub(super) fn ended(&mut self, units: u64) {
+        self.held -= 1;
+        self.held_units -= units;
+    }
 }
 
 impl DramPool {
@@ -39,13 +59,30 @@ impl DramPool {
             block.held_until = block.held_until.max(until);
             return Ok(());
         }
+        let units = inner.alloc.allocation_size(block.alloc) as u64;
+        let cap = self.region.len() as u64 / UNIT / MAX_HELD_SHARE;
+        if inner.holds.held_units + units > cap {
+            self.expire_holds(inner);
+            if inner.holds.held_units + units > cap {
+                inner.holds.refused += 1;
+                return Err(PoolError::Busy);
+            }
+        }
+        let block = stored_mut(&mut inner.blocks, key)?;
         if block.evictable() {
             inner.lru.remove(block.stamp);
         }
         block.held_until = until;
         inner.holds.held += 1;
+        inner.holds.held_units += units;
         inner.holds.due.push(Reverse((until, key.clone())));
         Ok(())
+    }
+
+    /// Holds refused since start because leases held their share of the
+    /// pool.
+    pub fn holds_refused(&self) -> u64 {
+        self.inner.lock().holds.refused
     }
 
     /// Blocks held by leases that have not run out, as of the last
@@ -82,7 +119,8 @@ impl DramPool {
                 continue;
             }
             block.held_until = 0;
-            inner.holds.held -= 1;
+            let units = inner.alloc.allocation_size(block.alloc) as u64;
+            inner.holds.ended(units);
             if block.evictable() {
                 let (stamp, tenant, queue) = (block.stamp, block.tenant, block.queue);
                 Self::lru_insert(inner, stamp, &key, tenant, queue);

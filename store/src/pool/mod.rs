@@ -659,7 +659,8 @@ impl DramPool {
             inner.pinned -= 1;
         }
         if block.held_until != 0 {
-            inner.holds.held -= 1;
+            let units = inner.alloc.allocation_size(block.alloc) as u64;
+            inner.holds.ended(units);
         }
         if block.leases > 0 {
             inner.doomed.insert(

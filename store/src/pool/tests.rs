@@ -266,6 +266,24 @@ fn a_held_block_outlives_eviction_until_its_lease_ends() {
 }
 
 #[test]
+fn leases_hold_at_most_half_the_pool_so_puts_keep_room() {
+    let p = pool(64 << 10);
+    let hour = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    for i in 0..3 {
+        put(&p, key(i), i as u8, 16 << 10).unwrap();
+    }
+    let held: Vec<_> = (0..3).map(|i| p.hold(&key(i), hour)).collect();
+    assert_eq!(held, [Ok(()), Ok(()), Err(PoolError::Busy)]);
+    assert_eq!((p.held(), p.holds_refused()), (2, 1));
+    // Taken again, a lease held is extended, not refused.
+    assert_eq!(p.hold(&key(0), hour), Ok(()));
+    // A put finds room: the block not held goes, the held ones stay.
+    put(&p, key(9), 9, 24 << 10).unwrap();
+    assert!(p.contains(&key(0)) && p.contains(&key(1)));
+    assert!(!p.contains(&key(2)));
+}
+
+#[test]
 fn a_lease_ends_by_itself_and_the_block_goes_back_where_it_was() {
     let p = pool(64 << 10);
     let soon = std::time::Instant::now() + std::time::Duration::from_millis(20);
