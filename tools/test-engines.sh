@@ -68,7 +68,8 @@ printf '[meta]\nevents_int_hashes = true\n' >"$STORE_CONFIG"
 start_store 1GiB --events "$EVENTS" --events-replay "$REPLAY" --config "$STORE_CONFIG"
 
 echo "== client/python/engines/sglang_hicache.py"
-"$VENV/bin/python" -W ignore client/python/engines/sglang_hicache.py "$META"
+# MOONCAKE_BIN: a small store of its own, filled between a lookup and a read.
+MOONCAKE_BIN="$BIN" "$VENV/bin/python" -W ignore client/python/engines/sglang_hicache.py "$META"
 echo "== SGLang's own test of its Mooncake backend (sglang.srt.mem_cache.storage.mooncake_store.test_mooncake_store)"
 # As SGLang's docs run it: set up from MOONCAKE_* variables, each store
 # contributing a segment (here a daemon of this package beside it).

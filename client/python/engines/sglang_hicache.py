@@ -13,7 +13,11 @@ native backend's extra config. Then a hybrid model's pools as SGLang's
 HybridCacheController hands them to a backend (the KV pool as anchor and
 a Mamba state pool through `register_mem_host_pool_v2`), driven through
 `batch_set_v2` / `batch_exists_v2` / `batch_get_v2` with SGLang's
-`trailing_pages` policy, on both backends. Run by `tools/test-engines.sh`.
+`trailing_pages` policy, on both backends. With MOONCAKE_BIN, on a store
+of 4 MiB of its own: pages HiCache's prefix check found are still there
+when its prefetch reads them, though another client put 16 MiB in
+between (both backends lease what the check finds, as Mooncake's
+`batch_is_exist` does). Run by `tools/test-engines.sh`.
 
 Usage: python sglang_hicache.py META_ADDR
 """
@@ -21,9 +25,13 @@ Usage: python sglang_hicache.py META_ADDR
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 import torch
+
+import mooncake_store
+from own_store import small_store
 
 from sglang.srt.mem_cache.device_pool_info import (
     KVBufferLayout,
@@ -200,6 +208,29 @@ def hybrid_round_trip(store, kv_pool, mamba_pool) -> int:
     return pages
 
 
+def leased_until_read(meta: str, backend) -> int:
+    """HiCache checks a prefix, then another client fills the store four
+    times over, then HiCache's prefetch reads the pages: all there, exact.
+    Returns the pages."""
+    pool = mha_host_pool()
+    store = backend(meta, pool, False)
+    pages = 32
+    keys = [f"{i + 5000:064x}" for i in range(pages)]
+    src = torch.arange(0, pages * PAGE, dtype=torch.int64)
+    dst = torch.arange(pages * PAGE, 2 * pages * PAGE, dtype=torch.int64)
+    raw = pool.kv_buffer.view(torch.uint8)
+    raw.copy_(torch.randint(0, 255, raw.shape, dtype=torch.uint8))
+    assert store.batch_set_v1(keys, src) == [True] * pages
+    assert store.batch_exists(keys) == pages
+    other = mooncake_store.Client(meta, namespace="filler")
+    for i in range(64):
+        other.put(f"filler-{i}", b"f" * (256 << 10))
+    assert store.batch_get_v1(keys, dst) == [True] * pages, "pages the check found were evicted"
+    assert pages_bytes(pool, src) == pages_bytes(pool, dst), "pages differ"
+    store.clear()
+    return pages
+
+
 def main() -> None:
     meta = sys.argv[1]
     for name, backend in (("sglang's MooncakeStore", sglang_mooncake),
@@ -216,6 +247,11 @@ def main() -> None:
         store.register_mem_host_pool_v2(mamba_pool, PoolName.MAMBA)
         n = hybrid_round_trip(store, kv_pool, mamba_pool)
         print(f"{name}, hybrid MHA + Mamba pools (v2): {n} pages, trailing states checked, read back byte for byte")
+        if os.environ.get("MOONCAKE_BIN"):
+            with small_store("4MiB", '[daemon]\nkv_lease_ttl = "10m"\n') as own:
+                n = leased_until_read(own, backend)
+            print(f"{name}, leases: {n} pages the prefix check found read back exactly after 16 MiB"
+                  " went into a 4 MiB store")
 
 
 if __name__ == "__main__":

@@ -33,12 +33,10 @@ Usage: python vllm_store_connector.py META_ADDR
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -96,6 +94,7 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from mooncake.store import MooncakeDistributedStore  # noqa: E402
+from own_store import small_store  # noqa: E402
 from vllm_harness import (  # noqa: E402
     BLOCK, BLOCKS, HEADS, Requests, check_kv, kv_cache_config, kv_caches, runner_output, write_kv,
 )
@@ -527,35 +526,6 @@ def tensor_parallel(model_dir: str, mooncake_json: str) -> None:
     assert loaded == 13 * BLOCK and not j.load_errors, (loaded, j.load_errors)
     j.close()
     print(f"  a TP 2 instance loaded {loaded} tokens, 3 blocks' shards of them saved by TP 1, both ranks bytes exact")
-
-
-@contextlib.contextmanager
-def small_store(dram: str, config: str):
-    """A store of its own (`mooncake-store up`, from MOONCAKE_BIN) with
-    `dram` of memory and `config` as its TOML; its meta address."""
-    meta = f"127.0.0.1:{free_port()}"
-    toml = Path(tempfile.mkdtemp(prefix="vllm-mooncake-"), "store.toml")
-    toml.write_text(config)
-    proc = subprocess.Popen(
-        [os.environ["MOONCAKE_BIN"], "up", "--meta-listen", meta, "--listen", f"127.0.0.1:{free_port()}",
-         "--admin", "", "--dram", dram, "--config", str(toml)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            store = MooncakeDistributedStore()
-            ready = store.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta) == 0
-            ready = ready and store.put("readiness", b"x") == 0 and store.remove("readiness") == 0
-            store.close()
-            if ready:
-                break
-            assert time.monotonic() < deadline and proc.poll() is None, "the small store did not start"
-            time.sleep(0.1)
-        yield meta
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def leases(model_dir: str) -> None:

@@ -1,0 +1,52 @@
+"""A store of a driver's own: `mooncake-store up` from MOONCAKE_BIN, on
+free loopback ports, with the memory and the config a case needs (a small
+pool that fills, a lease time), stopped when the case is done."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import mooncake_store
+
+START_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def small_store(dram: str, config: str):
+    """`dram` of memory and `config` as its TOML; yields its meta address
+    once its daemon stores blocks."""
+    meta = f"127.0.0.1:{free_port()}"
+    toml = Path(tempfile.mkdtemp(prefix="mooncake-own-store-"), "store.toml")
+    toml.write_text(config)
+    proc = subprocess.Popen(
+        [os.environ["MOONCAKE_BIN"], "up", "--meta-listen", meta, "--listen", f"127.0.0.1:{free_port()}",
+         "--admin", "", "--dram", dram, "--config", str(toml)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + START_S
+        while True:
+            try:
+                probe = mooncake_store.Client(meta, namespace="probe", timeout=1.0)
+                probe.put("readiness", b"x")
+                probe.remove(["readiness"])
+                break
+            except mooncake_store.StoreError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the driver's own store did not start"
+                time.sleep(0.1)
+        yield meta
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
