@@ -139,16 +139,23 @@ def native(meta: str, pool, mla: bool):
     return store
 
 
+def pages_to_copy(pool, pages: int, first: int = 0):
+    """Keys for `pages` pages, the pool's pages to write them from and the
+    others to read them into; the pool filled with random bytes."""
+    keys = [f"{i + first:064x}" for i in range(pages)]
+    src = torch.arange(0, pages * PAGE, dtype=torch.int64)
+    dst = torch.arange(pages * PAGE, 2 * pages * PAGE, dtype=torch.int64)
+    raw = pool.kv_buffer.view(torch.uint8)
+    raw.copy_(torch.randint(0, 255, raw.shape, dtype=torch.uint8))
+    return keys, src, dst
+
+
 def round_trip(store, pool) -> int:
     """Stores 32 pages of `pool` through `store`, checks the prefix as
     HiCache does, reads them into 32 other pages and compares the bytes;
     returns the pages."""
     pages = 32
-    keys = [f"{i:064x}" for i in range(pages)]
-    src = torch.arange(0, pages * PAGE, dtype=torch.int64)
-    dst = torch.arange(pages * PAGE, 2 * pages * PAGE, dtype=torch.int64)
-    raw = pool.kv_buffer.view(torch.uint8)
-    raw.copy_(torch.randint(0, 255, raw.shape, dtype=torch.uint8))
+    keys, src, dst = pages_to_copy(pool, pages)
     assert pages_bytes(pool, src) != pages_bytes(pool, dst)
     assert store.batch_exists(keys) == 0, "nothing stored yet"
     assert store.batch_set_v1(keys, src) == [True] * pages
@@ -215,11 +222,7 @@ def leased_until_read(meta: str, backend) -> int:
     pool = mha_host_pool()
     store = backend(meta, pool, False)
     pages = 32
-    keys = [f"{i + 5000:064x}" for i in range(pages)]
-    src = torch.arange(0, pages * PAGE, dtype=torch.int64)
-    dst = torch.arange(pages * PAGE, 2 * pages * PAGE, dtype=torch.int64)
-    raw = pool.kv_buffer.view(torch.uint8)
-    raw.copy_(torch.randint(0, 255, raw.shape, dtype=torch.uint8))
+    keys, src, dst = pages_to_copy(pool, pages, first=5000)
     assert store.batch_set_v1(keys, src) == [True] * pages
     assert store.batch_exists(keys) == pages
     other = mooncake_store.Client(meta, namespace="filler")
