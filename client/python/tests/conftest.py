@@ -37,15 +37,23 @@ def binary() -> str:
 TEST_PORTS = range(20_000, 32_000)
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
+    """A port free now and never handed out before in this process: a
+    store's ports are all picked before any of its servers binds."""
     while True:
         port = random.choice(TEST_PORTS)
+        if port in _GIVEN:
+            continue
         with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             try:
                 tcp.bind(("127.0.0.1", port))
                 udp.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        _GIVEN.add(port)
         return port
 
 

@@ -27,13 +27,23 @@ pub fn repo(rel: &str) -> std::path::PathBuf {
 /// ports, and hands a just-released port straight out again.
 const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
 
-/// A loopback port free right now, for TCP and UDP (QUIC) alike.
+/// A loopback port free right now, for TCP and UDP (QUIC) alike, and
+/// never one this process handed out before: a cluster's servers get
+/// their ports before any of them binds, so a port free at each pick
+/// could otherwise go to two of them (seen: a daemon given its meta
+/// replica's port, "Address already in use").
 pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     loop {
         let port = TEST_PORTS.start + rand::random::<u16>() % (TEST_PORTS.end - TEST_PORTS.start);
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if given.contains(&port) {
+            continue;
+        }
         let tcp = TcpListener::bind(("127.0.0.1", port));
         let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
         if tcp.is_ok() && udp.is_ok() {
+            given.push(port);
             return port;
         }
     }
