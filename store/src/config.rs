@@ -96,8 +96,8 @@ pub struct DaemonConfig {
     pub nvme_engine: crate::io::EngineKind,
     /// Transfers in flight on the NVMe tier. Default 32.
     pub nvme_depth: u32,
-    /// A block read from NVMe this many times goes back to DRAM (0: never).
-    /// Default 2.
+    /// A block read from NVMe this many times goes back to DRAM, as does
+    /// one a lookup's lease finds there (0: never). Default 2.
     pub promote_after: u32,
     /// Shares of the DRAM pool per tenant, e.g. `{ acme = 0.5, globex =
     /// 0.25 }`: a tenant's blocks (its namespace and those below it) never

@@ -91,6 +91,12 @@ impl DaemonHandle {
         self.tiers.nvme_totals()
     }
 
+    /// Blocks a lease found only on the NVMe drives: brought back to DRAM,
+    /// and left there (`Tiers::prefetches`).
+    pub fn lease_prefetches(&self) -> (u64, u64) {
+        self.tiers.prefetches()
+    }
+
     /// Blocks on each NVMe drive, in configuration order.
     pub fn nvme_blocks_per_drive(&self) -> Vec<usize> {
         self.tiers.nvme.iter().map(|d| d.blocks()).collect()

@@ -107,6 +107,8 @@ struct PoolCollector {
     tenant_quota: IntGaugeVec,
     quota_evictions: IntCounter,
     holds_refused: IntCounter,
+    /// Blocks a lease found on a drive: brought back to DRAM, or not.
+    prefetches: IntCounterVec,
     /// What 2Q did (`EvictionEvents`), by event.
     eviction_events: IntCounterVec,
     /// 2Q's probation: bytes held, and the most it holds now.
@@ -213,6 +215,16 @@ impl PoolCollector {
             "Blocks a lookup found but could not lease: leases held half the pool.",
         )?;
         descs.extend(holds_refused.desc().into_iter().cloned());
+        let prefetches = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_lease_prefetches_total",
+                "Blocks a lease found only on the NVMe drives: brought back to DRAM \
+                 and held there for the reader (brought), or left on the drive: \
+                 the queue full, or DRAM without room (skipped).",
+            ),
+            &["outcome"],
+        )?;
+        descs.extend(prefetches.desc().into_iter().cloned());
         let eviction_events = IntCounterVec::new(
             Opts::new(
                 "mooncake_daemon_eviction_events_total",
@@ -273,6 +285,7 @@ impl PoolCollector {
             tenant_quota,
             quota_evictions,
             holds_refused,
+            prefetches,
             eviction_events,
             probation,
             nvme_events,
@@ -386,6 +399,9 @@ impl Collector for PoolCollector {
         }
         bump(self.quota_evictions.clone(), pool.quota_evictions());
         bump(self.holds_refused.clone(), pool.holds_refused());
+        let (brought, skipped) = tiers.prefetches();
+        bump(self.prefetches.with_label_values(&["brought"]), brought);
+        bump(self.prefetches.with_label_values(&["skipped"]), skipped);
         let ev = pool.eviction_events();
         for (event, n) in [
             ("probation_admitted", ev.probation_admitted),
@@ -426,6 +442,7 @@ impl Collector for PoolCollector {
         if tiers.nvme_totals().is_some() {
             out.extend(self.io_errors.collect());
             out.extend(self.drives_full.collect());
+            out.extend(self.prefetches.collect());
             if pool.eviction() == crate::pool::Eviction::TwoQ {
                 out.extend(self.nvme_events.collect());
                 out.extend(self.nvme_probation.collect());

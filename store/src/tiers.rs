@@ -23,6 +23,8 @@ use tokio_util::task::TaskTracker;
 use crate::nvme::{NvmeTier, TierError};
 use crate::pool::{Demoted, DramPool, PoolError, Room, WriteSlot};
 
+mod prefetch;
+
 /// Blocks waiting to be written to NVMe. The pool's byte budget is the real
 /// bound; this only caps the count of small blocks.
 const DEMOTION_QUEUE: usize = 4096;
@@ -42,6 +44,11 @@ pub struct Tiers {
     nvme_hits: AtomicU64,
     nvme_misses: AtomicU64,
     promotions: AtomicU64,
+    /// Blocks a lease found on a drive, to bring back to DRAM (`None`:
+    /// no drives, or a daemon that never promotes).
+    prefetch: Option<prefetch::Queue>,
+    prefetched: AtomicU64,
+    prefetch_skipped: AtomicU64,
     /// Reads per block, for the meta service's hot blocks.
     pub hot: crate::hot::HotReads,
     /// Blocks whose fastest tier may have changed since the last report.
@@ -96,6 +103,9 @@ impl Tiers {
             nvme_hits: AtomicU64::new(0),
             nvme_misses: AtomicU64::new(0),
             promotions: AtomicU64::new(0),
+            prefetch: None,
+            prefetched: AtomicU64::new(0),
+            prefetch_skipped: AtomicU64::new(0),
             hot: Default::default(),
             moved: Mutex::new(Vec::new()),
             tags: Mutex::new(HashMap::new()),
@@ -105,9 +115,10 @@ impl Tiers {
     }
 
     /// DRAM over NVMe drives, with demotion on eviction; a block read from
-    /// NVMe `promote_after` times goes back to DRAM (0: never).
-    /// The demoter runs in a task of `tasks` until `shutdown`, writing
-    /// what it was given before it ends.
+    /// NVMe `promote_after` times, or found there by a lease, goes back to
+    /// DRAM (0: never). The demoter and the lease's reads run in tasks of
+    /// `tasks` until `shutdown`, the demoter writing what it was given
+    /// before it ends.
     pub fn with_nvme(
         dram: Arc<DramPool>,
         drives: Vec<Arc<NvmeTier>>,
@@ -117,14 +128,18 @@ impl Tiers {
         assert!(!drives.is_empty(), "an NVMe tier has at least one drive");
         let (tx, rx) = mpsc::channel(DEMOTION_QUEUE);
         dram.demote_to(tx);
-        let tiers = Self::new(dram, drives, promote_after);
+        let mut tiers = Self::new(dram, drives, promote_after);
+        if promote_after > 0 {
+            tiers.prefetch = Some(prefetch::Queue::default());
+        }
         let found: HashMap<_, _> = tiers.nvme.iter().flat_map(|d| d.take_tags()).collect();
         if !found.is_empty() {
             tiers.tagged.store(true, Ordering::Relaxed);
             *tiers.tags.lock() = found;
         }
         let tiers = Arc::new(tiers);
-        tasks.spawn(demoter(tiers.clone(), rx, shutdown));
+        tasks.spawn(demoter(tiers.clone(), rx, shutdown.clone()));
+        tasks.spawn(prefetch::run(tiers.clone(), shutdown));
         tiers
     }
 
@@ -178,14 +193,7 @@ impl Tiers {
             return Some((bytes.to_vec(), sum));
         }
         let drive = self.nvme.iter().find(|d| d.contains(key))?;
-        let found = match drive.get(key).await {
-            Ok(found) => found,
-            Err(err) => {
-                tracing::warn!(%key, %err, "NVMe read failed; a miss");
-                None
-            }
-        };
-        let Some((bytes, sum)) = found else {
+        let Some((bytes, sum)) = read_drive(drive, key).await else {
             self.nvme_misses.fetch_add(1, Ordering::Relaxed);
             return None;
         };
@@ -209,17 +217,21 @@ impl Tiers {
         *n
     }
 
-    /// Copies a hot block back into DRAM (it stays on NVMe too).
-    fn promote(&self, key: &BlockKey, bytes: &[u8], sum: u64) {
+    /// Copies a block read from below back into DRAM (it stays on NVMe
+    /// too); whether it went.
+    fn promote(&self, key: &BlockKey, bytes: &[u8], sum: u64) -> bool {
         self.hits.lock().remove(key);
-        if let Ok(mut slot) = self.dram.reserve(key.clone(), bytes.len() as u64, sum) {
-            slot.buf_mut().copy_from_slice(bytes);
-            slot.set_parent(self.nvme.iter().find_map(|d| d.parent_of(key)));
-            if slot.commit().is_ok() {
-                self.promotions.fetch_add(1, Ordering::Relaxed);
-                self.note_moved(key.clone());
-            }
+        let Ok(mut slot) = self.dram.reserve(key.clone(), bytes.len() as u64, sum) else {
+            return false;
+        };
+        slot.buf_mut().copy_from_slice(bytes);
+        slot.set_parent(self.nvme.iter().find_map(|d| d.parent_of(key)));
+        if slot.commit().is_err() {
+            return false;
         }
+        self.promotions.fetch_add(1, Ordering::Relaxed);
+        self.note_moved(key.clone());
+        true
     }
 
     /// Room in DRAM for a put of `key` (its writer's length and checksum),
@@ -420,18 +432,21 @@ impl Tiers {
         self.tags.lock().len()
     }
 
-    /// Removes a block from every tier; `false` if none held it.
     /// Leases a stored block until `until`: kept in DRAM until then. A
     /// block already on its way to the NVMe drives, or only there, is
-    /// found but not held (the drives' own order evicts it); `NotFound`
-    /// where no tier has it.
+    /// found, and brought back to DRAM and held there in the background
+    /// (`prefetch`); `NotFound` where no tier has it.
     pub fn hold(&self, key: &BlockKey, until: std::time::Instant) -> Result<(), PoolError> {
         match self.dram.hold(key, until) {
-            Err(PoolError::NotFound) if self.on_nvme(key) || self.dram.is_demoting(key) => Ok(()),
+            Err(PoolError::NotFound) if self.on_nvme(key) || self.dram.is_demoting(key) => {
+                self.prefetch(key, until);
+                Ok(())
+            }
             held => held,
         }
     }
 
+    /// Removes a block from every tier; `false` if none held it.
     pub fn remove(&self, key: &BlockKey) -> bool {
         let in_dram = self.dram.remove(key).is_ok();
         let mut on_nvme = false;
@@ -554,6 +569,18 @@ impl Tiers {
     }
 }
 
+/// A block's bytes and checksum from `drive`; `None` where it does not
+/// have them or could not read them (logged).
+async fn read_drive(drive: &NvmeTier, key: &BlockKey) -> Option<(Vec<u8>, u64)> {
+    match drive.get(key).await {
+        Ok(found) => found,
+        Err(err) => {
+            tracing::warn!(%key, %err, "NVMe read failed; a miss");
+            None
+        }
+    }
+}
+
 /// Writes demoted blocks to NVMe, a few at a time per drive; a block that
 /// cannot be written, or that a drive evicts and DRAM does not hold, is
 /// reported gone.
@@ -669,125 +696,4 @@ fn parents_first(blocks: Vec<InventoryBlock>) -> Vec<InventoryBlock> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use mooncake_proto::{BlockHash, Namespace};
-
-    #[test]
-    fn a_blocks_tag_is_kept_while_a_tier_holds_it_and_reported_in_the_inventory() {
-        use crate::pool::PoolConfig;
-        let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
-        let tiers = Tiers::dram_only(pool.clone());
-        let key = |i: u8| BlockKey::new(Namespace::new("t").unwrap(), BlockHash([i; 32]));
-        let put = |i: u8| {
-            let bytes = vec![i; 4096];
-            let mut slot = pool
-                .reserve(key(i), 4096, mooncake_proto::checksum::checksum(&bytes))
-                .unwrap();
-            slot.buf_mut().copy_from_slice(&bytes);
-            slot.commit().unwrap();
-        };
-        let tag = |n: u64| {
-            Some(Arc::new(
-                EngineTag::new(
-                    Some(mooncake_proto::message::EngineHash::Int(n)),
-                    vec![1, 2],
-                )
-                .unwrap(),
-            ))
-        };
-        for i in 1..=3 {
-            put(i);
-            tiers.set_tag(&key(i), tag(u64::from(i)));
-        }
-        let inventory = tiers.inventory();
-        let of = |i: u8| {
-            inventory
-                .iter()
-                .find(|b| b.key == key(i))
-                .unwrap()
-                .tag
-                .clone()
-        };
-        assert_eq!((of(1), of(3)), (tag(1), tag(3)));
-        // A removal takes it; a report of a block gone that is held again
-        // (put anew since) does not; one of a block gone does.
-        assert!(tiers.remove(&key(1)));
-        tiers.forget_tags(&[key(2)]);
-        assert_eq!(tiers.tags_kept(), 2);
-        pool.remove(&key(2)).unwrap();
-        tiers.forget_tags(&[key(2)]);
-        assert_eq!(tiers.tags_kept(), 1);
-        // Bytes put again without a tag lose the old one.
-        tiers.set_tag(&key(3), None);
-        assert_eq!(tiers.tags_kept(), 0);
-    }
-
-    #[test]
-    fn tags_are_kept_as_far_as_the_leaders_events_use_them() {
-        use crate::pool::PoolConfig;
-        let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
-        let tiers = Tiers::dram_only(pool);
-        let key = |i: u8| BlockKey::new(Namespace::new("t").unwrap(), BlockHash([i; 32]));
-        let hashed = EngineTag::new(Some(mooncake_proto::message::EngineHash::Int(7)), vec![])
-            .unwrap()
-            .with_key("k-1")
-            .unwrap();
-        let key_only = EngineTag::default().with_key("k-2").unwrap();
-        let kept = |i: u8| tiers.tags.lock().get(&key(i)).cloned();
-        tiers.set_tag(&key(1), Some(Arc::new(hashed.clone())));
-        tiers.set_tag(&key(2), Some(Arc::new(key_only.clone())));
-        assert_eq!(tiers.tags_kept(), 2, "whole tags before any leader said");
-        // vLLM's format: keys go, and a tag that was only a key with them.
-        tiers.keep_tags(KeepTags::WithoutKeys);
-        assert_eq!(tiers.tags_kept(), 1);
-        assert_eq!(kept(1).unwrap().key, None);
-        assert_eq!(kept(1).unwrap().hash, hashed.hash);
-        tiers.set_tag(&key(2), Some(Arc::new(key_only.clone())));
-        assert_eq!(tiers.tags_kept(), 1, "a key alone is not kept");
-        // Mooncake's: whole tags again.
-        tiers.keep_tags(KeepTags::WithKeys);
-        tiers.set_tag(&key(2), Some(Arc::new(key_only)));
-        assert_eq!(kept(2).unwrap().key.as_deref(), Some("k-2"));
-        // Events off: nothing, now or later.
-        tiers.keep_tags(KeepTags::No);
-        assert_eq!(tiers.tags_kept(), 0);
-        tiers.set_tag(&key(1), Some(Arc::new(hashed)));
-        assert_eq!(tiers.tags_kept(), 0);
-    }
-
-    #[test]
-    fn an_inventory_lists_each_block_after_the_parent_it_holds() {
-        let ns = Namespace::new("t").unwrap();
-        let h = |i: u8| BlockHash([i; 32]);
-        let block = |i: u8, parent: Option<u8>| InventoryBlock {
-            key: BlockKey::new(ns.clone(), h(i)),
-            size: 1,
-            checksum: 0,
-            tier: Tier::Dram,
-            parent: parent.map(h),
-            tag: None,
-        };
-        // Chains 1 <- 2 <- 3 <- 4 and 1 <- 5; 7 names 6, which is not held.
-        let shuffled = vec![
-            block(4, Some(3)),
-            block(7, Some(6)),
-            block(2, Some(1)),
-            block(5, Some(1)),
-            block(3, Some(2)),
-            block(1, None),
-        ];
-        let order: Vec<u8> = parents_first(shuffled)
-            .iter()
-            .map(|b| b.key.hash.0[0])
-            .collect();
-        assert_eq!(order.len(), 6, "{order:?}");
-        let pos = |i: u8| order.iter().position(|&x| x == i).unwrap();
-        for (child, parent) in [(2, 1), (3, 2), (4, 3), (5, 1)] {
-            assert!(
-                pos(parent) < pos(child),
-                "{parent} before {child}: {order:?}"
-            );
-        }
-    }
-}
+mod tests;

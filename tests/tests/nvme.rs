@@ -16,14 +16,20 @@ fn hash(i: u64) -> BlockHash {
     BlockHash::from_opaque(&i.to_le_bytes())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_working_set_four_times_dram_is_served_from_nvme_and_survives_a_restart() {
+/// A new folder for a test's drives.
+fn drive_dir(test: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
-        "mooncake-tier-{}-{}",
+        "mooncake-{test}-{}-{}",
         std::process::id(),
         rand::random::<u32>()
     ));
     std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_working_set_four_times_dram_is_served_from_nvme_and_survives_a_restart() {
+    let dir = drive_dir("tier");
     let mut cfg = daemon_config(8 << 20);
     cfg.nvme = vec![
         format!("{}:32MiB", dir.join("drive0.bin").display()),
@@ -139,12 +145,7 @@ async fn a_working_set_four_times_dram_is_served_from_nvme_and_survives_a_restar
 /// that prefix-aware eviction still sees it as part of its chain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_promoted_from_nvme_keeps_its_parent() {
-    let dir = std::env::temp_dir().join(format!(
-        "mooncake-promote-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = drive_dir("promote");
     let mut cfg = daemon_config(4 << 20);
     cfg.nvme = vec![format!("{}:32MiB", dir.join("drive.bin").display())];
     cfg.promote_after = 2;
@@ -193,12 +194,7 @@ async fn a_block_promoted_from_nvme_keeps_its_parent() {
 /// while its process stops), so that a next daemon opens the same drive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_daemon_releases_its_drive_while_its_metrics_registry_lives_on() {
-    let dir = std::env::temp_dir().join(format!(
-        "mooncake-release-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = drive_dir("release");
     let mut cfg = daemon_config(8 << 20);
     cfg.nvme = vec![format!("{}:16MiB", dir.join("drive.bin").display())];
     let start = |stop: tokio_util::sync::CancellationToken, registry: prometheus::Registry| {
@@ -230,5 +226,65 @@ async fn a_stopped_daemon_releases_its_drive_while_its_metrics_registry_lives_on
         "the drive is still held: {:?}",
         second.err().map(|e| e.to_string())
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A lease that finds a block only on the drive (vLLM's scheduler looking
+/// a request up) brings it back to DRAM and holds it there, so that the
+/// load that follows reads DRAM, however much is put meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_a_lease_finds_on_nvme_is_brought_back_and_held_for_its_reader() {
+    let dir = drive_dir("prefetch");
+    let mut cfg = daemon_config(4 << 20);
+    cfg.nvme = vec![format!("{}:64MiB", dir.join("drive.bin").display())];
+    // Long enough that only the lease's own rule can end it in this test.
+    cfg.kv_lease_ttl = mooncake_proto::units::HumanDuration(Duration::from_secs(600));
+    let cluster = TestCluster::start_with(fast_meta(), vec![cfg]).await;
+    let client = cluster.client();
+    let block = 512 << 10;
+    let fill = |from: u64| {
+        let client = &client;
+        async move {
+            for i in from..from + 16 {
+                let out = client
+                    .put(&ns(), &[(hash(i), &block_bytes(i, block))])
+                    .await
+                    .unwrap();
+                assert_eq!(out, vec![PutOutcome::Stored]);
+            }
+        }
+    };
+    let wanted = hash(7);
+    client
+        .put(&ns(), &[(wanted, &block_bytes(7, block))])
+        .await
+        .unwrap();
+    fill(100).await;
+    let pool = cluster.daemons[0].handle.pool.clone();
+    let key = mooncake_proto::BlockKey::new(ns(), wanted);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            !pool.contains(&key) && cluster.daemons[0].handle.nvme_blocks_per_drive()[0] > 0
+        })
+        .await,
+        "the block was demoted"
+    );
+    assert_eq!(
+        client.exists_leased(&ns(), &[wanted]).await.unwrap(),
+        vec![true]
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async { pool.contains(&key) }).await,
+        "brought back to DRAM"
+    );
+    assert_eq!(cluster.daemons[0].handle.lease_prefetches(), (1, 0));
+    assert!(pool.held() >= 1, "and held");
+    // Twice the pool put meanwhile: the held block stays in DRAM.
+    fill(200).await;
+    fill(300).await;
+    assert!(pool.contains(&key), "held through the puts");
+    let got = client.get(&key).await.unwrap().unwrap();
+    assert!(got == block_bytes(7, block));
+    drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,223 @@
+//! Blocks a lease found only on the NVMe drives, brought back to DRAM
+//! before their reader comes. A lease says a read follows (vLLM's
+//! scheduler looks a request's blocks up, and its worker loads them a
+//! scheduler step or more later): a block found on a drive is read from
+//! it in that gap, put back in DRAM and held there for the rest of its
+//! lease, so that the load is a DRAM hit (through shared memory on the
+//! same host) instead of a drive read, and no eviction of the drive takes
+//! it meanwhile.
+//!
+//! Bounded: at most `MAX_QUEUED` blocks wait (more are not brought, and
+//! counted), `READS_IN_FLIGHT` drive reads at once, and a block comes back
+//! only where the demotion queue has room for what its place in DRAM
+//! evicts (as for a put, waiting `ROOM_WAIT` at most). A daemon set never
+//! to promote (`promote_after = 0`) brings nothing back either.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use mooncake_proto::BlockKey;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::Tiers;
+
+/// Blocks waiting to be brought back, at most.
+const MAX_QUEUED: usize = 4096;
+/// Drive reads for leases in flight at once.
+const READS_IN_FLIGHT: usize = 8;
+/// Longest a block brought back waits for the demotion queue to have room
+/// for what its place in DRAM evicts.
+const ROOM_WAIT: Duration = Duration::from_secs(1);
+
+/// Blocks to bring back to DRAM, each with the end of its lease, and those
+/// being read now: a block is read once however often it is leased
+/// meanwhile (vLLM looks a waiting request up again at every step).
+#[derive(Default)]
+pub(super) struct Queue {
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: HashMap<BlockKey, Instant>,
+    reading: HashSet<BlockKey>,
+}
+
+impl Queue {
+    /// Asks for `key` to come back to DRAM and be held until `until`;
+    /// `false` where the queue is full. A key already waiting keeps the
+    /// later of its two deadlines.
+    fn push(&self, key: &BlockKey, until: Instant) -> bool {
+        let mut state = self.state.lock();
+        if let Some(due) = state.waiting.get_mut(key) {
+            *due = (*due).max(until);
+            return true;
+        }
+        if state.waiting.len() >= MAX_QUEUED {
+            return false;
+        }
+        state.waiting.insert(key.clone(), until);
+        drop(state);
+        self.wake.notify_one();
+        true
+    }
+
+    /// Up to `n` waiting blocks that are not being read, taken off the
+    /// queue and marked read until `done`.
+    fn take(&self, n: usize) -> Vec<(BlockKey, Instant)> {
+        let mut state = self.state.lock();
+        let State { waiting, reading } = &mut *state;
+        let keys: Vec<BlockKey> = waiting
+            .keys()
+            .filter(|k| !reading.contains(*k))
+            .take(n)
+            .cloned()
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| {
+                reading.insert(k.clone());
+                waiting.remove_entry(&k)
+            })
+            .collect()
+    }
+
+    /// `key` was read (and brought back, or not).
+    fn done(&self, key: &BlockKey) {
+        self.state.lock().reading.remove(key);
+    }
+}
+
+impl Tiers {
+    /// A lease found `key` on a drive (or on its way there): bring it back
+    /// to DRAM and hold it until `until`, in the background.
+    pub(super) fn prefetch(&self, key: &BlockKey, until: Instant) {
+        let Some(queue) = &self.prefetch else {
+            return;
+        };
+        if !queue.push(key, until) {
+            self.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads `key` from the drive (or the demotion queue), puts it back in
+    /// DRAM and holds it there until `until` (where leases hold less than
+    /// their share of DRAM: else it comes back unheld, newest in DRAM's
+    /// order, as a put). Nothing where the lease has run out, the block
+    /// is in DRAM already (then only held), no tier has it, or DRAM could
+    /// not take it without dropping what it evicts.
+    async fn bring_back(&self, key: &BlockKey, until: Instant) {
+        if until <= Instant::now() || self.dram.hold(key, until).is_ok() {
+            return;
+        }
+        let lower = match self.dram.get_demoting(key) {
+            Some((bytes, sum)) => Some((bytes.to_vec(), sum)),
+            None => match self.nvme.iter().find(|d| d.contains(key)) {
+                Some(drive) => super::read_drive(drive, key).await,
+                None => None,
+            },
+        };
+        let Some((bytes, sum)) = lower else {
+            return;
+        };
+        let len = bytes.len() as u64;
+        // As a put: what its place in DRAM evicts must have room to go to
+        // the drives (waiting a little for the demotion queue).
+        let _gate = self.room_to_demote(len, ROOM_WAIT).await;
+        let no_room = self.dram.would_evict(len) && !self.dram.has_demotion_room(len);
+        if self.dram.contains(key) || no_room {
+            // Put again meanwhile (that copy is the current one), or no
+            // room: read where it lies.
+            let _ = self.dram.hold(key, until);
+            self.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.promote(key, &bytes, sum) {
+            self.prefetched.fetch_add(1, Ordering::Relaxed);
+            let _ = self.dram.hold(key, until);
+        }
+    }
+
+    /// Blocks brought back to DRAM for a lease, and those a lease found on
+    /// a drive that were not (the queue full, or DRAM without room).
+    pub fn prefetches(&self) -> (u64, u64) {
+        (
+            self.prefetched.load(Ordering::Relaxed),
+            self.prefetch_skipped.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Brings back what leases found on the drives, a few reads at a time,
+/// until `shutdown`.
+pub(super) async fn run(tiers: Arc<Tiers>, shutdown: CancellationToken) {
+    let Some(queue) = tiers.prefetch.as_ref() else {
+        return;
+    };
+    let mut reads = FuturesUnordered::new();
+    loop {
+        for (key, until) in queue.take(READS_IN_FLIGHT - reads.len()) {
+            let tiers = tiers.clone();
+            reads.push(async move {
+                tiers.bring_back(&key, until).await;
+                key
+            });
+        }
+        tokio::select! {
+            Some(key) = reads.next(), if !reads.is_empty() => queue.done(&key),
+            _ = queue.wake.notified(), if reads.len() < READS_IN_FLIGHT => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mooncake_proto::{BlockHash, Namespace};
+
+    fn key(i: u32) -> BlockKey {
+        BlockKey::new(
+            Namespace::new("t").unwrap(),
+            BlockHash::from_opaque(&i.to_le_bytes()),
+        )
+    }
+
+    #[test]
+    fn the_queue_keeps_each_key_once_with_its_latest_deadline_and_refuses_past_its_bound() {
+        let q = Queue::default();
+        let now = Instant::now();
+        let later = now + std::time::Duration::from_secs(5);
+        assert!(q.push(&key(1), now));
+        assert!(q.push(&key(1), later));
+        assert!(q.push(&key(1), now), "an earlier deadline changes nothing");
+        assert_eq!(q.take(10), vec![(key(1), later)]);
+        assert!(q.take(10).is_empty(), "taken off the queue");
+        for i in 0..MAX_QUEUED as u32 {
+            assert!(q.push(&key(i), now));
+        }
+        assert!(!q.push(&key(u32::MAX), now), "full");
+        assert!(q.push(&key(0), later), "a key waiting already is no more");
+        assert_eq!(q.take(3).len(), 3);
+        assert!(q.push(&key(u32::MAX), now), "room again");
+    }
+
+    #[test]
+    fn a_block_being_read_is_not_taken_again_until_its_read_is_done() {
+        let q = Queue::default();
+        let now = Instant::now();
+        assert!(q.push(&key(1), now));
+        assert_eq!(q.take(8), vec![(key(1), now)]);
+        // Leased again while it is read: it waits, not read twice at once.
+        assert!(q.push(&key(1), now));
+        assert!(q.push(&key(2), now));
+        assert_eq!(q.take(8), vec![(key(2), now)]);
+        q.done(&key(1));
+        assert_eq!(q.take(8), vec![(key(1), now)]);
+    }
+}
