@@ -473,6 +473,7 @@ def main() -> None:
     tensor_parallel(model_dir, standalone)
     if os.environ.get("MOONCAKE_BIN"):
         leases(model_dir)
+        drive_blocks(model_dir)
     print("vLLM MooncakeStoreConnector: ok")
 
 
@@ -597,6 +598,84 @@ def leases(model_dir: str) -> None:
     print(
         "  leases: 192 tokens found by a lookup loaded exactly after 16 MiB went into a 4 MiB store;"
         f" vLLM's selective lease: a block lost after the probe, the {loaded} tokens before it loaded exactly"
+    )
+
+
+def replica_kinds(store: MooncakeDistributedStore, keys: list[str]) -> set[str]:
+    """How each of `keys` is stored now, as vLLM's load summary reads it:
+    "memory" or "disk" (only on a daemon's drive)."""
+    descs = store.batch_get_replica_desc(keys)
+    return {"disk" if descs[k][0].is_disk_replica() else "memory" for k in keys}
+
+
+def eventually(check, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def drive_blocks(model_dir: str) -> None:
+    """9. Blocks that went down to the daemon's NVMe drive: vLLM's lookup
+    (`batch_is_exist`, a lease) has the daemon read them back into DRAM and
+    hold them there, before the load that follows, which then reads DRAM
+    (vLLM's load summary counts them as memory keys, not disk keys). A
+    4 MiB store over a 64 MiB drive: the blocks one instance saved go to
+    the drive under another client's 16 MiB; another instance then serves
+    the same prompt."""
+    drive = Path(tempfile.mkdtemp(prefix="vllm-mooncake-drive-"), "drive.bin")
+    config = f'[daemon]\nkv_lease_ttl = "10m"\nnvme = ["{drive}:64MiB"]\n'
+    with small_store("4MiB", config) as meta:
+        mooncake_json = mooncake_config(meta)
+        other = MooncakeDistributedStore()
+        assert other.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta) == 0
+        prompt = [(i * 47 + 3) % 1000 for i in range(200)]
+        a = Engine(model_dir, mooncake_json)
+        a.run("d1", prompt, max_tokens=2)
+        a.close()
+        for i in range(64):
+            assert other.put(f"drive-filler-{i}", b"f" * (256 << 10)) == 0
+
+        b = Engine(model_dir, mooncake_json)
+        store = b.local.worker.connector_worker.store
+        exists, found = store.batch_is_exist, []
+
+        def looking_up(keys: list[str]) -> list[int]:
+            # Before vLLM's lookup: every block it will find lies on the
+            # drive only (demotions are written in the background). Asked
+            # without a lease, which would bring them back itself.
+            stored = [k for k, e in zip(keys, other.batch_probe_key(keys)) if e == 1]
+            if stored and not found:
+                eventually(lambda: replica_kinds(other, stored) == {"disk"}, "blocks on the drive")
+            answer = exists(keys)
+            found.extend(k for k, e in zip(keys, answer) if e == 1 and k not in found)
+            return answer
+
+        store.batch_is_exist = looking_up
+        brought: list[bool] = []
+
+        def brought_back() -> None:
+            # The step whose schedule gave the request its blocks to load:
+            # the lease brought them back to DRAM before the load.
+            if not brought and b.scheduler.requests["d2"].status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                eventually(lambda: replica_kinds(other, found) == {"memory"}, "blocks back in DRAM")
+                brought.append(True)
+
+        b.add("d2", prompt + [7] * 8, max_tokens=2)
+        deadline = time.monotonic() + DEADLINE_S
+        while not brought:
+            assert time.monotonic() < deadline, "the lookup found nothing to load"
+            b.step(before_load=brought_back)
+            time.sleep(0.01)
+        b.finish()
+        assert not b.load_errors and b.counted("load_get_failed_keys") == 0, b.load_errors
+        loaded = b.loaded["d2"]
+        assert loaded == 192, loaded
+        b.close()
+        other.close()
+    print(
+        f"  drive blocks: {len(found)} blocks vLLM's lookup found only on the daemon's drive were back in DRAM"
+        f" before its load; {loaded} tokens loaded exactly"
     )
 
 
