@@ -115,9 +115,22 @@ impl Tiers {
         if until <= Instant::now() || self.dram.hold(key, until).is_ok() {
             return;
         }
+        let drive = self.nvme.iter().find(|d| d.contains(key));
+        let stored = drive
+            .and_then(|d| d.record_of(key))
+            .map(|(len, _)| u64::from(len));
+        if let Some(len) = stored {
+            if !self.demotion_room_within(len, ROOM_WAIT).await {
+                // Not read at all while writes keep the drives busy: vLLM
+                // looks a waiting request up again at every step, and each
+                // lookup would read its blocks again for nothing.
+                self.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
         let lower = match self.dram.get_demoting(key) {
             Some((bytes, sum)) => Some((bytes.to_vec(), sum)),
-            None => match self.nvme.iter().find(|d| d.contains(key)) {
+            None => match drive {
                 Some(drive) => super::read_drive(drive, key).await,
                 None => None,
             },
@@ -141,6 +154,20 @@ impl Tiers {
             self.prefetched.fetch_add(1, Ordering::Relaxed);
             let _ = self.dram.hold(key, until);
         }
+    }
+
+    /// Whether a block of `len` bytes can come into DRAM without dropping
+    /// what it evicts (the demotion queue has room for it), waiting at
+    /// most `within` for that.
+    async fn demotion_room_within(&self, len: u64, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.dram.would_evict(len) && !self.dram.has_demotion_room(len) {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
     }
 
     /// Blocks brought back to DRAM for a lease, and those a lease found on
