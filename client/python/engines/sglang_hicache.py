@@ -17,7 +17,9 @@ a Mamba state pool through `register_mem_host_pool_v2`), driven through
 of 4 MiB of its own: pages HiCache's prefix check found are still there
 when its prefetch reads them, though another client put 16 MiB in
 between (both backends lease what the check finds, as Mooncake's
-`batch_is_exist` does). Run by `tools/test-engines.sh`.
+`batch_is_exist` does); and pages that went down to that store's NVMe
+drive are back in DRAM when SGLang's backend reads them, its prefix check
+having leased them. Run by `tools/test-engines.sh`.
 
 Usage: python sglang_hicache.py META_ADDR
 """
@@ -27,6 +29,9 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import torch
 
@@ -234,6 +239,54 @@ def leased_until_read(meta: str, backend) -> int:
     return pages
 
 
+def on_drive_until_read(meta: str) -> int:
+    """SGLang's backend sets pages; another client's 16 MiB pushes them to
+    the drive of a 4 MiB store (checked without a lease: they lie on the
+    drive only); HiCache's prefix check (`batch_is_exist`, a lease) has the
+    daemon read them back into DRAM before the read, which is exact.
+    Returns the pages."""
+    from mooncake.store import MooncakeDistributedStore
+
+    def kinds(keys: list[str]) -> set[str]:
+        descs = other.batch_get_replica_desc(keys)
+        return {"disk" if descs[k][0].is_disk_replica() else "memory" for k in keys}
+
+    def eventually(check, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    pool = mha_host_pool()
+    store = sglang_mooncake(meta, pool, False)
+    pages = 32
+    keys, src, dst = pages_to_copy(pool, pages, first=7000)
+    assert store.batch_set_v1(keys, src) == [True] * pages
+    other = MooncakeDistributedStore()
+    assert other.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta) == 0
+    filler = mooncake_store.Client(meta, namespace="filler")
+    for i in range(64):
+        filler.put(f"filler-{i}", b"f" * (256 << 10))
+    inner, found = store.store, []
+    exists = inner.batch_is_exist
+
+    def looking_up(object_keys: list[str]) -> list[int]:
+        stored = [k for k, e in zip(object_keys, other.batch_probe_key(object_keys)) if e == 1]
+        eventually(lambda: kinds(stored) == {"disk"}, "pages on the drive")
+        found.extend(stored)
+        return exists(object_keys)
+
+    inner.batch_is_exist = looking_up
+    assert store.batch_exists(keys) == pages
+    assert found, "the prefix check asked the store"
+    eventually(lambda: kinds(found) == {"memory"}, "pages back in DRAM")
+    assert store.batch_get_v1(keys, dst) == [True] * pages
+    assert pages_bytes(pool, src) == pages_bytes(pool, dst), "pages differ"
+    store.clear()
+    other.close()
+    return pages
+
+
 def main() -> None:
     meta = sys.argv[1]
     for name, backend in (("sglang's MooncakeStore", sglang_mooncake),
@@ -255,6 +308,12 @@ def main() -> None:
                 n = leased_until_read(own, backend)
             print(f"{name}, leases: {n} pages the prefix check found read back exactly after 16 MiB"
                   " went into a 4 MiB store")
+    if os.environ.get("MOONCAKE_BIN"):
+        drive = Path(tempfile.mkdtemp(prefix="sglang-mooncake-drive-"), "drive.bin")
+        with small_store("4MiB", f'[daemon]\nkv_lease_ttl = "10m"\nnvme = ["{drive}:64MiB"]\n') as own:
+            n = on_drive_until_read(own)
+        print(f"sglang's MooncakeStore, drive: {n} pages the prefix check found only on the daemon's drive"
+              " were back in DRAM before the read, read back exactly")
 
 
 if __name__ == "__main__":
