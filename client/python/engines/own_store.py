@@ -1,6 +1,7 @@
 """A store of a driver's own: `mooncake-store up` from MOONCAKE_BIN, on
 free loopback ports, with the memory and the config a case needs (a small
-pool that fills, a lease time), stopped when the case is done."""
+pool that fills, a lease time, a drive), stopped when the case is done;
+and how a case waits for what the store holds to change."""
 
 from __future__ import annotations
 
@@ -59,3 +60,21 @@ def small_store(dram: str, config: str):
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def replica_kinds(store, keys: list[str]) -> set[str]:
+    """How each of `keys` (stored) lies now, as Mooncake's replica
+    descriptors say it (vLLM's load summary reads them): "memory", or
+    "disk" where only a daemon's drive holds it. `store`: a
+    `MooncakeDistributedStore`."""
+    descs = store.batch_get_replica_desc(keys)
+    return {"disk" if descs[k][0].is_disk_replica() else "memory" for k in keys}
+
+
+def eventually(check, what: str, within: float = 60.0) -> None:
+    """Waits until `check()` holds (the daemons report tier moves with
+    their heartbeats); fails with `what` past `within` seconds."""
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)

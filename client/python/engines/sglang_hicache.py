@@ -30,13 +30,12 @@ import ctypes
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 import mooncake_store
-from own_store import small_store
+from own_store import eventually, replica_kinds, small_store
 
 from sglang.srt.mem_cache.device_pool_info import (
     KVBufferLayout,
@@ -247,16 +246,6 @@ def on_drive_until_read(meta: str) -> int:
     Returns the pages."""
     from mooncake.store import MooncakeDistributedStore
 
-    def kinds(keys: list[str]) -> set[str]:
-        descs = other.batch_get_replica_desc(keys)
-        return {"disk" if descs[k][0].is_disk_replica() else "memory" for k in keys}
-
-    def eventually(check, what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not check():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.05)
-
     pool = mha_host_pool()
     store = sglang_mooncake(meta, pool, False)
     pages = 32
@@ -272,14 +261,14 @@ def on_drive_until_read(meta: str) -> int:
 
     def looking_up(object_keys: list[str]) -> list[int]:
         stored = [k for k, e in zip(object_keys, other.batch_probe_key(object_keys)) if e == 1]
-        eventually(lambda: kinds(stored) == {"disk"}, "pages on the drive")
+        eventually(lambda: replica_kinds(other, stored) == {"disk"}, "pages on the drive")
         found.extend(stored)
         return exists(object_keys)
 
     inner.batch_is_exist = looking_up
     assert store.batch_exists(keys) == pages
     assert found, "the prefix check asked the store"
-    eventually(lambda: kinds(found) == {"memory"}, "pages back in DRAM")
+    eventually(lambda: replica_kinds(other, found) == {"memory"}, "pages back in DRAM")
     assert store.batch_get_v1(keys, dst) == [True] * pages
     assert pages_bytes(pool, src) == pages_bytes(pool, dst), "pages differ"
     store.clear()

@@ -94,7 +94,7 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from mooncake.store import MooncakeDistributedStore  # noqa: E402
-from own_store import small_store  # noqa: E402
+from own_store import eventually, replica_kinds, small_store  # noqa: E402
 from vllm_harness import (  # noqa: E402
     BLOCK, BLOCKS, HEADS, Requests, check_kv, kv_cache_config, kv_caches, runner_output, write_kv,
 )
@@ -599,20 +599,6 @@ def leases(model_dir: str) -> None:
         "  leases: 192 tokens found by a lookup loaded exactly after 16 MiB went into a 4 MiB store;"
         f" vLLM's selective lease: a block lost after the probe, the {loaded} tokens before it loaded exactly"
     )
-
-
-def replica_kinds(store: MooncakeDistributedStore, keys: list[str]) -> set[str]:
-    """How each of `keys` is stored now, as vLLM's load summary reads it:
-    "memory" or "disk" (only on a daemon's drive)."""
-    descs = store.batch_get_replica_desc(keys)
-    return {"disk" if descs[k][0].is_disk_replica() else "memory" for k in keys}
-
-
-def eventually(check, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def drive_blocks(model_dir: str) -> None:
