@@ -92,7 +92,7 @@ impl DaemonHandle {
     }
 
     /// Blocks a lease found only on the NVMe drives: brought back to DRAM,
-    /// and left there (`Tiers::prefetches`).
+    /// and left on the drive (`Tiers::prefetches`).
     pub fn lease_prefetches(&self) -> (u64, u64) {
         self.tiers.prefetches()
     }

@@ -219,8 +219,8 @@ impl PoolCollector {
             Opts::new(
                 "mooncake_daemon_lease_prefetches_total",
                 "Blocks a lease found only on the NVMe drives: brought back to DRAM \
-                 and held there for the reader (brought), or left on the drive: \
-                 the queue full, or DRAM without room (skipped).",
+                 for the reader, held there while leases have room (brought), or \
+                 left on the drive: the queue full, or DRAM without room (skipped).",
             ),
             &["outcome"],
         )?;
