@@ -45,6 +45,10 @@ pub enum TierError {
     Index(#[from] rocksdb::Error),
     #[error("its index {} is locked by another process (another daemon on this drive, or one still stopping)", .0.display())]
     InUse(std::path::PathBuf),
+    /// The block was removed, or a newer write of its key began, while it
+    /// was being written: it is not indexed, and its space is free again.
+    #[error("removed or written again while being written")]
+    Cancelled,
 }
 
 /// Where a block lives on the device, as the index records it, and the
@@ -213,6 +217,11 @@ struct State {
     /// Bytes (extents) held by each tenant with a quota, writes in flight
     /// included.
     tenant_used: Vec<u64>,
+    /// Blocks being written, each with the number of its write: a removal
+    /// meanwhile, or a newer write of the key, takes it out, and the write
+    /// then leaves no record (a removed block must not come back).
+    writing: HashMap<BlockKey, u64>,
+    next_write: u64,
 }
 
 /// One NVMe tier: a file or device, its index, and the blocks in it.
@@ -265,6 +274,8 @@ impl NvmeTier {
             blocks: HashMap::new(),
             order: DriveOrder::new(Eviction::Lru, 0.0, capacity),
             tenant_used: Vec::new(),
+            writing: HashMap::new(),
+            next_write: 0,
         };
         let mut dropped = Vec::new();
         let mut tags = Vec::new();
@@ -496,7 +507,8 @@ impl NvmeTier {
     /// Stores a block (a demotion from DRAM, or a direct put), with the
     /// parent and tag it was written with, and whether it is `hot` (it
     /// left DRAM's main queue: see `order`). Evicts in the drive's order
-    /// if it is full; returns the keys it evicted.
+    /// if it is full; returns the keys it evicted. `Cancelled` where the
+    /// key was removed, or written again, before this write ended.
     pub async fn put(
         &self,
         key: &BlockKey,
@@ -512,7 +524,7 @@ impl NvmeTier {
             return Err(TierError::IndexFull);
         }
         let tenant = self.quotas.tenant_of(&key.namespace);
-        let (offset, evicted) = {
+        let (offset, evicted, write) = {
             let mut state = self.state.lock();
             if state.blocks.contains_key(key) {
                 return Ok(Vec::new());
@@ -553,7 +565,11 @@ impl NvmeTier {
             if let Some(t) = tenant {
                 state.tenant_used[t as usize] += extent;
             }
-            (offset, evicted)
+            let write = state.next_write;
+            state.next_write += 1;
+            // A write of the key still in flight is older: this one wins.
+            state.writing.insert(key.clone(), write);
+            (offset, evicted, write)
         };
         let mut buf = AlignedBuf::zeroed(extent as usize);
         buf.as_mut_slice()[..value.len()].copy_from_slice(value);
@@ -571,7 +587,11 @@ impl NvmeTier {
             parent,
             tagged: tag.is_some(),
         };
+        let mut state = self.state.lock();
+        // Indexed under the lock, so that a removal either comes first
+        // (and this write leaves nothing) or finds the record.
         let indexed = match written {
+            _ if state.writing.get(key) != Some(&write) => Err(TierError::Cancelled),
             Ok(n) if n as u64 == extent => self.index(key, &record, tag),
             Ok(n) => Err(self.io_failed(io::Error::new(
                 io::ErrorKind::WriteZero,
@@ -579,7 +599,9 @@ impl NvmeTier {
             ))),
             Err(e) => Err(self.io_failed(e)),
         };
-        let mut state = self.state.lock();
+        if state.writing.get(key) == Some(&write) {
+            state.writing.remove(key);
+        }
         match indexed {
             Ok(()) => {
                 let place = state.order.insert(key, extent, hot);
@@ -648,13 +670,15 @@ impl NvmeTier {
         Ok(Some((bytes.to_vec(), record.checksum)))
     }
 
-    /// Drops a block; `false` if it was not there.
+    /// Drops a block, and stops a write of it in flight from leaving a
+    /// record; `false` if it was neither stored nor being written.
     pub fn remove(&self, key: &BlockKey) -> Result<bool, TierError> {
-        let record = match self.state.lock().blocks.get(key) {
-            Some((r, _)) => *r,
-            None => return Ok(false),
-        };
-        self.remove_record(key, record)?;
+        let mut state = self.state.lock();
+        let writing = state.writing.remove(key).is_some();
+        if !state.blocks.contains_key(key) {
+            return Ok(writing);
+        }
+        self.drop_locked(&mut state, key, false)?;
         Ok(true)
     }
 

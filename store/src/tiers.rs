@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use mooncake_proto::message::{EngineTag, KeepTags, Tier};
 use mooncake_proto::BlockKey;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -53,6 +53,11 @@ pub struct Tiers {
     pub hot: crate::hot::HotReads,
     /// Blocks whose fastest tier may have changed since the last report.
     moved: Mutex<Vec<BlockKey>>,
+    /// Shared by a promotion while it checks that a lower tier still holds
+    /// the bytes it read and puts them in DRAM; exclusive for dropping a
+    /// lower tier's copy (a removal, a put of other bytes). So a block
+    /// removed while it was being read from a drive does not come back.
+    below: RwLock<()>,
     /// What the engine calls each block its writer tagged, while any tier
     /// holds it, for the inventory a new meta leader rebuilds its events
     /// from. A block demoted to a drive keeps its tag there, and a
@@ -108,6 +113,7 @@ impl Tiers {
             prefetch_skipped: AtomicU64::new(0),
             hot: Default::default(),
             moved: Mutex::new(Vec::new()),
+            below: RwLock::new(()),
             tags: Mutex::new(HashMap::new()),
             tagged: std::sync::atomic::AtomicBool::new(false),
             keep_tags: std::sync::atomic::AtomicU8::new(KeepTags::WithKeys as u8),
@@ -221,6 +227,13 @@ impl Tiers {
     /// too); whether it went.
     fn promote(&self, key: &BlockKey, bytes: &[u8], sum: u64) -> bool {
         self.hits.lock().remove(key);
+        // Removed, or replaced by a put of other bytes, since it was read:
+        // those bytes are not the block's any more. Checked and put in
+        // DRAM under `below`, so that neither happens in between.
+        let below = self.below.read();
+        if !self.holds_below(key, sum) {
+            return false;
+        }
         let Ok(mut slot) = self.dram.reserve(key.clone(), bytes.len() as u64, sum) else {
             return false;
         };
@@ -229,6 +242,7 @@ impl Tiers {
         if slot.commit().is_err() {
             return false;
         }
+        drop(below);
         self.promotions.fetch_add(1, Ordering::Relaxed);
         self.note_moved(key.clone());
         true
@@ -304,6 +318,7 @@ impl Tiers {
         checksum: u64,
     ) -> Result<bool, PoolError> {
         let mut same = false;
+        let _below = self.below.write();
         for drive in &self.nvme {
             match drive.record_of(key) {
                 Some((l, sum)) if u64::from(l) == len && sum == checksum => same = true,
@@ -446,9 +461,12 @@ impl Tiers {
         }
     }
 
-    /// Removes a block from every tier; `false` if none held it.
+    /// Removes a block from every tier, with a demotion or a drive write
+    /// of it in flight; `false` if none held it.
     pub fn remove(&self, key: &BlockKey) -> bool {
+        let below = self.below.write();
         let in_dram = self.dram.remove(key).is_ok();
+        let demoting = self.dram.cancel_demotion(key);
         let mut on_nvme = false;
         for drive in &self.nvme {
             on_nvme |= drive.remove(key).unwrap_or_else(|err| {
@@ -456,8 +474,30 @@ impl Tiers {
                 false
             });
         }
+        drop(below);
         self.forget_tags(std::slice::from_ref(key));
-        in_dram || on_nvme
+        in_dram || demoting || on_nvme
+    }
+
+    /// Whether a lower tier (a drive, the demotion queue) holds `key` with
+    /// checksum `sum`.
+    fn holds_below(&self, key: &BlockKey, sum: u64) -> bool {
+        self.dram.demoting_checksum(key) == Some(sum)
+            || self
+                .nvme
+                .iter()
+                .any(|d| d.record_of(key).is_some_and(|(_, s)| s == sum))
+    }
+
+    /// Drops `drive`'s copy of `key` if it has checksum `sum`: a demotion
+    /// written after its block was removed or evicted again.
+    fn drop_written(&self, drive: &NvmeTier, key: &BlockKey, sum: u64) {
+        let _below = self.below.write();
+        if drive.record_of(key).is_some_and(|(_, s)| s == sum) {
+            if let Err(err) = drive.remove(key) {
+                tracing::warn!(%key, %err, "NVMe removal of a block removed on its way failed");
+            }
+        }
     }
 
     /// Every block the daemon holds, with the fastest tier that holds it,
@@ -600,6 +640,12 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
         tokio::select! {
             d = rx.recv(), if open && writes.len() < max_in_flight => match d {
                 Some(demoted) => {
+                    if !tiers.dram.demotion_current(&demoted) {
+                        // Removed on its way, or evicted again since (that
+                        // later demotion is the one written).
+                        tiers.dram.demotion_done(&demoted);
+                        continue;
+                    }
                     if tiers.on_nvme(&demoted.key) {
                         // Promoted earlier, still on its drive.
                         tiers.dram.demotion_done(&demoted);
@@ -628,9 +674,19 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
             Some((i, demoted, written)) = writes.next() => {
                 let len = demoted.bytes.len() as u64;
                 in_flight_bytes[i] -= len;
+                let current = tiers.dram.demotion_current(&demoted);
                 tiers.dram.demotion_done(&demoted);
                 match written {
                     Ok(evicted) => {
+                        if !current {
+                            // Removed (or evicted again) after it was taken
+                            // for writing, before its write began.
+                            let key = &demoted.key;
+                            tiers.drop_written(&tiers.nvme[i], key, demoted.checksum);
+                            if !tiers.contains(key) && !tiers.dram.is_demoting(key) {
+                                tiers.dram.report_removed(key.clone());
+                            }
+                        }
                         tiers.note_moved(demoted.key);
                         for key in evicted {
                             if !tiers.contains(&key) {
@@ -638,6 +694,9 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                             }
                         }
                     }
+                    // Removed, or written again, while being written:
+                    // nothing of it is left, and nothing to report.
+                    Err(TierError::Cancelled) => {}
                     Err(err) => {
                         if matches!(err, TierError::IndexFull) {
                             // Logged once, when the drive filled.

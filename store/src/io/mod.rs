@@ -9,6 +9,8 @@
 //! buffer while it is in flight.
 
 mod aligned;
+#[cfg(test)]
+pub mod gated;
 mod psync;
 mod uring;
 

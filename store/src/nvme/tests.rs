@@ -424,3 +424,70 @@ async fn under_2q_a_drive_keeps_blocks_that_left_drams_main_queue_through_a_floo
         }
     }
 }
+
+/// A drive whose writes end when the test opens `gate`.
+fn gated(dir: &Path) -> (Arc<NvmeTier>, Arc<tokio::sync::Semaphore>) {
+    let data = dir.join("tier.bin");
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let engine = Box::new(crate::io::gated::Gated {
+        inner: engine(EngineKind::Psync, open_direct(&data).unwrap(), 4).unwrap(),
+        gate: gate.clone(),
+    });
+    let tier = NvmeTier::open(engine, 4 << 20, &NvmeTier::index_dir_for(&data)).unwrap();
+    (Arc::new(tier), gate)
+}
+
+/// Starts a put of `v` under `k` and returns once its write is in flight
+/// (its room taken on the drive).
+async fn writing(
+    tier: &Arc<NvmeTier>,
+    k: BlockKey,
+    v: Vec<u8>,
+) -> tokio::task::JoinHandle<Result<Vec<BlockKey>, TierError>> {
+    let used = tier.used();
+    let t = tier.clone();
+    let put = tokio::spawn(async move { t.put(&k, &v, checksum(&v), (None, None, true)).await });
+    for _ in 0..1000 {
+        if tier.used() > used {
+            return put;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the put never began its write");
+}
+
+#[tokio::test]
+async fn a_block_removed_while_it_is_written_leaves_no_record_and_frees_its_room() {
+    let dir = Scratch::new();
+    let (tier, gate) = gated(&dir.0);
+    let v = value(1, 8192);
+    let put = writing(&tier, key(1), v).await;
+    assert!(
+        tier.remove(&key(1)).unwrap(),
+        "a block being written is there to remove"
+    );
+    gate.add_permits(1);
+    assert!(matches!(put.await.unwrap(), Err(TierError::Cancelled)));
+    assert!(!tier.contains(&key(1)));
+    assert!(tier.get(&key(1)).await.unwrap().is_none());
+    assert_eq!(tier.used(), 0, "its room is free again");
+    // Nor does its index entry bring it back on the next open.
+    drop(tier);
+    let tier = open(&dir.0, EngineKind::Psync, 4 << 20);
+    assert!(!tier.contains(&key(1)));
+}
+
+#[tokio::test]
+async fn a_block_written_again_while_its_write_is_in_flight_keeps_the_newer_bytes() {
+    let dir = Scratch::new();
+    let (tier, gate) = gated(&dir.0);
+    let (old, new) = (value(1, 8192), value(2, 8192));
+    let first = writing(&tier, key(1), old).await;
+    let second = writing(&tier, key(1), new.clone()).await;
+    gate.add_permits(2);
+    assert!(matches!(first.await.unwrap(), Err(TierError::Cancelled)));
+    second.await.unwrap().unwrap();
+    let (bytes, _) = tier.get(&key(1)).await.unwrap().expect("the newer write");
+    assert_eq!(bytes, new);
+    assert_eq!(tier.used(), 8192, "the older write's room is free again");
+}

@@ -34,6 +34,9 @@ pub(super) struct InFlight {
     checksum: u64,
     /// Read on its way: the next tier keeps it as a block read there.
     read: bool,
+    /// Removed on its way: not served, and not written (or, where its
+    /// write had begun, dropped from the drive once written).
+    removed: bool,
 }
 
 impl DramPool {
@@ -88,7 +91,7 @@ impl DramPool {
     /// Whether a block evicted from DRAM is still on its way to the next
     /// tier (not counted as a read).
     pub fn is_demoting(&self, key: &BlockKey) -> bool {
-        self.demoting.lock().contains_key(key)
+        self.demoting.lock().get(key).is_some_and(|f| !f.removed)
     }
 
     /// A block evicted from DRAM and still on its way to the next tier:
@@ -96,9 +99,39 @@ impl DramPool {
     /// write is a hit.
     pub fn get_demoting(&self, key: &BlockKey) -> Option<(Arc<[u8]>, u64)> {
         let mut demoting = self.demoting.lock();
-        let f = demoting.get_mut(key)?;
+        let f = demoting.get_mut(key).filter(|f| !f.removed)?;
         f.read = true;
         Some((f.bytes.clone(), f.checksum))
+    }
+
+    /// The checksum of a block on its way to the next tier (not counted
+    /// as a read).
+    pub fn demoting_checksum(&self, key: &BlockKey) -> Option<u64> {
+        let demoting = self.demoting.lock();
+        demoting.get(key).filter(|f| !f.removed).map(|f| f.checksum)
+    }
+
+    /// The block was removed while on its way to the next tier: it is no
+    /// longer served from the queue, and the demoter does not write it
+    /// (`demotion_current`); `true` if it was on its way.
+    pub fn cancel_demotion(&self, key: &BlockKey) -> bool {
+        match self.demoting.lock().get_mut(key) {
+            Some(f) if !f.removed => {
+                f.removed = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `demoted` is still the block to write to the next tier:
+    /// neither removed since its eviction nor followed by a later
+    /// demotion of its key.
+    pub fn demotion_current(&self, demoted: &Demoted) -> bool {
+        self.demoting
+            .lock()
+            .get(&demoted.key)
+            .is_some_and(|f| f.seq == demoted.seq && !f.removed)
     }
 
     /// Queues an evicted block for the next tier (`false`: the queue is
@@ -119,6 +152,7 @@ impl DramPool {
                 bytes: bytes.clone(),
                 checksum,
                 read: false,
+                removed: false,
             },
         );
         let demoted = Demoted {
@@ -141,6 +175,11 @@ impl DramPool {
                 false
             }
         }
+    }
+
+    /// Blocks evicted and not yet written to the next tier (or given up).
+    pub fn demotions_waiting(&self) -> usize {
+        self.demoting.lock().len()
     }
 
     /// Blocks sent to the next tier since start.

@@ -118,3 +118,147 @@ fn an_inventory_lists_each_block_after_the_parent_it_holds() {
         );
     }
 }
+
+/// A scratch folder for a drive, removed with it.
+struct Scratch(std::path::PathBuf);
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// DRAM of 1 MiB over one drive of 4 MiB, promoting on the first hit;
+/// the drive's writes end only as `gate` lets them.
+fn over_a_gated_drive(
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
+) -> (Arc<Tiers>, Arc<tokio::sync::Semaphore>, Scratch) {
+    use crate::io::{engine, gated::Gated, open_direct, EngineKind};
+    use crate::pool::PoolConfig;
+    let dir = std::env::temp_dir().join(format!(
+        "mooncake-tiers-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("drive.bin");
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let gated = Box::new(Gated {
+        inner: engine(EngineKind::Psync, open_direct(&data).unwrap(), 4).unwrap(),
+        gate: gate.clone(),
+    });
+    let drive = NvmeTier::open(gated, 4 << 20, &NvmeTier::index_dir_for(&data)).unwrap();
+    let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
+    let tiers = Tiers::with_nvme(pool, vec![Arc::new(drive)], 1, (tasks, stop.clone()));
+    (tiers, gate, Scratch(dir))
+}
+
+fn key(i: u8) -> BlockKey {
+    BlockKey::new(Namespace::new("t").unwrap(), BlockHash([i; 32]))
+}
+
+fn bytes(i: u8) -> Vec<u8> {
+    (0..65536u32).map(|j| (j as u8).wrapping_mul(i)).collect()
+}
+
+/// Puts `v` under `k` in DRAM.
+async fn put(tiers: &Tiers, k: BlockKey, v: &[u8]) {
+    let sum = mooncake_proto::checksum::checksum(v);
+    let mut slot = tiers
+        .reserve_put(k, v.len() as u64, Some(sum), Duration::from_secs(1))
+        .await
+        .unwrap();
+    slot.buf_mut().copy_from_slice(v);
+    slot.commit().unwrap();
+}
+
+/// Waits (boundedly) until the demoter has taken every block evicted.
+async fn demotions_settled(tiers: &Tiers) {
+    for _ in 0..5000 {
+        if tiers.dram.demotions_waiting() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("demotions never settled");
+}
+
+#[tokio::test]
+async fn a_block_removed_while_read_from_a_drive_is_not_promoted_back() {
+    let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+    let (tiers, gate, _dir) = over_a_gated_drive(&tasks, &stop);
+    gate.add_permits(64);
+    let drive = tiers.nvme[0].clone();
+    let on_drive = |i: u8| {
+        let v = bytes(i);
+        let (drive, sum) = (drive.clone(), mooncake_proto::checksum::checksum(&v));
+        async move {
+            drive
+                .put(&key(i), &v, sum, (None, None, false))
+                .await
+                .unwrap();
+        }
+    };
+    // Read from the drive (a get's miss in DRAM, a lease's prefetch),
+    // then removed before the bytes go into DRAM.
+    on_drive(1).await;
+    let (read, sum) = read_drive(&drive, &key(1)).await.unwrap();
+    assert!(tiers.remove(&key(1)));
+    assert!(!tiers.promote(&key(1), &read, sum));
+    assert!(!tiers.contains(&key(1)), "the removed block came back");
+    // Read, then put again with other bytes: the read's older bytes do
+    // not replace them.
+    on_drive(2).await;
+    let (old, old_sum) = read_drive(&drive, &key(2)).await.unwrap();
+    put(&tiers, key(2), &bytes(3)).await;
+    assert!(!tiers.promote(&key(2), &old, old_sum));
+    let sum3 = mooncake_proto::checksum::checksum(&bytes(3));
+    assert_eq!(tiers.dram.get(&key(2)).map(|l| l.checksum()), Some(sum3));
+    // Nothing in between: it goes back to DRAM.
+    on_drive(4).await;
+    let (read, sum) = read_drive(&drive, &key(4)).await.unwrap();
+    assert!(tiers.promote(&key(4), &read, sum));
+    assert!(tiers.dram.contains(&key(4)));
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+}
+
+#[tokio::test]
+async fn a_block_removed_on_its_way_to_a_drive_is_neither_served_nor_written() {
+    let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+    let (tiers, gate, _dir) = over_a_gated_drive(&tasks, &stop);
+    for i in 1..=4 {
+        put(&tiers, key(i), &bytes(i)).await;
+    }
+    // Four blocks evicted, oldest first: the demoter writes two (held at
+    // the gate) and the other two wait in its queue.
+    assert_eq!(tiers.dram.evict_bytes(4 * 65536).1, 4);
+    for i in [1, 3] {
+        assert!(tiers.get_nvme(&key(i)).await.is_some(), "served on its way");
+        assert!(
+            tiers.remove(&key(i)),
+            "a block on its way is there to remove"
+        );
+        assert!(
+            tiers.get_nvme(&key(i)).await.is_none(),
+            "removed, still served"
+        );
+    }
+    gate.add_permits(64);
+    demotions_settled(&tiers).await;
+    let drive = &tiers.nvme[0];
+    for i in [1, 3] {
+        assert!(!drive.contains(&key(i)), "block {i}: removed, then written");
+    }
+    for i in [2, 4] {
+        assert!(
+            drive.contains(&key(i)),
+            "block {i}: not removed, not written"
+        );
+    }
+    assert_eq!(drive.used(), 2 * 65536);
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+}
