@@ -92,11 +92,13 @@ pub mod status {
     /// namespace).
     pub const ILLEGAL_CLIENT: i64 = -601;
     pub const OBJECT_NOT_FOUND: i64 = -704;
+    /// A lease holds the object: a removal without `force` leaves it.
+    pub const OBJECT_HAS_LEASE: i64 = -706;
     pub const TRANSFER_FAIL: i64 = -800;
     pub const RPC_FAIL: i64 = -900;
 
     /// Every code with its name, for bindings that export them.
-    pub const NAMED: [(&str, i64); 10] = [
+    pub const NAMED: [(&str, i64); 11] = [
         ("OK", OK),
         ("INTERNAL_ERROR", INTERNAL_ERROR),
         ("NO_AVAILABLE_HANDLE", NO_AVAILABLE_HANDLE),
@@ -105,6 +107,7 @@ pub mod status {
         ("INVALID_PARAMS", INVALID_PARAMS),
         ("ILLEGAL_CLIENT", ILLEGAL_CLIENT),
         ("OBJECT_NOT_FOUND", OBJECT_NOT_FOUND),
+        ("OBJECT_HAS_LEASE", OBJECT_HAS_LEASE),
         ("TRANSFER_FAIL", TRANSFER_FAIL),
         ("RPC_FAIL", RPC_FAIL),
     ];
@@ -114,6 +117,7 @@ pub mod status {
         match code {
             ErrorCode::Ok | ErrorCode::AlreadyExists => OK,
             ErrorCode::NotFound => OBJECT_NOT_FOUND,
+            ErrorCode::Leased => OBJECT_HAS_LEASE,
             ErrorCode::NoSpace | ErrorCode::Busy => NO_AVAILABLE_HANDLE,
             ErrorCode::TooLarge | ErrorCode::Malformed => INVALID_PARAMS,
             ErrorCode::ChecksumMismatch | ErrorCode::Corrupt => TRANSFER_FAIL,

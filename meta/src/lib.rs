@@ -19,6 +19,7 @@ pub mod metrics;
 mod misses;
 mod recent;
 mod removals;
+mod remove;
 mod repair;
 mod replica;
 mod route;

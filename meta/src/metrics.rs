@@ -26,6 +26,7 @@ const OPS: &[Opcode] = &[
     Opcode::Lookup,
     Opcode::MatchPrefix,
     Opcode::MetaRemove,
+    Opcode::MetaRemoveUnleased,
     Opcode::ClusterStat,
     Opcode::List,
     Opcode::MetaPin,

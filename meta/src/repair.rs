@@ -200,15 +200,10 @@ async fn repair(state: &State, key: &BlockKey) -> u64 {
         {
             bump(&counts.made);
         } else {
-            // Removed, replaced or repaired meanwhile: the copy goes.
-            state
-                .call_daemon(
-                    target,
-                    Opcode::Remove,
-                    &mooncake_proto::message::KeyRequest { key: key.clone() },
-                    FETCH_TIMEOUT,
-                )
-                .await;
+            // Removed, replaced or repaired meanwhile: the copy goes (owed
+            // until the daemon confirms, so that it cannot come back with
+            // the daemon's next inventory).
+            state.remove_on_daemon(target, key.clone()).await;
             return moved;
         }
     }

@@ -32,13 +32,14 @@ use crate::events::Events;
 use crate::index::{Index, ListFilter, Reservation};
 use crate::metrics::MetaMetrics;
 use crate::removals::OwedRemovals;
+use crate::remove;
 
 mod housekeeping;
 
 pub use housekeeping::reaper;
 
 /// Deadline of a call from the meta service to a daemon.
-const DAEMON_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const DAEMON_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct State {
     pub index: Index,
@@ -207,7 +208,7 @@ impl State {
     /// Tells `daemon` to drop `key`, which the index no longer has. Until
     /// the daemon confirms, the removal is owed (see `removals`); the
     /// answer is the daemon's, with `NotFound` as success.
-    async fn remove_on_daemon(&self, daemon: u32, key: BlockKey) -> ErrorCode {
+    pub(crate) async fn remove_on_daemon(&self, daemon: u32, key: BlockKey) -> ErrorCode {
         match self.tell_daemon(daemon, Opcode::Remove, key.clone()).await {
             ErrorCode::Ok | ErrorCode::NotFound => {
                 self.owed.settle(daemon, &key);
@@ -219,6 +220,12 @@ impl State {
                 code
             }
         }
+    }
+
+    /// `daemon` holds `key`, which the index no longer has, and could not
+    /// be told: it is told again when it answers (see `removals`).
+    pub(crate) fn owe_removal(&self, daemon: u32, key: BlockKey) {
+        self.owed.owe(daemon, key);
     }
 }
 
@@ -362,30 +369,13 @@ async fn dispatch(
                 .inc_by((req.hashes.len() - items.len()) as u64);
             with_daemons(state, items.into_iter().map(Some).collect()).to_bytes()
         }
-        Opcode::MetaRemove => {
+        Opcode::MetaRemove | Opcode::MetaRemoveUnleased => {
             let req = KeysRequest::from_bytes(body)?;
             owns(who, &req.namespace)?;
-            let removed = state.index.remove(&req.namespace, &req.hashes);
-            let mut codes = Vec::with_capacity(removed.len());
-            for (hash, copies) in req.hashes.iter().zip(removed) {
-                match copies {
-                    Some(copies) => {
-                        // Invisible already. Removed only once every daemon
-                        // that holds a copy drops it; until then the caller
-                        // hears that it could not be confirmed.
-                        let key = BlockKey::new(req.namespace.clone(), *hash);
-                        let mut code = ErrorCode::Ok;
-                        for d in copies.iter() {
-                            let said = state.remove_on_daemon(d, key.clone()).await;
-                            if code == ErrorCode::Ok {
-                                code = said;
-                            }
-                        }
-                        codes.push(code);
-                    }
-                    None => codes.push(ErrorCode::NotFound),
-                }
-            }
+            let codes = match op {
+                Opcode::MetaRemove => remove::forced(state, &req.namespace, &req.hashes).await,
+                _ => remove::unleased(state, &req.namespace, &req.hashes).await,
+            };
             Statuses { codes }.to_bytes()
         }
         Opcode::MetaPin => {
@@ -584,6 +574,7 @@ async fn dispatch(
         Opcode::Put
         | Opcode::Get
         | Opcode::Remove
+        | Opcode::RemoveUnleased
         | Opcode::Pin
         | Opcode::Unpin
         | Opcode::DaemonStats

@@ -44,11 +44,14 @@ pub enum ErrorCode {
     /// The port speaks TLS only and the peer sent plain frames: the
     /// server answers this once, in clear, and closes the connection.
     TlsRequired = 16,
+    /// A lease on the block has not run out: a removal that is not forced
+    /// leaves it (Mooncake's `OBJECT_HAS_LEASE`).
+    Leased = 17,
 }
 
 impl ErrorCode {
     /// How many codes there are (for tables indexed by code).
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 18;
 }
 
 impl ErrorCode {
@@ -74,6 +77,7 @@ impl ErrorCode {
             14 => Internal,
             15 => Unauthorized,
             16 => TlsRequired,
+            17 => Leased,
             _ => return None,
         })
     }
@@ -114,6 +118,7 @@ impl ErrorCode {
             Internal => "internal",
             Unauthorized => "unauthorized",
             TlsRequired => "tls_required",
+            Leased => "leased",
         }
     }
 }

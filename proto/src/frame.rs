@@ -101,6 +101,9 @@ opcodes! {
     /// kept from eviction until then (a client found them and will read
     /// them; Mooncake's `batch_is_exist`). A status per key.
     Hold = 0x14,
+    /// Remove a block unless a lease holds it (`Leased`): the meta
+    /// service's call for a removal that is not forced.
+    RemoveUnleased = 0x15,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).
@@ -124,6 +127,9 @@ opcodes! {
     /// For a request's chain and candidate hosts: how much of its prefix
     /// each holds, and the cheapest to serve it.
     Route = 0x29,
+    /// Remove a batch of keys, but not those a lease holds (Mooncake's
+    /// `remove` without `force`).
+    MetaRemoveUnleased = 0x2A,
 
     // Daemon to meta service.
     /// A daemon joins and gets its id.

@@ -28,6 +28,7 @@ pub(crate) const OPS: &[Opcode] = &[
     Opcode::Evict,
     Opcode::Fetch,
     Opcode::Hold,
+    Opcode::RemoveUnleased,
 ];
 
 pub struct DaemonMetrics {

@@ -133,7 +133,7 @@ where
             let answer = mooncake_proto::message::EvictResponse { bytes, blocks };
             reply(wr, header, ErrorCode::Ok, &answer.to_bytes()).await
         }
-        Opcode::Remove | Opcode::Pin | Opcode::Unpin => {
+        Opcode::Remove | Opcode::RemoveUnleased | Opcode::Pin | Opcode::Unpin => {
             let req: KeyRequest = read_body(header, rd).await?;
             if !who.may_use(&req.key.namespace) {
                 return reply(wr, header, ErrorCode::Unauthorized, &[]).await;
@@ -146,6 +146,11 @@ where
                         Err(crate::PoolError::NotFound)
                     }
                 }
+                Opcode::RemoveUnleased => match tiers.remove_unleased(&req.key) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(crate::PoolError::NotFound),
+                    Err(err) => Err(err),
+                },
                 Opcode::Pin => pool.pin(&req.key),
                 _ => pool.unpin(&req.key),
             };

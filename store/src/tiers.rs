@@ -464,8 +464,28 @@ impl Tiers {
     /// Removes a block from every tier, with a demotion or a drive write
     /// of it in flight; `false` if none held it.
     pub fn remove(&self, key: &BlockKey) -> bool {
+        self.remove_from_all(key, false).unwrap_or(false)
+    }
+
+    /// `remove`, but `Leased` (and nothing removed) while a lease holds
+    /// the block: in DRAM, or found on a drive and being brought back.
+    pub fn remove_unleased(&self, key: &BlockKey) -> Result<bool, PoolError> {
+        self.remove_from_all(key, true)
+    }
+
+    fn remove_from_all(&self, key: &BlockKey, unleased: bool) -> Result<bool, PoolError> {
         let below = self.below.write();
-        let in_dram = self.dram.remove(key).is_ok();
+        if unleased && self.prefetch_leased(key) {
+            return Err(PoolError::Leased);
+        }
+        let in_dram = match unleased {
+            true => self.dram.remove_unheld(key),
+            false => self.dram.remove(key),
+        };
+        let in_dram = match in_dram {
+            Err(PoolError::Leased) => return Err(PoolError::Leased),
+            removed => removed.is_ok(),
+        };
         let demoting = self.dram.cancel_demotion(key);
         let mut on_nvme = false;
         for drive in &self.nvme {
@@ -476,7 +496,7 @@ impl Tiers {
         }
         drop(below);
         self.forget_tags(std::slice::from_ref(key));
-        in_dram || demoting || on_nvme
+        Ok(in_dram || demoting || on_nvme)
     }
 
     /// Whether a lower tier (a drive, the demotion queue) holds `key` with

@@ -170,6 +170,66 @@ async fn remove_and_duplicate_puts_behave() {
     assert_eq!(client.get(&key).await.unwrap().unwrap(), v);
 }
 
+/// A cluster of one daemon whose leases last `ttl`.
+async fn leasing_for(ttl: std::time::Duration) -> TestCluster {
+    let daemon = mooncake_store_daemon::DaemonConfig {
+        kv_lease_ttl: mooncake_proto::units::HumanDuration(ttl),
+        ..mooncake_tests::daemon_config(64 << 20)
+    };
+    TestCluster::start_with(mooncake_tests::fast_meta(), vec![daemon]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_that_is_not_forced_leaves_a_leased_block_and_a_forced_one_takes_it() {
+    use mooncake_proto::ErrorCode::{Leased, NotFound, Ok};
+    let cluster = leasing_for(std::time::Duration::from_secs(600)).await;
+    let client = cluster.client();
+    let ns = ns("t/leased");
+    let key = |i: u64| BlockKey::new(ns.clone(), hash(i));
+    let (v1, v2) = (block_bytes(1, 10_000), block_bytes(2, 10_000));
+    client
+        .put(&ns, &[(hash(1), &v1), (hash(2), &v2)])
+        .await
+        .unwrap();
+    // Found with a lease (Mooncake's batch_is_exist): that one stays.
+    assert_eq!(
+        client.exists_leased(&ns, &[hash(1)]).await.unwrap(),
+        vec![true]
+    );
+    assert_eq!(
+        client
+            .remove_unleased(&ns, &[hash(1), hash(2), hash(3)])
+            .await
+            .unwrap(),
+        vec![Leased, Ok, NotFound]
+    );
+    assert_eq!(client.get(&key(1)).await.unwrap().unwrap(), v1);
+    assert_eq!(client.get(&key(2)).await.unwrap(), None);
+    assert_eq!(client.remove(&ns, &[hash(1)]).await.unwrap(), vec![Ok]);
+    assert_eq!(client.get(&key(1)).await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_block_is_removed_without_force_once_its_lease_ends() {
+    use mooncake_proto::ErrorCode::Ok;
+    let cluster = leasing_for(std::time::Duration::from_millis(200)).await;
+    let client = cluster.client();
+    let ns = ns("t/lease-ends");
+    let v = block_bytes(1, 10_000);
+    client.put(&ns, &[(hash(1), &v)]).await.unwrap();
+    assert_eq!(
+        client.exists_leased(&ns, &[hash(1)]).await.unwrap(),
+        vec![true]
+    );
+    let gone = mooncake_tests::eventually(std::time::Duration::from_secs(20), || async {
+        client.remove_unleased(&ns, &[hash(1)]).await.unwrap() == vec![Ok]
+    })
+    .await;
+    assert!(gone, "still refused long after its lease");
+    let key = BlockKey::new(ns.clone(), hash(1));
+    assert_eq!(client.get(&key).await.unwrap(), None);
+}
+
 #[tokio::test]
 async fn a_buffer_too_small_is_an_error_not_a_truncated_block() {
     let cluster = TestCluster::start(64 << 20).await;

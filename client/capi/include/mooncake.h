@@ -25,6 +25,9 @@
 
 #define MC_OBJECT_NOT_FOUND -704
 
+// A lease holds the object (a removal without force leaves it).
+#define MC_OBJECT_HAS_LEASE -706
+
 #define MC_TRANSFER_FAIL -800
 
 #define MC_RPC_FAIL -900
@@ -119,8 +122,9 @@ int64_t mc_get_into(const struct McClient *client,
 // `client` is live; `keys` holds `n` hashes.
 int64_t mc_match_prefix(const struct McClient *client, const uint8_t *keys, size_t n);
 
-// Removes `n` keys; `results[i]` gets 0, or `MC_OBJECT_NOT_FOUND` for a
-// key that was not stored.
+// Removes `n` keys, whether a lease holds them or not (Mooncake's
+// `remove` with `force`); `results[i]` gets 0, or `MC_OBJECT_NOT_FOUND`
+// for a key that was not stored.
 //
 // # Safety
 // `client` is live; `keys` holds `n` hashes, `results` room for `n`.

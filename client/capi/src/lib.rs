@@ -27,6 +27,8 @@ pub const MC_WRITE_FAIL: i64 = -500;
 pub const MC_INVALID_PARAMS: i64 = -600;
 pub const MC_ILLEGAL_CLIENT: i64 = -601;
 pub const MC_OBJECT_NOT_FOUND: i64 = -704;
+/// A lease holds the object (a removal without force leaves it).
+pub const MC_OBJECT_HAS_LEASE: i64 = -706;
 pub const MC_TRANSFER_FAIL: i64 = -800;
 pub const MC_RPC_FAIL: i64 = -900;
 
@@ -357,8 +359,9 @@ pub unsafe extern "C" fn mc_match_prefix(
     })
 }
 
-/// Removes `n` keys; `results[i]` gets 0, or `MC_OBJECT_NOT_FOUND` for a
-/// key that was not stored.
+/// Removes `n` keys, whether a lease holds them or not (Mooncake's
+/// `remove` with `force`); `results[i]` gets 0, or `MC_OBJECT_NOT_FOUND`
+/// for a key that was not stored.
 ///
 /// # Safety
 /// `client` is live; `keys` holds `n` hashes, `results` room for `n`.
@@ -412,6 +415,7 @@ mod tests {
             MC_INVALID_PARAMS,
             MC_ILLEGAL_CLIENT,
             MC_OBJECT_NOT_FOUND,
+            MC_OBJECT_HAS_LEASE,
             MC_TRANSFER_FAIL,
             MC_RPC_FAIL,
         ];

@@ -17,7 +17,9 @@ a Mamba state pool through `register_mem_host_pool_v2`), driven through
 of 4 MiB of its own: pages HiCache's prefix check found are still there
 when its prefetch reads them, though another client put 16 MiB in
 between (both backends lease what the check finds, as Mooncake's
-`batch_is_exist` does); and pages that went down to that store's NVMe
+`batch_is_exist` does), and HiCache's `clear()` then leaves them with
+SGLang's backend (Mooncake's `remove_all()` without `force` keeps what a
+lease holds); and pages that went down to that store's NVMe
 drive are back in DRAM when SGLang's backend reads them, its prefix check
 having leased them. Run by `tools/test-engines.sh`.
 
@@ -154,6 +156,19 @@ def pages_to_copy(pool, pages: int, first: int = 0):
     return keys, src, dst
 
 
+def cleared(store, found) -> None:
+    """SGLang's `clear()`, then what a lease may have kept from it. SGLang's
+    own backend calls Mooncake's `remove_all()` without `force`, which, as
+    in Mooncake, leaves what a lease holds (the pages its prefix checks
+    found, for 5 s: `leased_until_read` checks that); they go with a forced
+    removal, as the next case reuses the keys. The native backend's
+    `clear()` takes everything. `found()` counts the pages still stored."""
+    store.clear()
+    if isinstance(store, MooncakeStore):
+        store.store.remove_all(force=True)
+    assert found() == 0, "pages left after clear()"
+
+
 def round_trip(store, pool) -> int:
     """Stores 32 pages of `pool` through `store`, checks the prefix as
     HiCache does, reads them into 32 other pages and compares the bytes;
@@ -173,8 +188,7 @@ def round_trip(store, pool) -> int:
     stats = store.get_stats()
     assert sum(stats.prefetch_pgs) == pages and len(stats.prefetch_bandwidth) == 1, stats
     assert pages <= sum(stats.backup_pgs) <= 2 * pages, stats
-    store.clear()
-    assert store.batch_exists(keys) == 0
+    cleared(store, lambda: store.batch_exists(keys))
     return pages
 
 
@@ -214,8 +228,7 @@ def hybrid_round_trip(store, kv_pool, mamba_pool) -> int:
     got = store.batch_get_v2([mamba(state_dst, keys[-window:])], info)
     assert got == {PoolName.MAMBA: [True] * window}, got
     assert pages_bytes(mamba_pool, state_src) == pages_bytes(mamba_pool, state_dst), "states differ"
-    store.clear()
-    assert store.batch_exists_v2(keys, [mamba(state_src, keys[-window:])], info).kv_hit_pages == 0
+    cleared(store, lambda: store.batch_exists_v2(keys, [mamba(state_src, keys[-window:])], info).kv_hit_pages)
     return pages
 
 
@@ -234,7 +247,16 @@ def leased_until_read(meta: str, backend) -> int:
         other.put(f"filler-{i}", b"f" * (256 << 10))
     assert store.batch_get_v1(keys, dst) == [True] * pages, "pages the check found were evicted"
     assert pages_bytes(pool, src) == pages_bytes(pool, dst), "pages differ"
+    # HiCache's clear() with pages a lease holds (10 minutes here) and
+    # pages none does: SGLang's backend calls Mooncake's remove_all()
+    # without force, which leaves the leased ones, as Mooncake does; the
+    # native backend's clear() takes everything.
+    unleased = [f"{i:064x}" for i in range(6000, 6004)]
+    assert store.batch_set_v1(unleased, src[: 4 * PAGE]) == [True] * 4
     store.clear()
+    assert store.batch_exists(unleased) == 0, "clear() left pages no lease holds"
+    kept = pages if backend is sglang_mooncake else 0
+    assert store.batch_exists(keys) == kept, "clear() and the pages a lease holds"
     return pages
 
 
@@ -295,8 +317,10 @@ def main() -> None:
         if os.environ.get("MOONCAKE_BIN"):
             with small_store("4MiB", '[daemon]\nkv_lease_ttl = "10m"\n') as own:
                 n = leased_until_read(own, backend)
+            kept = "kept by clear() (Mooncake's remove_all without force)" if backend is sglang_mooncake \
+                else "taken by the native backend's clear()"
             print(f"{name}, leases: {n} pages the prefix check found read back exactly after 16 MiB"
-                  " went into a 4 MiB store")
+                  f" went into a 4 MiB store; {kept}")
     if os.environ.get("MOONCAKE_BIN"):
         drive = Path(tempfile.mkdtemp(prefix="sglang-mooncake-drive-"), "drive.bin")
         with small_store("4MiB", f'[daemon]\nkv_lease_ttl = "10m"\nnvme = ["{drive}:64MiB"]\n') as own:

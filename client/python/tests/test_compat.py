@@ -22,6 +22,7 @@ from mooncake.store import (
 from conftest import Process, free_port, single_host_store, wait_for_daemon, wait_for_port
 
 OBJECT_NOT_FOUND = -704
+OBJECT_HAS_LEASE = -706
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def store(store):  # noqa: F811 - the session store's meta address
     assert s.setup("localhost", "http://localhost:8080/metadata", 0, 128 * 1024 * 1024,
                    "tcp", "", store) == 0
     yield s
-    s.remove_all()
+    s.remove_all(force=True)
     assert s.close() == 0
 
 
@@ -98,12 +99,38 @@ def test_batch_operations_existence_size_and_removal(store):
     assert store.get_size("key1") == 6
     assert store.get_size("key4") < 0
     assert store.get("key4") == b""
-    assert store.remove("key1") == 0
-    assert store.remove("key1") != 0
-    assert store.batch_remove(["key2", "key9"]) == [0, OBJECT_NOT_FOUND]
+    # Forced: batch_is_exist leased them (test_a_lease_refuses_...).
+    assert store.remove("key1", force=True) == 0
+    assert store.remove("key1", force=True) == OBJECT_NOT_FOUND
+    assert store.batch_remove(["key2", "key9"], force=True) == [0, OBJECT_NOT_FOUND]
     assert store.put_parts("greeting", b"Hello, ", b"World!") == 0
     assert store.get("greeting") == b"Hello, World!"
-    assert store.remove_all() == 2  # key3 and greeting
+    assert store.remove_all(force=True) == 2  # key3 and greeting
+
+
+def test_a_lease_refuses_a_removal_without_force_as_in_mooncake(tmp_path):
+    # Mooncake's master refuses Remove while a lease (granted by ExistKey,
+    # batch_is_exist) has not run out (OBJECT_HAS_LEASE), and RemoveAll
+    # skips such objects; force removes them. Leases of 10 minutes here.
+    config = tmp_path / "store.toml"
+    config.write_text('[daemon]\nkv_lease_ttl = "10m"\n')
+    with single_host_store("64MiB", "--config", str(config)) as meta:
+        s = MooncakeDistributedStore()
+        assert s.setup("localhost", "P2PHANDSHAKE", 0, 64 << 20, "tcp", "", meta) == 0
+        for name in ("leased", "probed", "other", "spare"):
+            assert s.put(name, name.encode() * 100) == 0
+        assert s.batch_is_exist(["leased"]) == [1]
+        assert s.batch_probe_key(["probed"]) == [1]
+        assert s.remove("leased") == OBJECT_HAS_LEASE
+        assert s.batch_remove(["leased", "probed", "nothing"]) == [OBJECT_HAS_LEASE, 0, OBJECT_NOT_FOUND]
+        assert s.get("leased") == b"leased" * 100, "refused, yet gone"
+        assert s.remove_all() == 2  # other and spare
+        assert s.batch_probe_key(["leased", "other"]) == [1, 0]
+        assert s.remove("leased", force=True) == 0
+        assert s.get("leased") == b""
+        assert s.put("leased", b"again") == 0 and s.is_exist("leased") == 1
+        assert s.remove_all(force=True) == 1
+        assert s.close() == 0
 
 
 def test_batch_is_exist_leases_what_it_finds_and_batch_probe_key_does_not(tmp_path):

@@ -45,7 +45,7 @@ def sglang_setup(meta: str, segment=0, **kwargs) -> MooncakeDistributedStore:
 def sglang(store):
     s = sglang_setup(store, tenant_id="t/engines")
     yield s
-    s.remove_all()
+    s.remove_all(force=True)
     s.close()
 
 
@@ -282,7 +282,7 @@ def test_read_sessions_hold_at_most_their_memory(store, monkeypatch):
         assert s.batch_get_session_start(keys[3:]) == [0]
         assert s.batch_get_session_end(keys[3:]) == 0
     finally:
-        s.remove_all()
+        s.remove_all(force=True)
         s.close()
 
 

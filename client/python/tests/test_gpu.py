@@ -51,7 +51,7 @@ def compat(store, monkeypatch, request):
     if sock:
         assert s._c.same_host_ready(30.0)
     yield s
-    s.remove_all()
+    s.remove_all(force=True)
     s.close()
 
 

@@ -128,11 +128,32 @@ impl Client {
         namespace: &Namespace,
         hashes: &[BlockHash],
     ) -> Result<Vec<ErrorCode>, ClientError> {
+        self.remove_by(Opcode::MetaRemove, namespace, hashes).await
+    }
+
+    /// `remove`, but a key a lease holds (a client looked it up with a
+    /// lease, Mooncake's `batch_is_exist`, and its lease has not run out)
+    /// stays, with status `Leased`: Mooncake's `remove` without `force`.
+    pub async fn remove_unleased(
+        &self,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+    ) -> Result<Vec<ErrorCode>, ClientError> {
+        self.remove_by(Opcode::MetaRemoveUnleased, namespace, hashes)
+            .await
+    }
+
+    async fn remove_by(
+        &self,
+        op: Opcode,
+        namespace: &Namespace,
+        hashes: &[BlockHash],
+    ) -> Result<Vec<ErrorCode>, ClientError> {
         let mut out = Vec::with_capacity(hashes.len());
         for chunk in hashes.chunks(MAX_BATCH) {
             let st: Statuses = self
                 .meta_call(
-                    Opcode::MetaRemove,
+                    op,
                     &KeysRequest {
                         namespace: namespace.clone(),
                         hashes: chunk.to_vec(),

@@ -79,6 +79,12 @@ impl DramPool {
         Ok(())
     }
 
+    /// `remove`, refused (`Leased`) while a lease holds the block.
+    pub fn remove_unheld(&self, key: &BlockKey) -> Result<(), PoolError> {
+        let now = self.ms_since_epoch(Instant::now());
+        self.remove_unless(key, |b| b.held_until > now)
+    }
+
     /// Holds refused since start because leases held their share of the
     /// pool.
     pub fn holds_refused(&self) -> u64 {

@@ -127,6 +127,8 @@ pub enum PoolError {
     NotFound,
     #[error("the block is pinned as many times as a pin count holds")]
     TooManyPins,
+    #[error("a lease holds the block")]
+    Leased,
 }
 
 impl PoolError {
@@ -139,6 +141,7 @@ impl PoolError {
             PoolError::ChecksumMismatch => ErrorCode::ChecksumMismatch,
             PoolError::NotFound => ErrorCode::NotFound,
             PoolError::TooManyPins => ErrorCode::TooLarge,
+            PoolError::Leased => ErrorCode::Leased,
         }
     }
 }
@@ -635,8 +638,18 @@ impl DramPool {
 
     /// Drops a stored block. Its space comes back once no reader holds it.
     pub fn remove(&self, key: &BlockKey) -> Result<(), PoolError> {
+        self.remove_unless(key, |_| false)
+    }
+
+    /// `remove`, refused (`Leased`) where `held` says so of the block.
+    fn remove_unless(
+        &self,
+        key: &BlockKey,
+        held: impl Fn(&Block) -> bool,
+    ) -> Result<(), PoolError> {
         let mut inner = self.inner.lock();
         match inner.blocks.get(key) {
+            Some(b) if b.ready && held(b) => return Err(PoolError::Leased),
             Some(b) if b.ready => {}
             _ => return Err(PoolError::NotFound),
         }

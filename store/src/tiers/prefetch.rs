@@ -13,7 +13,7 @@
 //! evicts (as for a put, waiting `ROOM_WAIT` at most). A daemon set never
 //! to promote (`promote_after = 0`) brings nothing back either.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,7 +46,7 @@ pub(super) struct Queue {
 #[derive(Default)]
 struct State {
     waiting: HashMap<BlockKey, Instant>,
-    reading: HashSet<BlockKey>,
+    reading: HashMap<BlockKey, Instant>,
 }
 
 impl Queue {
@@ -75,16 +75,25 @@ impl Queue {
         let State { waiting, reading } = &mut *state;
         let keys: Vec<BlockKey> = waiting
             .keys()
-            .filter(|k| !reading.contains(*k))
+            .filter(|k| !reading.contains_key(*k))
             .take(n)
             .cloned()
             .collect();
         keys.into_iter()
             .filter_map(|k| {
-                reading.insert(k.clone());
-                waiting.remove_entry(&k)
+                let (k, until) = waiting.remove_entry(&k)?;
+                reading.insert(k.clone(), until);
+                Some((k, until))
             })
             .collect()
+    }
+
+    /// Whether a lease not over yet waits for `key` to come back, or is
+    /// reading it now.
+    fn leased(&self, key: &BlockKey, now: Instant) -> bool {
+        let state = self.state.lock();
+        let (waiting, reading) = (state.waiting.get(key), state.reading.get(key));
+        waiting.into_iter().chain(reading).any(|until| *until > now)
     }
 
     /// `key` was read (and brought back, or not).
@@ -103,6 +112,13 @@ impl Tiers {
         if !queue.push(key, until) {
             self.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Whether a lease found `key` on a drive and its block is on its way
+    /// back to DRAM (where the lease then holds it).
+    pub(super) fn prefetch_leased(&self, key: &BlockKey) -> bool {
+        let now = Instant::now();
+        self.prefetch.as_ref().is_some_and(|q| q.leased(key, now))
     }
 
     /// Reads `key` from the drive (or the demotion queue), puts it back in
@@ -246,5 +262,20 @@ mod tests {
         assert_eq!(q.take(8), vec![(key(2), now)]);
         q.done(&key(1));
         assert_eq!(q.take(8), vec![(key(1), now)]);
+    }
+
+    #[test]
+    fn a_block_waiting_or_being_read_is_leased_until_its_deadline() {
+        let q = Queue::default();
+        let now = Instant::now();
+        let later = now + std::time::Duration::from_secs(5);
+        assert!(!q.leased(&key(1), now));
+        assert!(q.push(&key(1), later));
+        assert!(q.leased(&key(1), now), "waiting");
+        assert_eq!(q.take(8).len(), 1);
+        assert!(q.leased(&key(1), now), "being read");
+        assert!(!q.leased(&key(1), later), "its lease over");
+        q.done(&key(1));
+        assert!(!q.leased(&key(1), now), "read: DRAM's hold says");
     }
 }

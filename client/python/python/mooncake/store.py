@@ -527,21 +527,25 @@ class MooncakeDistributedStore:
         return OBJECT_NOT_FOUND if size is None else size
 
     def remove(self, key: str, force: bool = False) -> int:
-        """``force`` is accepted as in ``batch_remove``."""
+        """As ``batch_remove``, for one key."""
         return self.batch_remove([key], force)[0]
 
     def batch_remove(self, keys: List[str], force: bool = False) -> List[int]:
+        """0 for each key removed, ``OBJECT_NOT_FOUND`` (-704) for one not
+        stored. As in Mooncake, without ``force`` a key that a lease holds
+        (found by ``batch_is_exist`` within the daemons' ``kv_lease_ttl``)
+        stays, and is answered ``OBJECT_HAS_LEASE`` (-706)."""
         try:
-            return [OK if r else OBJECT_NOT_FOUND for r in self._c.remove(keys)]
+            return self._c.remove_codes(keys, force=force)
         except mooncake_store.StoreError:
             return [RPC_FAIL] * len(keys)
 
     def remove_all(self, force: bool = False) -> int:
         """Removes every object of this client's namespace; how many, or -1.
-        ``force`` is accepted (nothing here holds a lease that it would
-        skip)."""
+        As in Mooncake, without ``force`` the objects a lease holds stay
+        (and are not counted)."""
         try:
-            return self._c.remove_all()
+            return self._c.remove_all(force=force)
         except mooncake_store.StoreError as err:
             log.error("remove_all: %s", err)
             return -1

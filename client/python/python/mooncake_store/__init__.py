@@ -16,6 +16,7 @@ from ._native import (
     ILLEGAL_CLIENT,
     INVALID_PARAMS,
     NO_AVAILABLE_HANDLE,
+    OBJECT_HAS_LEASE,
     OBJECT_NOT_FOUND,
     OK,
     RPC_FAIL,
@@ -46,6 +47,7 @@ __all__ = [
     "INVALID_PARAMS",
     "ILLEGAL_CLIENT",
     "OBJECT_NOT_FOUND",
+    "OBJECT_HAS_LEASE",
     "TRANSFER_FAIL",
     "RPC_FAIL",
 ]

@@ -26,6 +26,7 @@ _CALLS = (
     "sizes",
     "pin",
     "remove",
+    "remove_codes",
     "remove_all",
 )
 

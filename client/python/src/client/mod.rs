@@ -688,19 +688,50 @@ impl Client {
         codes::removed(&removed)
     }
 
-    /// Removes every block of this client's namespace; returns how many.
-    /// Raises `StoreUnavailable` if a daemon could not confirm some.
-    fn remove_all(&self, py: Python<'_>) -> PyResult<usize> {
+    /// Removes keys as Mooncake's `batch_remove` does: a status per key,
+    /// 0 once removed, `OBJECT_NOT_FOUND` for a key not stored, and,
+    /// unless `force`, `OBJECT_HAS_LEASE` for a key a lease holds (looked
+    /// up with `exists(lease=True)` within the daemons' `kv_lease_ttl`),
+    /// which stays.
+    #[pyo3(signature = (keys, force = false))]
+    fn remove_codes(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        force: bool,
+    ) -> PyResult<Vec<i64>> {
+        let hashes = hashes_of(keys)?;
+        let (client, ns) = (&self.inner, &self.namespace);
+        let out = py
+            .detach(|| {
+                self.run(async {
+                    match force {
+                        true => client.remove(ns, &hashes).await,
+                        false => client.remove_unleased(ns, &hashes).await,
+                    }
+                })
+            })
+            .map_err(codes::to_py)?;
+        Ok(out.into_iter().map(codes::of_code).collect())
+    }
+
+    /// Removes every block of this client's namespace, but with
+    /// `force=False` not those a lease holds (as Mooncake's `remove_all`);
+    /// returns how many went. Raises `StoreUnavailable` if a daemon could
+    /// not confirm some.
+    #[pyo3(signature = (force = true))]
+    fn remove_all(&self, py: Python<'_>, force: bool) -> PyResult<usize> {
         let (client, ns) = (&self.inner, &self.namespace);
         let codes = py
             .detach(|| {
                 self.run(async {
                     let mut codes = Vec::new();
+                    let mut after = None;
                     loop {
                         let page = client
                             .list(&ListRequest {
                                 namespace: Some(ns.clone()),
-                                after: None,
+                                after: after.take(),
                                 prefix: Vec::new(),
                                 daemon: 0,
                                 limit: 1024,
@@ -711,15 +742,24 @@ impl Client {
                         if hashes.is_empty() {
                             return Ok(codes);
                         }
-                        codes.extend(client.remove(ns, &hashes).await?);
-                        if !page.more && hashes.len() < 1024 {
+                        codes.extend(match force {
+                            true => client.remove(ns, &hashes).await?,
+                            false => client.remove_unleased(ns, &hashes).await?,
+                        });
+                        if !page.more {
                             return Ok(codes);
                         }
+                        after = page.entries.last().map(|e| e.key.clone());
                     }
                 })
             })
             .map_err(codes::to_py)?;
-        Ok(codes::removed(&codes)?.into_iter().filter(|r| *r).count())
+        // Blocks a lease holds stay, and are not counted.
+        let others: Vec<ErrorCode> = codes
+            .into_iter()
+            .filter(|c| *c != ErrorCode::Leased)
+            .collect();
+        Ok(codes::removed(&others)?.into_iter().filter(|r| *r).count())
     }
 
     /// Blocks read through the same-host shared pool (`shm_socket`).
