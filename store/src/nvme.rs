@@ -662,6 +662,11 @@ impl NvmeTier {
         let n = result.map_err(|e| self.io_failed(e))?;
         let bytes = &buf.as_slice()[..(record.len as usize).min(n)];
         if bytes.len() != record.len as usize || checksum(bytes) != record.checksum {
+            if self.state.lock().blocks.get(key).map(|(r, _)| *r) != Some(record) {
+                // Evicted, removed or written again while it was read: its
+                // room may hold another block's bytes by now. A miss.
+                return Ok(None);
+            }
             self.corrupt.fetch_add(1, Ordering::Relaxed);
             tracing::error!(%key, "block failed its checksum on NVMe; dropped");
             self.remove_record(key, record)?;

@@ -425,16 +425,22 @@ async fn under_2q_a_drive_keeps_blocks_that_left_drams_main_queue_through_a_floo
     }
 }
 
-/// A drive whose writes end when the test opens `gate`.
-fn gated(dir: &Path) -> (Arc<NvmeTier>, Arc<tokio::sync::Semaphore>) {
+/// A drive whose writes end, and whose reads go, as the test lets them:
+/// its writes' gate, then its reads'.
+fn gated(
+    dir: &Path,
+) -> (
+    Arc<NvmeTier>,
+    Arc<tokio::sync::Semaphore>,
+    Arc<tokio::sync::Semaphore>,
+) {
     let data = dir.join("tier.bin");
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let engine = Box::new(crate::io::gated::Gated {
-        inner: engine(EngineKind::Psync, open_direct(&data).unwrap(), 4).unwrap(),
-        gate: gate.clone(),
-    });
-    let tier = NvmeTier::open(engine, 4 << 20, &NvmeTier::index_dir_for(&data)).unwrap();
-    (Arc::new(tier), gate)
+    let engine = crate::io::gated::Gated::over(
+        engine(EngineKind::Psync, open_direct(&data).unwrap(), 4).unwrap(),
+    );
+    let (writes, reads) = (engine.writes.clone(), engine.reads.clone());
+    let tier = NvmeTier::open(Box::new(engine), 4 << 20, &NvmeTier::index_dir_for(&data)).unwrap();
+    (Arc::new(tier), writes, reads)
 }
 
 /// Starts a put of `v` under `k` and returns once its write is in flight
@@ -459,7 +465,7 @@ async fn writing(
 #[tokio::test]
 async fn a_block_removed_while_it_is_written_leaves_no_record_and_frees_its_room() {
     let dir = Scratch::new();
-    let (tier, gate) = gated(&dir.0);
+    let (tier, gate, _) = gated(&dir.0);
     let v = value(1, 8192);
     let put = writing(&tier, key(1), v).await;
     assert!(
@@ -480,7 +486,8 @@ async fn a_block_removed_while_it_is_written_leaves_no_record_and_frees_its_room
 #[tokio::test]
 async fn a_block_written_again_while_its_write_is_in_flight_keeps_the_newer_bytes() {
     let dir = Scratch::new();
-    let (tier, gate) = gated(&dir.0);
+    let (tier, gate, reads) = gated(&dir.0);
+    reads.add_permits(64);
     let (old, new) = (value(1, 8192), value(2, 8192));
     let first = writing(&tier, key(1), old).await;
     let second = writing(&tier, key(1), new.clone()).await;
@@ -490,4 +497,31 @@ async fn a_block_written_again_while_its_write_is_in_flight_keeps_the_newer_byte
     let (bytes, _) = tier.get(&key(1)).await.unwrap().expect("the newer write");
     assert_eq!(bytes, new);
     assert_eq!(tier.used(), 8192, "the older write's room is free again");
+}
+
+#[tokio::test]
+async fn a_block_whose_room_is_written_again_while_it_is_read_is_a_miss_not_corruption() {
+    let dir = Scratch::new();
+    let (tier, writes, reads) = gated(&dir.0);
+    writes.add_permits(64);
+    let (old, new) = (value(1, 8192), value(2, 8192));
+    tier.put(&key(1), &old, checksum(&old), (None, None, true))
+        .await
+        .unwrap();
+    // The read has its block's place and waits to be sent; meanwhile the
+    // block goes and another takes its room.
+    let t = tier.clone();
+    let read = tokio::spawn(async move { t.get(&key(1)).await });
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(tier.remove(&key(1)).unwrap());
+    tier.put(&key(2), &new, checksum(&new), (None, None, true))
+        .await
+        .unwrap();
+    reads.add_permits(64);
+    assert!(read.await.unwrap().unwrap().is_none(), "a miss");
+    assert_eq!(tier.corrupt_blocks(), 0, "counted as corruption");
+    let (bytes, _) = tier.get(&key(2)).await.unwrap().expect("the other block");
+    assert_eq!(bytes, new);
 }

@@ -142,12 +142,10 @@ fn over_a_gated_drive(
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let data = dir.join("drive.bin");
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let gated = Box::new(Gated {
-        inner: engine(EngineKind::Psync, open_direct(&data).unwrap(), 4).unwrap(),
-        gate: gate.clone(),
-    });
-    let drive = NvmeTier::open(gated, 4 << 20, &NvmeTier::index_dir_for(&data)).unwrap();
+    let gated = Gated::over(engine(EngineKind::Psync, open_direct(&data).unwrap(), 4).unwrap());
+    gated.reads.add_permits(1 << 20);
+    let gate = gated.writes.clone();
+    let drive = NvmeTier::open(Box::new(gated), 4 << 20, &NvmeTier::index_dir_for(&data)).unwrap();
     let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
     let tiers = Tiers::with_nvme(pool, vec![Arc::new(drive)], 1, (tasks, stop.clone()));
     (tiers, gate, Scratch(dir))
