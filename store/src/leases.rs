@@ -129,7 +129,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             Opcode::ShmGet => match KeyRequest::from_bytes(&body) {
                 Err(err) => (err.code(), Vec::new()),
                 Ok(_) if leases.len() >= MAX_LEASES => (ErrorCode::Busy, Vec::new()),
-                Ok(req) => match pool.get(&req.key) {
+                Ok(req) => match in_dram(tiers, &req.key).await {
                     None => {
                         pool.note_get(false);
                         (ErrorCode::NotFound, Vec::new())
@@ -275,3 +275,13 @@ impl Drop for Open<'_> {
 
 #[cfg(test)]
 mod tests;
+
+/// The block in DRAM, read-leased; where a lease's read of it from a drive
+/// is under way, once that read is done (the same-host reader then reads
+/// DRAM, rather than fall back to a read of the drive over TCP).
+async fn in_dram(tiers: &crate::tiers::Tiers, key: &mooncake_proto::BlockKey) -> Option<ReadLease> {
+    match tiers.dram.get(key) {
+        None if tiers.join_prefetch(key).await => tiers.dram.get(key),
+        found => found,
+    }
+}

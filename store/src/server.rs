@@ -292,7 +292,12 @@ async fn handle_get<W: AsyncWrite + Unpin>(
     metrics: &DaemonMetrics,
 ) -> Result<ErrorCode, ConnError> {
     let pool = &tiers.dram;
-    let Some(lease) = pool.get(&req.key) else {
+    let mut found = pool.get(&req.key);
+    if found.is_none() && tiers.join_prefetch(&req.key).await {
+        // A lease's read of it from a drive was under way: now in DRAM.
+        found = pool.get(&req.key);
+    }
+    let Some(lease) = found else {
         // Not in DRAM: the NVMe tier, if any, may hold it.
         let Some((bytes, sum)) = tiers.get_nvme(&req.key).await else {
             pool.note_get(false);

@@ -33,6 +33,9 @@ const READS_IN_FLIGHT: usize = 8;
 /// Longest a block brought back waits for the demotion queue to have room
 /// for what its place in DRAM evicts.
 const ROOM_WAIT: Duration = Duration::from_secs(1);
+/// Longest a get of a block being brought back waits for that read, rather
+/// than read the drive itself (a read of a few MiB takes milliseconds).
+pub(super) const JOIN_WAIT: Duration = Duration::from_millis(50);
 
 /// Blocks to bring back to DRAM, each with the end of its lease, and those
 /// being read now: a block is read once however often it is leased
@@ -41,6 +44,8 @@ const ROOM_WAIT: Duration = Duration::from_secs(1);
 pub(super) struct Queue {
     state: Mutex<State>,
     wake: Notify,
+    /// Told each time a read is done, for gets waiting on one (`joined`).
+    read_done: Notify,
 }
 
 #[derive(Default)]
@@ -99,6 +104,27 @@ impl Queue {
     /// `key` was read (and brought back, or not).
     fn done(&self, key: &BlockKey) {
         self.state.lock().reading.remove(key);
+        self.read_done.notify_waiters();
+    }
+
+    /// Waits, at most `within`, for a read of `key` under way to be done;
+    /// `false` if none is under way, or it was not done in time.
+    async fn joined(&self, key: &BlockKey, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        if !self.state.lock().reading.contains_key(key) {
+            return false;
+        }
+        loop {
+            let done = self.read_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if !self.state.lock().reading.contains_key(key) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return false;
+            }
+        }
     }
 }
 
@@ -119,6 +145,17 @@ impl Tiers {
     pub(super) fn prefetch_leased(&self, key: &BlockKey) -> bool {
         let now = Instant::now();
         self.prefetch.as_ref().is_some_and(|q| q.leased(key, now))
+    }
+
+    /// A get missed `key` in DRAM while a lease's read of it from a drive
+    /// is under way: waits for that read (at most `JOIN_WAIT`) rather
+    /// than read the drive a second time; whether it was done (the block
+    /// is then back in DRAM, unless DRAM had no room for it).
+    pub async fn join_prefetch(&self, key: &BlockKey) -> bool {
+        match &self.prefetch {
+            Some(queue) => queue.joined(key, JOIN_WAIT).await,
+            None => false,
+        }
     }
 
     /// Reads `key` from the drive (or the demotion queue), puts it back in
@@ -262,6 +299,28 @@ mod tests {
         assert_eq!(q.take(8), vec![(key(2), now)]);
         q.done(&key(1));
         assert_eq!(q.take(8), vec![(key(1), now)]);
+    }
+
+    #[tokio::test]
+    async fn a_get_joins_a_read_under_way_and_waits_no_longer_than_asked() {
+        let q = std::sync::Arc::new(Queue::default());
+        let (now, long) = (Instant::now(), Duration::from_secs(60));
+        assert!(!q.joined(&key(1), long).await, "no read under way");
+        assert!(q.push(&key(1), now + long));
+        assert!(!q.joined(&key(1), long).await, "waiting, not read yet");
+        assert_eq!(q.take(8).len(), 1);
+        let (q2, k) = (q.clone(), key(1));
+        let join = tokio::spawn(async move { q2.joined(&k, long).await });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        q.done(&key(2));
+        q.done(&key(1));
+        assert!(join.await.unwrap(), "the read was done");
+        // A read that does not end: the get gives up after its wait.
+        assert!(q.push(&key(3), now + long));
+        assert_eq!(q.take(8).len(), 1);
+        assert!(!q.joined(&key(3), Duration::from_millis(5)).await);
     }
 
     #[test]
