@@ -12,6 +12,10 @@
 //! only where the demotion queue has room for what its place in DRAM
 //! evicts (as for a put, waiting `ROOM_WAIT` at most). A daemon set never
 //! to promote (`promote_after = 0`) brings nothing back either.
+//!
+//! A get that comes before its block is back reads the drive once with
+//! the lease: it waits for a read under way (`JOIN_WAIT` at most), or does
+//! one not begun yet itself, bringing the block back as the lease asked.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -101,6 +105,19 @@ impl Queue {
         waiting.into_iter().chain(reading).any(|until| *until > now)
     }
 
+    /// Takes `key` off the waiting blocks, to be read now by the caller
+    /// (marked read until `done`); its lease's deadline, or `None` if it
+    /// was not waiting (or is being read already).
+    fn take_key(&self, key: &BlockKey) -> Option<Instant> {
+        let mut state = self.state.lock();
+        if state.reading.contains_key(key) {
+            return None;
+        }
+        let (key, until) = state.waiting.remove_entry(key)?;
+        state.reading.insert(key, until);
+        Some(until)
+    }
+
     /// `key` was read (and brought back, or not).
     fn done(&self, key: &BlockKey) {
         self.state.lock().reading.remove(key);
@@ -147,15 +164,22 @@ impl Tiers {
         self.prefetch.as_ref().is_some_and(|q| q.leased(key, now))
     }
 
-    /// A get missed `key` in DRAM while a lease's read of it from a drive
-    /// is under way: waits for that read (at most `JOIN_WAIT`) rather
-    /// than read the drive a second time; whether it was done (the block
-    /// is then back in DRAM, unless DRAM had no room for it).
+    /// A get missed `key` in DRAM where a lease asked for it to come back
+    /// from a drive: a read under way is waited for (at most `JOIN_WAIT`),
+    /// and one not begun yet is done now, for this get, rather than the
+    /// drive being read twice. Whether it was done: the block is then
+    /// back in DRAM and held, unless DRAM had no room for it.
     pub async fn join_prefetch(&self, key: &BlockKey) -> bool {
-        match &self.prefetch {
-            Some(queue) => queue.joined(key, JOIN_WAIT).await,
-            None => false,
+        let Some(queue) = &self.prefetch else {
+            return false;
+        };
+        if let Some(until) = queue.take_key(key) {
+            // Done however this ends (a get's connection may go meanwhile).
+            let _reading = Reading { queue, key };
+            self.bring_back(key, until, JOIN_WAIT).await;
+            return true;
         }
+        queue.joined(key, JOIN_WAIT).await
     }
 
     /// Reads `key` from the drive (or the demotion queue), puts it back in
@@ -164,7 +188,7 @@ impl Tiers {
     /// order, as a put). Nothing where the lease has run out, the block
     /// is in DRAM already (then only held), no tier has it, or DRAM could
     /// not take it without dropping what it evicts.
-    async fn bring_back(&self, key: &BlockKey, until: Instant) {
+    async fn bring_back(&self, key: &BlockKey, until: Instant, room_wait: Duration) {
         if until <= Instant::now() || self.dram.hold(key, until).is_ok() {
             return;
         }
@@ -173,7 +197,7 @@ impl Tiers {
             .and_then(|d| d.record_of(key))
             .map(|(len, _)| u64::from(len));
         if let Some(len) = stored {
-            if !self.demotion_room_within(len, ROOM_WAIT).await {
+            if !self.demotion_room_within(len, room_wait).await {
                 // Not read at all while writes keep the drives busy: vLLM
                 // looks a waiting request up again at every step, and each
                 // lookup would read its blocks again for nothing.
@@ -194,7 +218,7 @@ impl Tiers {
         let len = bytes.len() as u64;
         // As a put: what its place in DRAM evicts must have room to go to
         // the drives (waiting a little for the demotion queue).
-        let _gate = self.room_to_demote(len, ROOM_WAIT).await;
+        let _gate = self.room_to_demote(len, room_wait).await;
         let no_room = self.dram.would_evict(len) && !self.dram.has_demotion_room(len);
         if self.dram.contains(key) || no_room {
             // Put again meanwhile (that copy is the current one), or no
@@ -233,6 +257,18 @@ impl Tiers {
     }
 }
 
+/// A read a get took off the queue: marked done when it ends.
+struct Reading<'a> {
+    queue: &'a Queue,
+    key: &'a BlockKey,
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.queue.done(self.key);
+    }
+}
+
 /// Brings back what leases found on the drives, a few reads at a time,
 /// until `shutdown`.
 pub(super) async fn run(tiers: Arc<Tiers>, shutdown: CancellationToken) {
@@ -244,7 +280,7 @@ pub(super) async fn run(tiers: Arc<Tiers>, shutdown: CancellationToken) {
         for (key, until) in queue.take(READS_IN_FLIGHT - reads.len()) {
             let tiers = tiers.clone();
             reads.push(async move {
-                tiers.bring_back(&key, until).await;
+                tiers.bring_back(&key, until, ROOM_WAIT).await;
                 key
             });
         }
@@ -321,6 +357,13 @@ mod tests {
         assert!(q.push(&key(3), now + long));
         assert_eq!(q.take(8).len(), 1);
         assert!(!q.joined(&key(3), Duration::from_millis(5)).await);
+        // Not read yet: a get takes it off the queue and reads it itself.
+        assert!(q.push(&key(4), now + long));
+        assert_eq!(q.take_key(&key(4)), Some(now + long));
+        assert!(q.take(8).is_empty(), "taken by the get");
+        assert_eq!(q.take_key(&key(4)), None, "being read");
+        q.done(&key(4));
+        assert!(!q.leased(&key(4), now), "read: DRAM's hold says");
     }
 
     #[test]
