@@ -4,6 +4,7 @@ Mooncake project) describes it: the same calls, the same return values."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -108,15 +109,24 @@ def test_batch_operations_existence_size_and_removal(store):
     assert store.remove_all(force=True) == 2  # key3 and greeting
 
 
+@contextlib.contextmanager
+def leasing_ten_minutes(tmp_path, dram: str):
+    """A client of a store of its own (`dram` of pool) whose leases last 10
+    minutes, so that no lease ends during a test."""
+    config = tmp_path / "store.toml"
+    config.write_text('[daemon]\nkv_lease_ttl = "10m"\n')
+    with single_host_store(dram, "--config", str(config)) as meta:
+        s = MooncakeDistributedStore()
+        assert s.setup("localhost", "P2PHANDSHAKE", 0, 64 << 20, "tcp", "", meta) == 0
+        yield s
+        assert s.close() == 0
+
+
 def test_a_lease_refuses_a_removal_without_force_as_in_mooncake(tmp_path):
     # Mooncake's master refuses Remove while a lease (granted by ExistKey,
     # batch_is_exist) has not run out (OBJECT_HAS_LEASE), and RemoveAll
-    # skips such objects; force removes them. Leases of 10 minutes here.
-    config = tmp_path / "store.toml"
-    config.write_text('[daemon]\nkv_lease_ttl = "10m"\n')
-    with single_host_store("64MiB", "--config", str(config)) as meta:
-        s = MooncakeDistributedStore()
-        assert s.setup("localhost", "P2PHANDSHAKE", 0, 64 << 20, "tcp", "", meta) == 0
+    # skips such objects; force removes them.
+    with leasing_ten_minutes(tmp_path, "64MiB") as s:
         for name in ("leased", "probed", "other", "spare"):
             assert s.put(name, name.encode() * 100) == 0
         assert s.batch_is_exist(["leased"]) == [1]
@@ -130,18 +140,13 @@ def test_a_lease_refuses_a_removal_without_force_as_in_mooncake(tmp_path):
         assert s.get("leased") == b""
         assert s.put("leased", b"again") == 0 and s.is_exist("leased") == 1
         assert s.remove_all(force=True) == 1
-        assert s.close() == 0
 
 
 def test_batch_is_exist_leases_what_it_finds_and_batch_probe_key_does_not(tmp_path):
     # As in Mooncake: what a lookup finds stays until the engine loads it
     # (for the daemon's kv_lease_ttl, Mooncake's default_kv_lease_ttl),
     # however many puts come in between; a probe leases nothing.
-    config = tmp_path / "store.toml"
-    config.write_text('[daemon]\nkv_lease_ttl = "10m"\n')
-    with single_host_store("4MiB", "--config", str(config)) as meta:
-        s = MooncakeDistributedStore()
-        assert s.setup("localhost", "P2PHANDSHAKE", 0, 64 << 20, "tcp", "", meta) == 0
+    with leasing_ten_minutes(tmp_path, "4MiB") as s:
         block = 256 << 10
         for name in ("leased", "probed", "unasked"):
             assert s.put(name, name[0].encode() * block) == 0
@@ -154,7 +159,6 @@ def test_batch_is_exist_leases_what_it_finds_and_batch_probe_key_does_not(tmp_pa
         # Evicted: the daemons say so, whatever the index has heard yet.
         assert s.batch_is_exist(["probed", "unasked", "leased"]) == [0, 0, 1]
         assert s.get("probed") == b""
-        assert s.close() == 0
 
 
 def test_replicate_config_is_accepted_and_hard_pin_pins(store):
