@@ -55,6 +55,7 @@ impl DramPool {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
         let block = stored_mut(&mut inner.blocks, key)?;
+        block.leased_until = block.leased_until.max(until);
         if block.held_until != 0 {
             block.held_until = block.held_until.max(until);
             return Ok(());
@@ -79,10 +80,11 @@ impl DramPool {
         Ok(())
     }
 
-    /// `remove`, refused (`Leased`) while a lease holds the block.
+    /// `remove`, refused (`Leased`) while a lease on the block runs, held
+    /// or not (as Mooncake's leases refuse it).
     pub fn remove_unheld(&self, key: &BlockKey) -> Result<(), PoolError> {
         let now = self.ms_since_epoch(Instant::now());
-        self.remove_unless(key, |b| b.held_until > now)
+        self.remove_unless(key, |b| b.leased_until > now)
     }
 
     /// Holds refused since start because leases held their share of the

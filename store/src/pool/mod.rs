@@ -223,6 +223,10 @@ struct Block {
     /// Held from eviction until then, in ms since the pool's epoch (0:
     /// not held; see `hold`).
     held_until: u64,
+    /// The end of the last lease a lookup took on it, in the same ms, held
+    /// or not (past the leases' share of the pool a lease does not hold):
+    /// until then a removal that is not forced leaves it.
+    leased_until: u64,
     stamp: u64,
     /// The block whose prefix this one extends (same namespace), if the
     /// writer said.
@@ -255,6 +259,7 @@ impl Block {
             leases: 0,
             pins: 0,
             held_until: 0,
+            leased_until: 0,
             stamp: 0,
             parent: None,
             queue: Queue::Main,

@@ -284,6 +284,30 @@ fn leases_hold_at_most_half_the_pool_so_puts_keep_room() {
 }
 
 #[test]
+fn a_lease_refuses_a_removal_that_is_not_forced_even_past_the_leases_share() {
+    let p = pool(64 << 10);
+    let hour = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    for i in 0..3 {
+        put(&p, key(i), i as u8, 16 << 10).unwrap();
+    }
+    let held: Vec<_> = (0..3).map(|i| p.hold(&key(i), hour)).collect();
+    assert_eq!(held, [Ok(()), Ok(()), Err(PoolError::Busy)]);
+    for i in 0..3 {
+        assert_eq!(
+            p.remove_unheld(&key(i)),
+            Err(PoolError::Leased),
+            "block {i}"
+        );
+        assert!(p.contains(&key(i)));
+    }
+    assert_eq!(p.remove(&key(2)), Ok(()), "forced");
+    assert_eq!(p.held(), 2);
+    put(&p, key(3), 3, 16 << 10).unwrap();
+    assert_eq!(p.remove_unheld(&key(3)), Ok(()), "no lease on it");
+    assert_eq!(p.remove_unheld(&key(3)), Err(PoolError::NotFound));
+}
+
+#[test]
 fn a_lease_ends_by_itself_and_the_block_goes_back_where_it_was() {
     let p = pool(64 << 10);
     let soon = std::time::Instant::now() + std::time::Duration::from_millis(20);
