@@ -298,6 +298,37 @@ def on_drive_until_read(meta: str) -> int:
     return pages
 
 
+def native_on_drive_until_read(meta: str) -> int:
+    """The same with the native backend: the pages it set, pushed to the
+    drive (checked without a lease, in its namespace), are back in DRAM
+    after its prefix check (`match_prefix(lease=True)`) and before its
+    read, which is exact. Returns the pages."""
+    from mooncake.store import MooncakeDistributedStore
+
+    pool = mha_host_pool()
+    store = native(meta, pool, False)
+    pages = 32
+    keys, src, dst = pages_to_copy(pool, pages, first=8000)
+    assert store.batch_set_v1(keys, src) == [True] * pages
+    names = store._names(keys)
+    other = MooncakeDistributedStore()
+    assert other.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta,
+                       tenant_id=store.client.namespace) == 0
+    filler = mooncake_store.Client(meta, namespace="filler")
+    for i in range(64):
+        filler.put(f"filler-{i}", b"f" * (256 << 10))
+    stored = [k for k, e in zip(names, other.batch_probe_key(names)) if e == 1]
+    assert stored, "every page left the store"
+    eventually(lambda: replica_kinds(other, stored) == {"disk"}, "pages on the drive")
+    assert store.batch_exists(keys) == pages
+    eventually(lambda: replica_kinds(other, stored) == {"memory"}, "pages back in DRAM")
+    assert store.batch_get_v1(keys, dst) == [True] * pages
+    assert pages_bytes(pool, src) == pages_bytes(pool, dst), "pages differ"
+    store.clear()
+    other.close()
+    return pages
+
+
 def main() -> None:
     meta = sys.argv[1]
     for name, backend in (("sglang's MooncakeStore", sglang_mooncake),
@@ -327,6 +358,11 @@ def main() -> None:
             n = on_drive_until_read(own)
         print(f"sglang's MooncakeStore, drive: {n} pages the prefix check found only on the daemon's drive"
               " were back in DRAM before the read, read back exactly")
+        drive = Path(tempfile.mkdtemp(prefix="sglang-native-drive-"), "drive.bin")
+        with small_store("4MiB", f'[daemon]\nkv_lease_ttl = "10m"\nnvme = ["{drive}:64MiB"]\n') as own:
+            n = native_on_drive_until_read(own)
+        print(f"native MooncakeStoreHiCache, drive: {n} pages the prefix check found only on the daemon's"
+              " drive were back in DRAM before the read, read back exactly")
 
 
 if __name__ == "__main__":
