@@ -265,8 +265,9 @@ fn a_held_block_outlives_eviction_until_its_lease_ends() {
     put(&p, key(99), 3, 60 << 10).unwrap();
 }
 
-#[test]
-fn leases_hold_at_most_half_the_pool_so_puts_keep_room() {
+/// A pool of 64 KiB with three blocks of 16 KiB, each leased for an hour:
+/// the first two held, the third past the leases' half of the pool.
+fn three_leased_two_held() -> (Arc<DramPool>, std::time::Instant) {
     let p = pool(64 << 10);
     let hour = std::time::Instant::now() + std::time::Duration::from_secs(3600);
     for i in 0..3 {
@@ -274,6 +275,12 @@ fn leases_hold_at_most_half_the_pool_so_puts_keep_room() {
     }
     let held: Vec<_> = (0..3).map(|i| p.hold(&key(i), hour)).collect();
     assert_eq!(held, [Ok(()), Ok(()), Err(PoolError::Busy)]);
+    (p, hour)
+}
+
+#[test]
+fn leases_hold_at_most_half_the_pool_so_puts_keep_room() {
+    let (p, hour) = three_leased_two_held();
     assert_eq!((p.held(), p.holds_refused()), (2, 1));
     // Taken again, a lease held is extended, not refused.
     assert_eq!(p.hold(&key(0), hour), Ok(()));
@@ -285,13 +292,7 @@ fn leases_hold_at_most_half_the_pool_so_puts_keep_room() {
 
 #[test]
 fn a_lease_refuses_a_removal_that_is_not_forced_even_past_the_leases_share() {
-    let p = pool(64 << 10);
-    let hour = std::time::Instant::now() + std::time::Duration::from_secs(3600);
-    for i in 0..3 {
-        put(&p, key(i), i as u8, 16 << 10).unwrap();
-    }
-    let held: Vec<_> = (0..3).map(|i| p.hold(&key(i), hour)).collect();
-    assert_eq!(held, [Ok(()), Ok(()), Err(PoolError::Busy)]);
+    let (p, _) = three_leased_two_held();
     for i in 0..3 {
         assert_eq!(
             p.remove_unheld(&key(i)),
