@@ -318,11 +318,13 @@ impl Tiers {
         checksum: u64,
     ) -> Result<bool, PoolError> {
         let mut same = false;
-        let _below = self.below.write();
+        // Taken only where a copy goes (rare), not for every put.
+        let mut below = None;
         for drive in &self.nvme {
             match drive.record_of(key) {
                 Some((l, sum)) if u64::from(l) == len && sum == checksum => same = true,
                 Some(_) => {
+                    below.get_or_insert_with(|| self.below.write());
                     tracing::info!(%key, "put replaces other bytes held under its key on NVMe");
                     if let Err(err) = drive.remove(key) {
                         tracing::warn!(%key, %err, "NVMe removal of a replaced block failed");

@@ -156,6 +156,14 @@ def pages_to_copy(pool, pages: int, first: int = 0):
     return keys, src, dst
 
 
+def fill_over(meta: str) -> None:
+    """Another client puts 16 MiB, none of it read again: four times a
+    small store's pool."""
+    filler = mooncake_store.Client(meta, namespace="filler")
+    for i in range(64):
+        filler.put(f"filler-{i}", b"f" * (256 << 10))
+
+
 def cleared(store, found) -> None:
     """SGLang's `clear()`, then what a lease may have kept from it. SGLang's
     own backend calls Mooncake's `remove_all()` without `force`, which, as
@@ -242,9 +250,7 @@ def leased_until_read(meta: str, backend) -> int:
     keys, src, dst = pages_to_copy(pool, pages, first=5000)
     assert store.batch_set_v1(keys, src) == [True] * pages
     assert store.batch_exists(keys) == pages
-    other = mooncake_store.Client(meta, namespace="filler")
-    for i in range(64):
-        other.put(f"filler-{i}", b"f" * (256 << 10))
+    fill_over(meta)
     assert store.batch_get_v1(keys, dst) == [True] * pages, "pages the check found were evicted"
     assert pages_bytes(pool, src) == pages_bytes(pool, dst), "pages differ"
     # HiCache's clear() with pages a lease holds (10 minutes here) and
@@ -275,9 +281,7 @@ def on_drive_until_read(meta: str) -> int:
     assert store.batch_set_v1(keys, src) == [True] * pages
     other = MooncakeDistributedStore()
     assert other.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta) == 0
-    filler = mooncake_store.Client(meta, namespace="filler")
-    for i in range(64):
-        filler.put(f"filler-{i}", b"f" * (256 << 10))
+    fill_over(meta)
     inner, found = store.store, []
     exists = inner.batch_is_exist
 
@@ -314,9 +318,7 @@ def native_on_drive_until_read(meta: str) -> int:
     other = MooncakeDistributedStore()
     assert other.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta,
                        tenant_id=store.client.namespace) == 0
-    filler = mooncake_store.Client(meta, namespace="filler")
-    for i in range(64):
-        filler.put(f"filler-{i}", b"f" * (256 << 10))
+    fill_over(meta)
     stored = [k for k, e in zip(names, other.batch_probe_key(names)) if e == 1]
     assert stored, "every page left the store"
     eventually(lambda: replica_kinds(other, stored) == {"disk"}, "pages on the drive")
