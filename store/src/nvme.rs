@@ -18,6 +18,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use mooncake_proto::message::EngineTag;
 use mooncake_proto::{checksum, BlockHash, BlockKey, Namespace};
@@ -222,6 +223,9 @@ struct State {
     /// then leaves no record (a removed block must not come back).
     writing: HashMap<BlockKey, u64>,
     next_write: u64,
+    /// Blocks held here by a lease, each until its end (`leases`): kept
+    /// from eviction, and from a removal that is not forced.
+    leased: HashMap<BlockKey, Instant>,
 }
 
 /// One NVMe tier: a file or device, its index, and the blocks in it.
@@ -276,6 +280,7 @@ impl NvmeTier {
             tenant_used: Vec::new(),
             writing: HashMap::new(),
             next_write: 0,
+            leased: HashMap::new(),
         };
         let mut dropped = Vec::new();
         let mut tags = Vec::new();
@@ -404,6 +409,7 @@ impl NvmeTier {
         evicted: bool,
     ) -> Result<Record, TierError> {
         let (rec, place) = state.blocks.remove(key).expect("an indexed block");
+        state.leased.remove(key);
         state.order.remove(key, place, rec.extent(), evicted);
         if rec.tagged {
             let mut batch = rocksdb::WriteBatch::default();
@@ -537,11 +543,15 @@ impl NvmeTier {
                     return Err(TierError::NoSpace);
                 }
                 while state.tenant_used[t as usize] + extent > limit {
+                    let now = Instant::now();
                     let victim = state
                         .order
                         .coldest()
                         .take(MAX_QUOTA_SCAN)
-                        .find(|k| self.quotas.tenant_of(&k.namespace) == Some(t))
+                        .find(|k| {
+                            self.quotas.tenant_of(&k.namespace) == Some(t)
+                                && !leases::runs(&state.leased, k, now)
+                        })
                         .cloned();
                     let Some(victim) = victim else {
                         return Err(TierError::NoSpace);
@@ -555,7 +565,7 @@ impl NvmeTier {
                 if let Some(at) = state.extents.allocate(extent) {
                     break at;
                 }
-                let Some(victim) = state.order.victim().cloned() else {
+                let Some(victim) = Self::unleased_victim(&mut state) else {
                     return Err(TierError::NoSpace);
                 };
                 self.drop_locked(&mut state, &victim, true)?;
@@ -696,6 +706,7 @@ impl NvmeTier {
     }
 }
 
+mod leases;
 mod order;
 
 #[cfg(test)]

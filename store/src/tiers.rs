@@ -451,11 +451,19 @@ impl Tiers {
 
     /// Leases a stored block until `until`: kept in DRAM until then. A
     /// block already on its way to the NVMe drives, or only there, is
-    /// found, and brought back to DRAM and held there in the background
-    /// (`prefetch`); `NotFound` where no tier has it.
+    /// held there (no eviction of the drive takes it, and no removal that
+    /// is not forced), and brought back to DRAM and held there in the
+    /// background (`prefetch`); `NotFound` where no tier has it.
     pub fn hold(&self, key: &BlockKey, until: std::time::Instant) -> Result<(), PoolError> {
         match self.dram.hold(key, until) {
-            Err(PoolError::NotFound) if self.on_nvme(key) || self.dram.is_demoting(key) => {
+            Err(PoolError::NotFound) => {
+                // On its way first: a demotion written meanwhile hands its
+                // lease to its drive before it stops being on its way.
+                let demoting = self.dram.hold_demoting(key, until);
+                let on_drive = self.nvme.iter().any(|d| d.hold(key, until));
+                if !(demoting || on_drive) {
+                    return Err(PoolError::NotFound);
+                }
                 self.prefetch(key, until);
                 Ok(())
             }
@@ -470,14 +478,14 @@ impl Tiers {
     }
 
     /// `remove`, but `Leased` (and nothing removed) while a lease holds
-    /// the block: in DRAM, or found on a drive and being brought back.
+    /// the block, in whichever tier it found it.
     pub fn remove_unleased(&self, key: &BlockKey) -> Result<bool, PoolError> {
         self.remove_from_all(key, true)
     }
 
     fn remove_from_all(&self, key: &BlockKey, unleased: bool) -> Result<bool, PoolError> {
         let below = self.below.write();
-        if unleased && self.prefetch_leased(key) {
+        if unleased && (self.dram.demoting_leased(key) || self.nvme.iter().any(|d| d.leased(key))) {
             return Err(PoolError::Leased);
         }
         let in_dram = match unleased {
@@ -697,6 +705,11 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                 let len = demoted.bytes.len() as u64;
                 in_flight_bytes[i] -= len;
                 let current = tiers.dram.demotion_current(&demoted);
+                // A lease taken on its way holds it on the drive now.
+                let lease = tiers.dram.lease_on_its_way(&demoted);
+                if let (true, Ok(_), Some(until)) = (current, &written, lease) {
+                    tiers.nvme[i].hold(&demoted.key, until);
+                }
                 tiers.dram.demotion_done(&demoted);
                 match written {
                     Ok(evicted) => {

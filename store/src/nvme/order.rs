@@ -144,6 +144,13 @@ impl DriveOrder {
         self.place(key.clone(), bytes, false)
     }
 
+    /// A block passed over for eviction (a lease holds it): it goes to the
+    /// most recent end of its own part, counted as nothing.
+    pub fn pass_over(&mut self, key: &BlockKey, place: Place, bytes: u64) -> Place {
+        self.take(place, bytes);
+        self.place(key.clone(), bytes, place.probation)
+    }
+
     /// A block leaves the drive; `evicted`: it was dropped for room (the
     /// order remembers it), not removed.
     pub fn remove(&mut self, key: &BlockKey, place: Place, bytes: u64, evicted: bool) {

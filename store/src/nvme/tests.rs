@@ -219,6 +219,45 @@ async fn a_full_tier_evicts_its_coldest_and_refuses_what_never_fits() {
 }
 
 #[tokio::test]
+async fn a_leased_block_is_passed_over_by_eviction_until_its_lease_ends() {
+    let dir = Scratch::new();
+    let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
+    let put = |i: u64| {
+        let v = value(i, 250 << 10);
+        let tier = &tier;
+        async move {
+            tier.put(&key(i), &v, checksum(&v), (None, None, true))
+                .await
+        }
+    };
+    for i in 0..4 {
+        assert!(put(i).await.unwrap().is_empty());
+    }
+    let now = std::time::Instant::now();
+    let later = now + std::time::Duration::from_secs(600);
+    assert!(!tier.hold(&key(9), later), "not on the drive");
+    assert!(tier.hold(&key(0), later) && tier.hold(&key(1), later));
+    assert!(tier.leased(&key(0)));
+    // The two coldest are leased: the third goes.
+    assert_eq!(put(4).await.unwrap(), vec![key(2)]);
+    assert!(tier.contains(&key(0)) && tier.contains(&key(1)));
+    // Every block leased: nothing is evicted, and the write finds no room.
+    for i in [3, 4] {
+        assert!(tier.hold(&key(i), later));
+    }
+    assert!(matches!(put(5).await, Err(TierError::NoSpace)));
+    assert_eq!(tier.blocks(), 4);
+    // A lease that has ended holds nothing.
+    tier.state.lock().leased.insert(key(0), now);
+    assert!(!tier.leased(&key(0)));
+    assert_eq!(put(5).await.unwrap(), vec![key(0)]);
+    // A block that leaves takes its lease with it.
+    assert!(tier.remove(&key(1)).unwrap());
+    assert!(!tier.leased(&key(1)));
+    assert!(!tier.state.lock().leased.contains_key(&key(1)));
+}
+
+#[tokio::test]
 async fn a_tenant_over_its_share_of_a_drive_evicts_its_own_blocks() {
     let dir = Scratch::new();
     let quotas = || Quotas::new([("acme".into(), 0.25)]);

@@ -1,6 +1,8 @@
 //! Demotion: blocks evicted from DRAM are copied out and queued for the
 //! next tier (NVMe), within a bound of queued bytes that writers wait for.
 
+use std::time::Instant;
+
 use super::*;
 
 /// A block evicted from DRAM on its way to the next tier: its bytes were
@@ -37,6 +39,9 @@ pub(super) struct InFlight {
     /// Removed on its way: not served, and not written (or, where its
     /// write had begun, dropped from the drive once written).
     removed: bool,
+    /// The end of a lease taken on its way, which its drive keeps once
+    /// it is written (`lease_on_its_way`).
+    leased_until: Option<Instant>,
 }
 
 impl DramPool {
@@ -104,6 +109,35 @@ impl DramPool {
         Some((f.bytes.clone(), f.checksum))
     }
 
+    /// Leases a block on its way to the next tier until `until` (or
+    /// later); `false` where it is not on its way.
+    pub fn hold_demoting(&self, key: &BlockKey, until: Instant) -> bool {
+        let mut demoting = self.demoting.lock();
+        let Some(f) = demoting.get_mut(key).filter(|f| !f.removed) else {
+            return false;
+        };
+        f.leased_until = f.leased_until.max(Some(until));
+        true
+    }
+
+    /// Whether a lease holds a block on its way to the next tier now.
+    pub fn demoting_leased(&self, key: &BlockKey) -> bool {
+        let now = Instant::now();
+        let demoting = self.demoting.lock();
+        demoting
+            .get(key)
+            .and_then(|f| f.leased_until)
+            .is_some_and(|until| until > now)
+    }
+
+    /// The end of a lease taken on `demoted` on its way, for its drive to
+    /// keep (ask before `demotion_done`).
+    pub fn lease_on_its_way(&self, demoted: &Demoted) -> Option<Instant> {
+        let demoting = self.demoting.lock();
+        let f = demoting.get(&demoted.key)?;
+        (f.seq == demoted.seq).then_some(f.leased_until)?
+    }
+
     /// The checksum of a block on its way to the next tier (not counted
     /// as a read).
     pub fn demoting_checksum(&self, key: &BlockKey) -> Option<u64> {
@@ -153,6 +187,7 @@ impl DramPool {
                 checksum,
                 read: false,
                 removed: false,
+                leased_until: None,
             },
         );
         let demoted = Demoted {

@@ -97,14 +97,6 @@ impl Queue {
             .collect()
     }
 
-    /// Whether a lease not over yet waits for `key` to come back, or is
-    /// reading it now.
-    fn leased(&self, key: &BlockKey, now: Instant) -> bool {
-        let state = self.state.lock();
-        let (waiting, reading) = (state.waiting.get(key), state.reading.get(key));
-        waiting.into_iter().chain(reading).any(|until| *until > now)
-    }
-
     /// Takes `key` off the waiting blocks, to be read now by the caller
     /// (marked read until `done`); its lease's deadline, or `None` if it
     /// was not waiting (or is being read already).
@@ -155,13 +147,6 @@ impl Tiers {
         if !queue.push(key, until) {
             self.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    /// Whether a lease found `key` on a drive and its block is on its way
-    /// back to DRAM (where the lease then holds it).
-    pub(super) fn prefetch_leased(&self, key: &BlockKey) -> bool {
-        let now = Instant::now();
-        self.prefetch.as_ref().is_some_and(|q| q.leased(key, now))
     }
 
     /// A get missed `key` in DRAM where a lease asked for it to come back
@@ -363,21 +348,5 @@ mod tests {
         assert!(q.take(8).is_empty(), "taken by the get");
         assert_eq!(q.take_key(&key(4)), None, "being read");
         q.done(&key(4));
-        assert!(!q.leased(&key(4), now), "read: DRAM's hold says");
-    }
-
-    #[test]
-    fn a_block_waiting_or_being_read_is_leased_until_its_deadline() {
-        let q = Queue::default();
-        let now = Instant::now();
-        let later = now + std::time::Duration::from_secs(5);
-        assert!(!q.leased(&key(1), now));
-        assert!(q.push(&key(1), later));
-        assert!(q.leased(&key(1), now), "waiting");
-        assert_eq!(q.take(8).len(), 1);
-        assert!(q.leased(&key(1), now), "being read");
-        assert!(!q.leased(&key(1), later), "its lease over");
-        q.done(&key(1));
-        assert!(!q.leased(&key(1), now), "read: DRAM's hold says");
     }
 }

@@ -133,6 +133,15 @@ fn over_a_gated_drive(
     tasks: &TaskTracker,
     stop: &CancellationToken,
 ) -> (Arc<Tiers>, Arc<tokio::sync::Semaphore>, Scratch) {
+    over_a_gated_drive_promoting(tasks, stop, 1)
+}
+
+/// `over_a_gated_drive`, promoting after `promote_after` hits (0: never).
+fn over_a_gated_drive_promoting(
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
+    promote_after: u32,
+) -> (Arc<Tiers>, Arc<tokio::sync::Semaphore>, Scratch) {
     use crate::io::{engine, gated::Gated, open_direct, EngineKind};
     use crate::pool::PoolConfig;
     let dir = std::env::temp_dir().join(format!(
@@ -147,7 +156,8 @@ fn over_a_gated_drive(
     let gate = gated.writes.clone();
     let drive = NvmeTier::open(Box::new(gated), 4 << 20, &NvmeTier::index_dir_for(&data)).unwrap();
     let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
-    let tiers = Tiers::with_nvme(pool, vec![Arc::new(drive)], 1, (tasks, stop.clone()));
+    let drives = vec![Arc::new(drive)];
+    let tiers = Tiers::with_nvme(pool, drives, promote_after, (tasks, stop.clone()));
     (tiers, gate, Scratch(dir))
 }
 
@@ -256,6 +266,43 @@ async fn a_block_removed_on_its_way_to_a_drive_is_neither_served_nor_written() {
         );
     }
     assert_eq!(drive.used(), 2 * 65536);
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+}
+
+#[tokio::test]
+async fn a_lease_holds_a_block_on_a_drive_or_on_its_way_there_against_a_removal_not_forced() {
+    let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+    // Never promotes: a lease brings nothing back to DRAM.
+    let (tiers, gate, _dir) = over_a_gated_drive_promoting(&tasks, &stop, 0);
+    for i in 1..=3 {
+        put(&tiers, key(i), &bytes(i)).await;
+    }
+    assert_eq!(tiers.dram.evict_bytes(3 * 65536).1, 3);
+    // Leased on its way to the drive (its write held at the gate).
+    let later = std::time::Instant::now() + Duration::from_secs(600);
+    tiers.hold(&key(1), later).unwrap();
+    gate.add_permits(64);
+    demotions_settled(&tiers).await;
+    assert!(tiers.nvme[0].leased(&key(1)), "the lease went with it");
+    // Leased where only the drive holds it.
+    tiers.hold(&key(2), later).unwrap();
+    for i in [1, 2] {
+        assert!(
+            matches!(tiers.remove_unleased(&key(i)), Err(PoolError::Leased)),
+            "block {i}"
+        );
+        assert!(tiers.contains(&key(i)) && !tiers.dram.contains(&key(i)));
+    }
+    // Unleased, and forced: both go.
+    assert_eq!(tiers.remove_unleased(&key(3)), Ok(true));
+    assert!(tiers.remove(&key(1)));
+    assert!(!tiers.contains(&key(1)) && !tiers.contains(&key(3)));
+    assert!(matches!(
+        tiers.hold(&key(3), later),
+        Err(PoolError::NotFound)
+    ));
     stop.cancel();
     tasks.close();
     tasks.wait().await;
