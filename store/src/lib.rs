@@ -174,9 +174,10 @@ pub async fn start(
     // Mapping and filling a large pool (the kernel may compact memory for
     // its huge pages) and recovering a drive's index take seconds: off the
     // runtime, which in `up` serves the meta service meanwhile.
+    let io_times = io::IoTimes::new(metrics::latency_buckets())?;
     let storage = {
-        let config = config.clone();
-        tokio::task::spawn_blocking(move || open_storage(&config, addr))
+        let (config, io_times) = (config.clone(), io_times.clone());
+        tokio::task::spawn_blocking(move || open_storage(&config, addr, &io_times))
     };
     let (pool, drives) = storage.await.map_err(|err| DaemonError::Pool {
         size: config.dram.0,
@@ -200,7 +201,7 @@ pub async fn start(
             (&background, shutdown.child_token()),
         )
     };
-    let metrics = metrics::DaemonMetrics::new(registry, tiers.clone())?;
+    let metrics = metrics::DaemonMetrics::new(registry, tiers.clone(), &io_times)?;
     let mut data = config.data();
     data.peers = fetch::Peers {
         dialer: meta_dialer.clone(),
@@ -396,6 +397,7 @@ pub fn memory_fits(config: &DaemonConfig) -> Result<(), String> {
 fn open_storage(
     config: &DaemonConfig,
     addr: SocketAddr,
+    io_times: &io::IoTimes,
 ) -> Result<(Arc<DramPool>, Vec<Arc<nvme::NvmeTier>>), DaemonError> {
     match memory::check(config.dram.0, config.hugepages) {
         Err(why) => return Err(DaemonError::Memory(why)),
@@ -405,10 +407,11 @@ fn open_storage(
     // Drives first: one in use stops the start before the pool is filled.
     let mut drives = Vec::new();
     for (path, capacity) in config.nvme_drives().map_err(DaemonError::Config)? {
-        let tier = open_drive(&path, capacity, config).map_err(|err| DaemonError::Nvme {
-            path: path.clone(),
-            err,
-        })?;
+        let tier =
+            open_drive(&path, capacity, config, io_times).map_err(|err| DaemonError::Nvme {
+                path: path.clone(),
+                err,
+            })?;
         tracing::info!(path = %path.display(), capacity, blocks = tier.blocks(), "NVMe drive ready");
         drives.push(Arc::new(tier));
     }
@@ -423,11 +426,13 @@ fn open_storage(
 }
 
 /// Opens one NVMe drive: its space reserved, its engine (io_uring, or
-/// pread/pwrite where io_uring is unavailable), its index recovered.
+/// pread/pwrite where io_uring is unavailable; its I/O timed into
+/// `io_times`), its index recovered.
 fn open_drive(
     path: &std::path::Path,
     capacity: u64,
     config: &DaemonConfig,
+    io_times: &io::IoTimes,
 ) -> Result<nvme::NvmeTier, String> {
     let file = io::open_direct(path).map_err(|e| e.to_string())?;
     io::reserve(&file, capacity).map_err(|e| e.to_string())?;
@@ -439,6 +444,7 @@ fn open_drive(
             io::engine(io::EngineKind::Psync, file, config.nvme_depth).map_err(|e| e.to_string())?
         }
     };
+    let engine = Box::new(io::Timed::over(engine, io_times.clone()));
     nvme::NvmeTier::open(engine, capacity, &nvme::NvmeTier::index_dir_for(path))
         .map(|tier| {
             tier.with_order(config.eviction, config.probation_share)

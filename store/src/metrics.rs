@@ -48,8 +48,13 @@ pub fn latency_buckets() -> Vec<f64> {
 }
 
 impl DaemonMetrics {
-    /// Registers the daemon's metrics (and its pool's) in `registry`.
-    pub fn new(registry: &Registry, tiers: Arc<Tiers>) -> prometheus::Result<Arc<Self>> {
+    /// Registers the daemon's metrics (its pool's, and its drives' I/O
+    /// times) in `registry`.
+    pub fn new(
+        registry: &Registry,
+        tiers: Arc<Tiers>,
+        io_times: &crate::io::IoTimes,
+    ) -> prometheus::Result<Arc<Self>> {
         let server = ServerMetrics::new(
             registry,
             MetricsSpec {
@@ -76,6 +81,7 @@ impl DaemonMetrics {
         )?;
         registry.register(Box::new(sessions.clone()))?;
         registry.register(Box::new(PoolCollector::new(tiers)?))?;
+        registry.register(Box::new(io_times.collector()))?;
         Ok(Arc::new(DaemonMetrics {
             server: Arc::new(server),
             bytes_read: bytes.with_label_values(&["read", "dram", "tcp"]),
@@ -483,7 +489,12 @@ mod tests {
         let registry = Registry::new();
         // The daemon holds its tiers; the metrics only look at them.
         let tiers = Tiers::dram_only(pool);
-        let m = DaemonMetrics::new(&registry, tiers.clone()).unwrap();
+        let m = DaemonMetrics::new(
+            &registry,
+            tiers.clone(),
+            &crate::io::IoTimes::new(vec![1.0]).unwrap(),
+        )
+        .unwrap();
         m.server
             .record(Opcode::Get, mooncake_proto::ErrorCode::NotFound, 0.001);
         let acme = mooncake_proto::auth::Identity {
@@ -546,7 +557,12 @@ mod tests {
         }
         let registry = Registry::new();
         let tiers = Tiers::dram_only(pool);
-        let _m = DaemonMetrics::new(&registry, tiers.clone()).unwrap();
+        let _m = DaemonMetrics::new(
+            &registry,
+            tiers.clone(),
+            &crate::io::IoTimes::new(vec![1.0]).unwrap(),
+        )
+        .unwrap();
         let text = render(&registry);
         for line in [
             "mooncake_daemon_eviction_events_total{event=\"probation_admitted\"} 8",

@@ -300,6 +300,13 @@ fn a_daemon_with_a_drive_hits_what_simulate_predicts_and_drops_no_evicted_block(
     assert!(evicted > 2 * 2048, "DRAM evicted only {evicted} blocks");
     assert_eq!(demoted, evicted, "evicted from DRAM, not sent to the drive");
     assert!(series("mooncake_daemon_gets_total{result=\"hit\",tier=\"nvme\"}") > 0);
+    // The drive's own I/O is timed: every demotion written, reads too.
+    let timed = |op: &str| {
+        series(&format!(
+            "mooncake_daemon_nvme_io_seconds_count{{op=\"{op}\"}}"
+        ))
+    };
+    assert!(timed("write") > 0 && timed("read") > 0);
 
     let sim = simulate_json(&trace, &["--capacities", "2048", "--nvme", "8000"]);
     let predicted = json_f64(&sim, "drive_2q_token_hit_rate");

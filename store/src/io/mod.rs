@@ -12,6 +12,7 @@ mod aligned;
 #[cfg(test)]
 pub mod gated;
 mod psync;
+mod timed;
 mod uring;
 
 use std::fs::{File, OpenOptions};
@@ -23,6 +24,7 @@ use futures::future::BoxFuture;
 
 pub use aligned::{AlignedBuf, ALIGN};
 pub use psync::PsyncEngine;
+pub use timed::{IoTimes, Timed};
 pub use uring::UringEngine;
 
 /// One direct transfer: `buf.len()` bytes at `offset`, both aligned.

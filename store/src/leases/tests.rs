@@ -56,8 +56,12 @@ fn session_with(puts: bool) -> Session {
             peers: crate::fetch::Peers::default(),
             kv_lease_ttl: std::time::Duration::from_secs(5),
         },
-        metrics: crate::metrics::DaemonMetrics::new(&prometheus::Registry::new(), tiers.clone())
-            .unwrap(),
+        metrics: crate::metrics::DaemonMetrics::new(
+            &prometheus::Registry::new(),
+            tiers.clone(),
+            &crate::io::IoTimes::new(vec![1.0]).unwrap(),
+        )
+        .unwrap(),
     });
     let sessions = prometheus::IntGauge::new("sessions", "open").unwrap();
     let counted = sessions.clone();
