@@ -6,9 +6,11 @@
 //! copy keeps it: the key stays in the index with that copy and the
 //! caller hears `Leased` (Mooncake's `OBJECT_HAS_LEASE`). Leases are
 //! taken at the daemons (`Hold`, after a lookup), so they are the ones to
-//! ask.
+//! ask. A key with copies on several daemons is asked about at each
+//! (`LeaseOf`) before any copy goes, so that a lease on one copy keeps
+//! them all, as a lease on a Mooncake object does.
 
-use mooncake_proto::message::KeyRequest;
+use mooncake_proto::message::{Copies, KeyRequest};
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
 
 use crate::server::{State, DAEMON_CALL_TIMEOUT};
@@ -63,6 +65,10 @@ pub(crate) async fn unleased(
             continue;
         };
         let key = BlockKey::new(namespace.clone(), *hash);
+        if location.daemons.len() > 1 && leased_anywhere(state, &key, &location.daemons).await {
+            codes.push(ErrorCode::Leased);
+            continue;
+        }
         let (mut code, mut leased) = (ErrorCode::Ok, false);
         for d in location.daemons.iter() {
             let req = KeyRequest { key: key.clone() };
@@ -87,4 +93,19 @@ pub(crate) async fn unleased(
         codes.push(if leased { ErrorCode::Leased } else { code });
     }
     codes
+}
+
+/// Whether a lease holds any of `copies` of `key`; a daemon that cannot
+/// be asked holds none (its copy's removal then goes as forced).
+async fn leased_anywhere(state: &State, key: &BlockKey, copies: &Copies) -> bool {
+    for d in copies.iter() {
+        let req = KeyRequest { key: key.clone() };
+        let said = state
+            .call_daemon(d, Opcode::LeaseOf, &req, DAEMON_CALL_TIMEOUT)
+            .await;
+        if said == ErrorCode::Leased {
+            return true;
+        }
+    }
+    false
 }

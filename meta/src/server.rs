@@ -575,6 +575,7 @@ async fn dispatch(
         | Opcode::Get
         | Opcode::Remove
         | Opcode::RemoveUnleased
+        | Opcode::LeaseOf
         | Opcode::Pin
         | Opcode::Unpin
         | Opcode::DaemonStats

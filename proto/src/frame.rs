@@ -104,6 +104,10 @@ opcodes! {
     /// Remove a block unless a lease holds it (`Leased`): the meta
     /// service's call for a removal that is not forced.
     RemoveUnleased = 0x15,
+    /// Whether a lease holds a block (`Leased`), without removing it: the
+    /// meta service asks every daemon holding a copy before a removal
+    /// that is not forced takes any.
+    LeaseOf = 0x16,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).

@@ -29,6 +29,7 @@ pub(crate) const OPS: &[Opcode] = &[
     Opcode::Fetch,
     Opcode::Hold,
     Opcode::RemoveUnleased,
+    Opcode::LeaseOf,
 ];
 
 pub struct DaemonMetrics {

@@ -133,7 +133,7 @@ where
             let answer = mooncake_proto::message::EvictResponse { bytes, blocks };
             reply(wr, header, ErrorCode::Ok, &answer.to_bytes()).await
         }
-        Opcode::Remove | Opcode::RemoveUnleased | Opcode::Pin | Opcode::Unpin => {
+        Opcode::Remove | Opcode::RemoveUnleased | Opcode::LeaseOf | Opcode::Pin | Opcode::Unpin => {
             let req: KeyRequest = read_body(header, rd).await?;
             if !who.may_use(&req.key.namespace) {
                 return reply(wr, header, ErrorCode::Unauthorized, &[]).await;
@@ -150,6 +150,11 @@ where
                     Ok(true) => Ok(()),
                     Ok(false) => Err(crate::PoolError::NotFound),
                     Err(err) => Err(err),
+                },
+                Opcode::LeaseOf => match tiers.lease_of(&req.key) {
+                    Some(false) => Ok(()),
+                    Some(true) => Err(crate::PoolError::Leased),
+                    None => Err(crate::PoolError::NotFound),
                 },
                 Opcode::Pin => pool.pin(&req.key),
                 _ => pool.unpin(&req.key),

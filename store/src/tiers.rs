@@ -483,6 +483,17 @@ impl Tiers {
         self.remove_from_all(key, true)
     }
 
+    /// Whether a lease holds `key` in any tier (as `remove_unleased`
+    /// would find); `None` where no tier holds it.
+    pub fn lease_of(&self, key: &BlockKey) -> Option<bool> {
+        let below = self.dram.demoting_leased(key) || self.nvme.iter().any(|d| d.leased(key));
+        match self.dram.leased(key) {
+            Some(leased) => Some(leased || below),
+            None if below => Some(true),
+            None => (self.contains(key) || self.dram.is_demoting(key)).then_some(false),
+        }
+    }
+
     fn remove_from_all(&self, key: &BlockKey, unleased: bool) -> Result<bool, PoolError> {
         let below = self.below.write();
         if unleased && (self.dram.demoting_leased(key) || self.nvme.iter().any(|d| d.leased(key))) {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use mooncake_client::{GetOutcome, PutOutcome};
-use mooncake_proto::{BlockHash, BlockKey, Namespace, PrefixHasher};
+use mooncake_proto::{BlockHash, BlockKey, Namespace, Opcode, PrefixHasher};
 use mooncake_tests::{block_bytes, TestCluster};
 use rand::{Rng, SeedableRng};
 
@@ -207,6 +207,85 @@ async fn a_removal_that_is_not_forced_leaves_a_leased_block_and_a_forced_one_tak
     assert_eq!(client.get(&key(2)).await.unwrap(), None);
     assert_eq!(client.remove(&ns, &[hash(1)]).await.unwrap(), vec![Ok]);
     assert_eq!(client.get(&key(1)).await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_on_one_copy_keeps_every_copy_from_a_removal_not_forced() {
+    use mooncake_client::{ErrorSource, PutOptions};
+    use mooncake_proto::message::{KeysRequest, Statuses};
+    use mooncake_proto::ErrorCode::{Leased, Ok};
+    let on = |node: &str| mooncake_store_daemon::DaemonConfig {
+        node: node.into(),
+        kv_lease_ttl: mooncake_proto::units::HumanDuration(std::time::Duration::from_secs(600)),
+        ..mooncake_tests::daemon_config(64 << 20)
+    };
+    let cluster =
+        TestCluster::start_with(mooncake_tests::fast_meta(), vec![on("a"), on("b")]).await;
+    let client = cluster.client();
+    let ns = ns("t/leased-copies");
+    let v = block_bytes(1, 10_000);
+    let stored = client
+        .put_with(&ns, &[(hash(1), &v), (hash(2), &v)], PutOptions::copies(2))
+        .await
+        .unwrap();
+    assert_eq!(stored, vec![PutOutcome::Stored; 2]);
+    // A lease on one copy only: the client that took it could not ask
+    // the other daemon.
+    let mut conn = mooncake_net::Connection::connect(
+        &cluster.daemon_addr(1),
+        ErrorSource::Daemon,
+        std::time::Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    let hold = KeysRequest {
+        namespace: ns.clone(),
+        hashes: vec![hash(1)],
+    };
+    let held: Statuses = conn.call(Opcode::Hold, &hold, "hold").await.unwrap();
+    assert_eq!(held.codes, vec![Ok]);
+    assert_eq!(
+        client
+            .remove_unleased(&ns, &[hash(1), hash(2)])
+            .await
+            .unwrap(),
+        vec![Leased, Ok]
+    );
+    let found = client.lookup(&ns, &[hash(1), hash(2)]).await.unwrap();
+    let kept = found.items[0].expect("the leased block stays");
+    assert_eq!(
+        kept.daemons.len(),
+        2,
+        "a copy went though a lease held the other"
+    );
+    assert!(found.items[1].is_none());
+    for daemon in [0, 1] {
+        let mut conn = mooncake_net::Connection::connect(
+            &cluster.daemon_addr(daemon),
+            ErrorSource::Daemon,
+            std::time::Duration::from_secs(2),
+        )
+        .await
+        .unwrap();
+        let key = BlockKey::new(ns.clone(), hash(1));
+        let asked = conn
+            .call::<mooncake_proto::message::Empty>(
+                Opcode::LeaseOf,
+                &mooncake_proto::message::KeyRequest { key },
+                "lease_of",
+            )
+            .await;
+        match daemon {
+            0 => assert!(asked.is_ok(), "daemon 0 holds its copy unleased: {asked:?}"),
+            _ => assert!(
+                matches!(
+                    &asked,
+                    Err(mooncake_client::ClientError::Server { code: Leased, .. })
+                ),
+                "daemon 1's copy is leased: {asked:?}"
+            ),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -87,6 +87,15 @@ impl DramPool {
         self.remove_unless(key, |b| b.leased_until > now)
     }
 
+    /// Whether a lease runs on a stored block (as `remove_unheld` would
+    /// find); `None` where the pool does not hold it.
+    pub fn leased(&self, key: &BlockKey) -> Option<bool> {
+        let now = self.ms_since_epoch(Instant::now());
+        let inner = self.inner.lock();
+        let block = inner.blocks.get(key).filter(|b| b.ready)?;
+        Some(block.leased_until > now)
+    }
+
     /// Holds refused since start because leases held their share of the
     /// pool.
     pub fn holds_refused(&self) -> u64 {

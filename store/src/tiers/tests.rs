@@ -295,6 +295,10 @@ async fn a_lease_holds_a_block_on_a_drive_or_on_its_way_there_against_a_removal_
         );
         assert!(tiers.contains(&key(i)) && !tiers.dram.contains(&key(i)));
     }
+    assert_eq!(
+        [1, 2, 3, 9].map(|i| tiers.lease_of(&key(i))),
+        [Some(true), Some(true), Some(false), None]
+    );
     // Unleased, and forced: both go.
     assert_eq!(tiers.remove_unleased(&key(3)), Ok(true));
     assert!(tiers.remove(&key(1)));
