@@ -450,6 +450,57 @@ async fn blocks_of_one_size_after_the_first_go_into_room_held_ahead_byte_for_byt
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_blocks_go_in_their_frame_until_room_of_their_size_is_held_and_leave_other_rooms_for_a_while(
+) {
+    let dir = scratch();
+    let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
+    let client = client(&cluster, &dir.join("daemon.sock"));
+    // One 8 KiB block a call: the first goes in its frame and asks for
+    // room; each later one goes into the room the one before handed over.
+    put_each(&client, &[8192; 6]).await;
+    assert_eq!((client.shm_writes(), client.shm_room_writes()), (6, 5));
+    // A connection holding rooms of 100 KB: a 4 KiB block goes in its
+    // frame and leaves them, so the next 100 KB block finds its room.
+    let sizes = [100_000, 100_000, 4096, 100_000];
+    for (i, n) in sizes.iter().enumerate() {
+        let i = 10 + i as u64;
+        let out = client
+            .put(&ns(), &[(hash(i), &block_bytes(i, *n))])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored]);
+    }
+    assert_eq!(client.shm_room_writes(), 5 + 2);
+    // Blocks of 4 KiB from now on: the eighth in a row asks for room of
+    // their size, and the ones after it go there.
+    let small: Vec<usize> = vec![4096; 10];
+    for (i, n) in small.iter().enumerate() {
+        let i = 20 + i as u64;
+        let out = client
+            .put(&ns(), &[(hash(i), &block_bytes(i, *n))])
+            .await
+            .unwrap();
+        assert_eq!(out, vec![PutOutcome::Stored]);
+    }
+    assert_eq!(client.shm_room_writes(), 7 + 2);
+    let keys = (0..6u64)
+        .map(|i| (i, 8192))
+        .chain((10..14u64).zip(sizes))
+        .chain((20..30u64).zip(small));
+    let tcp = cluster.client();
+    for (i, n) in keys {
+        let mut buf = vec![0u8; n];
+        let got = tcp
+            .get_into(&ns(), &[hash(i)], &mut [&mut buf[..]])
+            .await
+            .unwrap();
+        assert_eq!(got, vec![GetOutcome::Hit(n)], "block {i}");
+        assert!(buf == block_bytes(i, n), "block {i} bytes");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_older_than_rooms_is_put_through_room_reserved_per_block() {
     let dir = scratch();
     let cluster = cluster_with_shm(&dir, 64 << 20, false).await;

@@ -1,19 +1,25 @@
-//! Same-host puts. A small block goes with its bytes in the frame (`Put`:
-//! one round trip; the daemon reads them straight into their place). A
-//! larger one is written into the shared pool, which spares it the
-//! socket's two copies, and is hashed in the pass that copies it there:
-//! the checksum of the bytes as they lie in the pool goes with it, so the
-//! daemon need not read them again.
+//! Same-host puts. A block goes into room the connection holds ahead for
+//! blocks of its size where it holds one (`ShmStore`: one round trip,
+//! whose answer hands over the room for the next block): written into the
+//! shared pool, which spares it the socket's two copies, and hashed in
+//! the pass that copies it there; the checksum of the bytes as they lie in
+//! the pool goes with it, so the daemon need not read them again. Serving
+//! engines put blocks of one size, so from their second put on every
+//! block finds its room.
 //!
-//! Into the pool, a block goes one of two ways:
-//! - into room the connection holds ahead for blocks of its size
-//!   (`ShmStore`: one round trip, whose answer hands over the room for the
-//!   next block). A connection asks for rooms (`ShmRoom`, sent with the
-//!   call's other requests) when a call has blocks of a size it holds no
-//!   room for; serving engines put blocks of one size, so from their
-//!   second put on every block finds its room;
-//! - else into room reserved for it (`ShmPut`), then stored (`ShmCommit`):
-//!   two round trips.
+//! A block without room held:
+//! - a small one goes with its bytes in the frame (`Put`: one round trip;
+//!   the daemon reads them straight into their place), and asks for rooms
+//!   of its size where the connection holds none, or after `MAX_STRAYS`
+//!   such blocks in a row;
+//! - a larger one asks for rooms of its size (`ShmRoom`, sent with the
+//!   call's other requests; the session lets go of rooms of other sizes),
+//!   and goes into room reserved for it (`ShmPut`), then is stored
+//!   (`ShmCommit`): two round trips.
+//!
+//! Room held ahead beats the frame even for small blocks: 16 KiB puts, 8
+//! in flight, went from 37,000-39,000 a second to 44,000-46,000
+//! (docs/benchmarks.md, "Small same-host puts into room held ahead").
 //!
 //! A connection holding rooms is kept for puts (`Writer`); its rooms end
 //! with it.
@@ -21,11 +27,18 @@
 use super::*;
 use mooncake_proto::message::{ShmRoomRequest, ShmRooms, ShmStoreRequest};
 
-/// Blocks up to this size are put with their bytes in the frame (one round
-/// trip on the socket) rather than through the shared pool.
+/// Blocks up to this size, without room held for them, are put with their
+/// bytes in the frame (one round trip on the socket) rather than through
+/// room reserved in the shared pool (two).
 const INLINE_PUT: usize = 16 << 10;
 /// Rooms asked for at once, at most (the daemon caps them further).
 const MAX_ROOMS: usize = 64;
+/// Blocks small enough for their frame, in a row, that found no room of
+/// their size on a connection holding rooms of another before they ask
+/// for rooms of theirs: a request's last, partial chunk (LMCache's) goes
+/// in its frame and leaves the rooms of the full chunks, while a put load
+/// that moved to another size gets rooms of it.
+const MAX_STRAYS: u32 = 8;
 
 /// An idle connection kept for puts, with the rooms it holds.
 pub(super) struct Writer {
@@ -42,19 +55,34 @@ pub(super) struct Writer {
 struct Rooms {
     len: u64,
     held: Vec<ShmSlot>,
+    /// Blocks in a row that found no room of their size (`stray`).
+    strays: u32,
 }
 
 impl Rooms {
     /// A room for a block of `len` bytes, if one is held.
     fn take(&mut self, len: u64) -> Option<ShmSlot> {
-        match self.len == len {
+        let room = match self.len == len {
             true => self.held.pop(),
             false => None,
+        };
+        if room.is_some() {
+            self.strays = 0;
         }
+        room
+    }
+
+    /// A block small enough for its frame found no room of its size:
+    /// whether it asks for rooms of its size (where none are held, or
+    /// after `MAX_STRAYS` such blocks in a row).
+    fn stray(&mut self) -> bool {
+        self.strays += 1;
+        self.held.is_empty() || self.strays >= MAX_STRAYS
     }
 
     /// Rooms of `len` bytes are asked for: those of any other go.
     fn asked(&mut self, len: u64) {
+        self.strays = 0;
         if self.len != len {
             self.held.clear();
             self.len = len;
@@ -150,7 +178,43 @@ impl ShmLink {
                 let key = BlockKey::new(namespace.clone(), it.hash);
                 let id = queued.len() as u64 + 1;
                 let len = it.value.len() as u64;
-                if inline(it) {
+                let room = rooms.take(len);
+                if room.is_none() && !asked_rooms && (!inline(it) || rooms.stray()) {
+                    // Rooms for the blocks of this size still to come (the
+                    // session lets go of those of other sizes, so a block
+                    // small enough to go in its frame asks only as
+                    // `Rooms::stray` says).
+                    asked_rooms = true;
+                    let wanted = items[next..]
+                        .iter()
+                        .filter(|it| it.value.len() as u64 == len)
+                        .count();
+                    rooms.asked(len);
+                    let body = ShmRoomRequest {
+                        len,
+                        count: wanted.min(MAX_ROOMS) as u32,
+                    };
+                    outbox.push(Opcode::ShmRoom, id, &body.to_bytes());
+                    queued.push((Opcode::ShmRoom, usize::MAX));
+                    continue;
+                }
+                if let Some(room) = room {
+                    written[next].checksum = self.write_into(room.offset, it)?;
+                    let body = ShmStoreRequest {
+                        room: room.slot,
+                        key,
+                        len,
+                        checksum: written[next].checksum,
+                        parent: it.parent,
+                        continues: it.continues,
+                        tag: it.tag.clone(),
+                    };
+                    outbox.push(Opcode::ShmStore, id, &body.to_bytes());
+                    queued.push((Opcode::ShmStore, next));
+                    self.counts
+                        .room_writes
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                } else if inline(it) {
                     written[next].checksum = it.sum();
                     let head = PutHead {
                         key,
@@ -169,40 +233,7 @@ impl ShmLink {
                         }
                     });
                     queued.push((Opcode::Put, next));
-                } else if let Some(room) = rooms.take(len) {
-                    written[next].checksum = self.write_into(room.offset, it)?;
-                    let body = ShmStoreRequest {
-                        room: room.slot,
-                        key,
-                        len,
-                        checksum: written[next].checksum,
-                        parent: it.parent,
-                        continues: it.continues,
-                        tag: it.tag.clone(),
-                    };
-                    outbox.push(Opcode::ShmStore, id, &body.to_bytes());
-                    queued.push((Opcode::ShmStore, next));
-                    self.counts
-                        .room_writes
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 } else {
-                    if !asked_rooms {
-                        // Rooms for the blocks of this size still to come
-                        // (the session lets go of those of other sizes).
-                        asked_rooms = true;
-                        let wanted = items[next..]
-                            .iter()
-                            .filter(|it| !inline(it) && it.value.len() as u64 == len)
-                            .count();
-                        rooms.asked(len);
-                        let body = ShmRoomRequest {
-                            len,
-                            count: wanted.min(MAX_ROOMS) as u32,
-                        };
-                        outbox.push(Opcode::ShmRoom, id, &body.to_bytes());
-                        queued.push((Opcode::ShmRoom, usize::MAX));
-                        continue;
-                    }
                     let body = ShmPutRequest {
                         key,
                         len,
