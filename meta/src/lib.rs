@@ -20,6 +20,7 @@ mod misses;
 mod recent;
 mod removals;
 mod remove;
+mod removing;
 mod repair;
 mod replica;
 mod route;

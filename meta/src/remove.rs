@@ -24,6 +24,9 @@ pub(crate) async fn forced(
     namespace: &Namespace,
     hashes: &[BlockHash],
 ) -> Vec<ErrorCode> {
+    // Before they leave the index: a put that no longer finds them there
+    // waits for their daemons to drop them (`removing`).
+    let _removing = state.removing.mark(namespace, hashes);
     let removed = state.index.remove(namespace, hashes);
     let mut codes = Vec::with_capacity(removed.len());
     for (hash, copies) in hashes.iter().zip(removed) {

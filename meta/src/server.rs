@@ -48,6 +48,9 @@ pub struct State {
     pub daemons: Daemons,
     /// Removals that daemons have not confirmed.
     owed: Arc<OwedRemovals>,
+    /// Keys whose forced removal is being told to their daemons: not put
+    /// again meanwhile.
+    pub(crate) removing: crate::removing::Removing,
     daemon_ttl: Duration,
     put_timeout: Duration,
     max_pending_puts: u64,
@@ -98,6 +101,7 @@ impl State {
             events,
             daemons: Daemons::default(),
             owed: Arc::default(),
+            removing: Default::default(),
             daemon_ttl: cfg.daemon_ttl.0,
             put_timeout: cfg.put_timeout.0,
             max_pending_puts: cfg.max_pending_puts,
@@ -636,6 +640,11 @@ fn put_start(
             }
             if state.index.lookup(&req.namespace, &[*hash])[0].is_some() {
                 return Slot::Skip(ErrorCode::AlreadyExists);
+            }
+            // Out of the index, but its daemons not all told yet: placed
+            // now, it could land on one still holding it, and go with it.
+            if state.removing.contains(&req.namespace, *hash) {
+                return Slot::Skip(ErrorCode::Busy);
             }
             if room == 0 {
                 return Slot::Skip(ErrorCode::Busy);

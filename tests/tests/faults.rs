@@ -408,3 +408,69 @@ async fn a_stopped_daemon_leaves_at_once_and_puts_go_to_the_others() {
     let out = client.put(&ns(), &blocks).await.unwrap();
     assert!(out.iter().all(|o| *o == PutOutcome::Stored), "{out:?}");
 }
+
+/// A daemon that stores nothing: it answers every request `Ok` with an
+/// empty body, except removals, each answered only once `release` lets
+/// one go.
+async fn daemon_holding_removals(release: std::sync::Arc<tokio::sync::Semaphore>) -> String {
+    use tokio::io::AsyncReadExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let release = release.clone();
+            tokio::spawn(async move {
+                let mut raw = [0u8; mooncake_proto::HEADER_LEN];
+                while s.read_exact(&mut raw).await.is_ok() {
+                    let Ok(Some(h)) = Header::parse(&raw) else {
+                        return;
+                    };
+                    let mut body = vec![0u8; h.body_len as usize];
+                    if s.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    if h.opcode == Opcode::Remove {
+                        release.acquire().await.unwrap().forget();
+                    }
+                    let answer = Header::response(h.opcode, h.request_id, 0, 0);
+                    if s.write_all(&answer.encode()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_not_put_again_until_its_forced_removal_reached_its_daemons() {
+    // Put again while its removal is on its way, a key could be placed on
+    // the daemon still holding the same bytes ("already stored"), which
+    // then drops them: the index would name a copy that is gone.
+    let cluster = TestCluster::start_with(fast_meta(), vec![]).await;
+    let release = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let addr = daemon_holding_removals(release.clone()).await;
+    cluster.register_fake_daemon(addr, vec![]).await;
+    let client = cluster.client();
+    let v = [7u8; 4096];
+    let (ns, blocks) = (ns(), [(hash(1), &v[..])]);
+    let put = || client.put(&ns, &blocks);
+    assert_eq!(put().await.unwrap(), vec![PutOutcome::Stored]);
+    let remover = cluster.client();
+    let removal = tokio::spawn(async move { remover.remove(&self::ns(), &[hash(1)]).await });
+    // The removal is out of the index once the key is no longer found.
+    let out = eventually(Duration::from_secs(10), || async {
+        !client.exists(&ns, &[hash(1)]).await.unwrap()[0]
+    })
+    .await;
+    assert!(out, "the removal never began");
+    assert_eq!(
+        put().await.unwrap(),
+        vec![PutOutcome::Failed(ErrorCode::Busy)],
+        "put again while its daemon was not told yet"
+    );
+    release.add_permits(1);
+    assert_eq!(removal.await.unwrap().unwrap(), vec![ErrorCode::Ok]);
+    assert_eq!(put().await.unwrap(), vec![PutOutcome::Stored]);
+}
