@@ -75,6 +75,11 @@ impl State {
         let state = self.clone();
         tokio::spawn(async move {
             for key in keys {
+                // Settled meanwhile by a put of the key there, whose copy
+                // this removal would now take.
+                if !state.owed.is_owed(daemon, &key) {
+                    continue;
+                }
                 if state.remove_on_daemon(daemon, key).await != ErrorCode::Ok {
                     break;
                 }
