@@ -47,9 +47,14 @@ fn client(cluster: &TestCluster, socket: &std::path::Path) -> Client {
 
 /// Stores block `i` (`block_bytes(i, sizes[i])`) for each size, one put each.
 async fn put_each(client: &Client, sizes: &[usize]) {
-    for (i, n) in sizes.iter().enumerate() {
+    put_each_from(client, 0, sizes).await
+}
+
+/// `put_each`, the blocks numbered from `first`.
+async fn put_each_from(client: &Client, first: u64, sizes: &[usize]) {
+    for (i, n) in (first..).zip(sizes) {
         let out = client
-            .put(&ns(), &[(hash(i as u64), &block_bytes(i as u64, *n))])
+            .put(&ns(), &[(hash(i), &block_bytes(i, *n))])
             .await
             .unwrap();
         assert_eq!(out, vec![PutOutcome::Stored], "block {i}");
@@ -419,14 +424,7 @@ async fn blocks_of_one_size_after_the_first_go_into_room_held_ahead_byte_for_byt
     assert_eq!(client.shm_room_writes(), 11 + 1 + 10);
     // Another size: the rooms held are let go; rooms of the new size
     // serve its blocks after the first.
-    let sizes: Vec<usize> = [vec![0; 32], vec![30_000; 4]].concat();
-    for (i, n) in sizes.iter().enumerate().skip(32) {
-        let out = client
-            .put(&ns(), &[(hash(i as u64), &block_bytes(i as u64, *n))])
-            .await
-            .unwrap();
-        assert_eq!(out, vec![PutOutcome::Stored]);
-    }
+    put_each_from(&client, 32, &[30_000; 4]).await;
     assert_eq!(client.shm_room_writes(), 22 + 3);
     // Every block reads back right, through shared memory and over TCP.
     let keys: Vec<(u64, usize)> = (0..12)
@@ -462,26 +460,12 @@ async fn small_blocks_go_in_their_frame_until_room_of_their_size_is_held_and_lea
     // A connection holding rooms of 100 KB: a 4 KiB block goes in its
     // frame and leaves them, so the next 100 KB block finds its room.
     let sizes = [100_000, 100_000, 4096, 100_000];
-    for (i, n) in sizes.iter().enumerate() {
-        let i = 10 + i as u64;
-        let out = client
-            .put(&ns(), &[(hash(i), &block_bytes(i, *n))])
-            .await
-            .unwrap();
-        assert_eq!(out, vec![PutOutcome::Stored]);
-    }
+    put_each_from(&client, 10, &sizes).await;
     assert_eq!(client.shm_room_writes(), 5 + 2);
     // Blocks of 4 KiB from now on: the eighth in a row asks for room of
     // their size, and the ones after it go there.
-    let small: Vec<usize> = vec![4096; 10];
-    for (i, n) in small.iter().enumerate() {
-        let i = 20 + i as u64;
-        let out = client
-            .put(&ns(), &[(hash(i), &block_bytes(i, *n))])
-            .await
-            .unwrap();
-        assert_eq!(out, vec![PutOutcome::Stored]);
-    }
+    let small = [4096; 10];
+    put_each_from(&client, 20, &small).await;
     assert_eq!(client.shm_room_writes(), 7 + 2);
     let keys = (0..6u64)
         .map(|i| (i, 8192))
