@@ -26,11 +26,12 @@ pub(crate) async fn forced(
 ) -> Vec<ErrorCode> {
     // Before they leave the index: a put that no longer finds them there
     // waits for their daemons to drop them (`removing`).
-    let _removing = state.removing.mark(namespace, hashes);
+    let mut removing = state.removing.mark(namespace, hashes);
     let removed = state.index.remove(namespace, hashes);
     let mut codes = Vec::with_capacity(removed.len());
-    for (hash, copies) in hashes.iter().zip(removed) {
+    for (i, (hash, copies)) in hashes.iter().zip(removed).enumerate() {
         let Some(copies) = copies else {
+            removing.done(i);
             codes.push(ErrorCode::NotFound);
             continue;
         };
@@ -45,6 +46,7 @@ pub(crate) async fn forced(
                 code = said;
             }
         }
+        removing.done(i);
         codes.push(code);
     }
     codes

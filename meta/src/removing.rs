@@ -8,8 +8,9 @@
 //! again) until each of its daemons has answered.
 //!
 //! Marked before the key leaves the index, so that a put that no longer
-//! finds it there sees the mark; each mark ends with its guard, however
-//! the removal ends (a caller gone mid-way included).
+//! finds it there sees the mark; each mark ends once the key's daemons
+//! answered, or with its guard, however the removal ends (a caller gone
+//! mid-way included).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,21 +25,21 @@ pub struct Removing {
     count: AtomicUsize,
 }
 
-/// Marks keys as being removed until dropped.
+/// Marks keys as being removed: each until `done`, the rest until dropped.
 pub struct Marked<'a> {
     removing: &'a Removing,
-    keys: Vec<BlockKey>,
+    keys: Vec<Option<BlockKey>>,
 }
 
 impl Removing {
     /// Marks `hashes` of `namespace` until the guard is dropped.
     pub fn mark<'a>(&'a self, namespace: &Namespace, hashes: &[BlockHash]) -> Marked<'a> {
-        let keys: Vec<BlockKey> = hashes
+        let keys: Vec<Option<BlockKey>> = hashes
             .iter()
-            .map(|h| BlockKey::new(namespace.clone(), *h))
+            .map(|h| Some(BlockKey::new(namespace.clone(), *h)))
             .collect();
         let mut marked = self.keys.lock();
-        for key in &keys {
+        for key in keys.iter().flatten() {
             *marked.entry(key.clone()).or_default() += 1;
         }
         self.count.store(marked.len(), Ordering::Relaxed);
@@ -59,10 +60,18 @@ impl Removing {
     }
 }
 
-impl Drop for Marked<'_> {
-    fn drop(&mut self) {
-        let mut marked = self.removing.keys.lock();
-        for key in &self.keys {
+impl Marked<'_> {
+    /// The removal of the `i`-th key marked is done (its daemons answered).
+    pub fn done(&mut self, i: usize) {
+        let key = self.keys.get_mut(i).and_then(Option::take);
+        self.removing.unmark(key.iter());
+    }
+}
+
+impl Removing {
+    fn unmark<'k>(&self, keys: impl Iterator<Item = &'k BlockKey>) {
+        let mut marked = self.keys.lock();
+        for key in keys {
             if let Some(n) = marked.get_mut(key) {
                 *n -= 1;
                 if *n == 0 {
@@ -70,7 +79,13 @@ impl Drop for Marked<'_> {
                 }
             }
         }
-        self.removing.count.store(marked.len(), Ordering::Relaxed);
+        self.count.store(marked.len(), Ordering::Relaxed);
+    }
+}
+
+impl Drop for Marked<'_> {
+    fn drop(&mut self) {
+        self.removing.unmark(self.keys.iter().flatten());
     }
 }
 
@@ -84,10 +99,14 @@ mod tests {
         let ns = Namespace::new("t").unwrap();
         let h = |i: u8| BlockHash([i; 32]);
         assert!(!removing.contains(&ns, h(1)));
-        let first = removing.mark(&ns, &[h(1), h(2)]);
+        let mut first = removing.mark(&ns, &[h(1), h(2), h(3)]);
         let second = removing.mark(&ns, &[h(1)]);
         assert!(removing.contains(&ns, h(1)) && removing.contains(&ns, h(2)));
         assert!(!removing.contains(&Namespace::new("u").unwrap(), h(1)));
+        first.done(2);
+        first.done(2);
+        assert!(!removing.contains(&ns, h(3)), "its daemons answered");
+        assert!(removing.contains(&ns, h(2)));
         drop(first);
         assert!(
             removing.contains(&ns, h(1)),
