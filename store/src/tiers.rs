@@ -486,7 +486,7 @@ impl Tiers {
     /// Whether a lease holds `key` in any tier (as `remove_unleased`
     /// would find); `None` where no tier holds it.
     pub fn lease_of(&self, key: &BlockKey) -> Option<bool> {
-        let below = self.dram.demoting_leased(key) || self.nvme.iter().any(|d| d.leased(key));
+        let below = self.leased_below(key);
         match self.dram.leased(key) {
             Some(leased) => Some(leased || below),
             None if below => Some(true),
@@ -494,9 +494,14 @@ impl Tiers {
         }
     }
 
+    /// Whether a lease holds `key` on its way to a drive, or on one.
+    fn leased_below(&self, key: &BlockKey) -> bool {
+        self.dram.demoting_leased(key) || self.nvme.iter().any(|d| d.leased(key))
+    }
+
     fn remove_from_all(&self, key: &BlockKey, unleased: bool) -> Result<bool, PoolError> {
         let below = self.below.write();
-        if unleased && (self.dram.demoting_leased(key) || self.nvme.iter().any(|d| d.leased(key))) {
+        if unleased && self.leased_below(key) {
             return Err(PoolError::Leased);
         }
         let in_dram = match unleased {
