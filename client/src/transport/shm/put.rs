@@ -18,7 +18,7 @@
 //!   (`ShmCommit`): two round trips.
 //!
 //! Room held ahead beats the frame even for small blocks: 16 KiB puts, 8
-//! in flight, went from 37,000-39,000 a second to 44,000-46,000
+//! in flight, went from 30,000-39,000 a second to 45,000-46,000
 //! (docs/benchmarks.md, "Small same-host puts into room held ahead").
 //!
 //! A connection holding rooms is kept for puts (`Writer`); its rooms end
