@@ -354,6 +354,19 @@ impl Index {
         }
     }
 
+    /// Gives up a reservation just made: its put does not go ahead.
+    pub fn release(&self, namespace: &Namespace, hash: BlockHash) {
+        let nothing = CommitItem {
+            hash,
+            stored_on: Copies::default(),
+            size: 0,
+            checksum: 0,
+            parent: None,
+            tag: None,
+        };
+        self.commit(namespace, &nothing);
+    }
+
     /// Phase two: makes a stored block visible on the daemons that stored
     /// it, or drops the reservation of one that was not stored. A commit
     /// naming none of the daemons the block was placed on is another

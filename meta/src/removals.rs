@@ -5,7 +5,9 @@
 //! unconfirmed removal, leaves such keys out of that daemon's inventories,
 //! and sends the removal again once the daemon answers (its heartbeats
 //! say when). A new put of the key on the same daemon settles it: the
-//! daemon replaces the stale bytes itself.
+//! daemon replaces the stale bytes itself. While a resend of it is on its
+//! way to that daemon, though, the put is refused (`Busy`): the removal
+//! would take the put's copy.
 //!
 //! The set is bounded; past the bound the oldest removals are given up
 //! (logged and counted), which can only bring back a key whose removal was
@@ -36,6 +38,9 @@ struct Inner {
     count: usize,
     /// Daemons with a resend under way.
     sending: HashSet<u32>,
+    /// Removals on their way to their daemon now (`take_to_send`): a put
+    /// there cannot settle them, as it would be taken by them.
+    in_flight: HashSet<(u32, BlockKey)>,
     given_up: u64,
 }
 
@@ -79,6 +84,47 @@ impl OwedRemovals {
         if inner.remove(daemon, key) {
             self.count.store(inner.count, Ordering::Relaxed);
         }
+    }
+
+    /// A new put of `key` on `daemons` replaces the stale bytes they hold:
+    /// their removals are settled; `false` (nothing settled) where one of
+    /// them is on its way to its daemon, which would take the put's copy.
+    pub fn settle_for_put(&self, daemons: &[u32], key: &BlockKey) -> bool {
+        if !self.any() {
+            return true;
+        }
+        let mut inner = self.inner.lock();
+        let on_its_way = daemons
+            .iter()
+            .any(|&d| inner.in_flight.contains(&(d, key.clone())));
+        if on_its_way {
+            return false;
+        }
+        for &d in daemons {
+            inner.remove(d, key);
+        }
+        self.count.store(inner.count, Ordering::Relaxed);
+        true
+    }
+
+    /// Takes the removal of `key` owed by `daemon` to send now; `false`
+    /// where it is no longer owed (a put there settled it). Until
+    /// `send_done`, no put there settles it.
+    pub fn take_to_send(&self, daemon: u32, key: &BlockKey) -> bool {
+        let mut inner = self.inner.lock();
+        let owed = inner
+            .by_daemon
+            .get(&daemon)
+            .is_some_and(|keys| keys.contains(key));
+        if owed {
+            inner.in_flight.insert((daemon, key.clone()));
+        }
+        owed
+    }
+
+    /// The removal taken by `take_to_send` was answered (or not).
+    pub fn send_done(&self, daemon: u32, key: &BlockKey) {
+        self.inner.lock().in_flight.remove(&(daemon, key.clone()));
     }
 
     /// Whether any removal is owed (without taking the lock).
@@ -172,6 +218,23 @@ mod tests {
         assert_eq!(owed.start_resend(1), None, "nothing left to send");
         assert!(!owed.is_owed(1, &key(1)));
         assert_eq!(owed.counts(), (1, 0));
+    }
+
+    #[test]
+    fn a_put_settles_no_removal_while_one_of_its_daemons_is_being_told() {
+        let owed = OwedRemovals::default();
+        owed.owe(1, key(1));
+        owed.owe(2, key(1));
+        assert!(owed.take_to_send(2, &key(1)));
+        assert!(!owed.take_to_send(3, &key(1)), "not owed there");
+        assert!(!owed.settle_for_put(&[1, 2], &key(1)));
+        assert!(owed.is_owed(1, &key(1)), "none settled");
+        assert!(owed.settle_for_put(&[1, 3], &key(1)));
+        assert!(!owed.is_owed(1, &key(1)));
+        owed.send_done(2, &key(1));
+        assert!(owed.settle_for_put(&[2], &key(1)));
+        assert!(!owed.take_to_send(2, &key(1)), "settled by the put");
+        assert_eq!(owed.counts(), (0, 0));
     }
 
     #[test]

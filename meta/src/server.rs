@@ -664,14 +664,17 @@ fn put_start(
                 .reserve(&req.namespace, *hash, want, client, now)
             {
                 Reservation::Reserved => {
-                    room -= 1;
-                    // The put replaces any stale bytes the daemons hold.
+                    // The put replaces any stale bytes the daemons hold,
+                    // unless a removal of them is on its way there now.
                     if state.owed.any() {
                         let key = BlockKey::new(req.namespace.clone(), *hash);
-                        for d in daemons.iter() {
-                            state.owed.settle(d, &key);
+                        let on: Vec<u32> = daemons.iter().collect();
+                        if !state.owed.settle_for_put(&on, &key) {
+                            state.index.release(&req.namespace, *hash);
+                            return Slot::Skip(ErrorCode::Busy);
                         }
                     }
+                    room -= 1;
                     placed.extend(daemons.iter());
                     Slot::Place {
                         copies: daemons,

@@ -76,11 +76,14 @@ impl State {
         tokio::spawn(async move {
             for key in keys {
                 // Settled meanwhile by a put of the key there, whose copy
-                // this removal would now take.
-                if !state.owed.is_owed(daemon, &key) {
+                // this removal would now take; while it is on its way, no
+                // put there settles it (`OwedRemovals::settle_for_put`).
+                if !state.owed.take_to_send(daemon, &key) {
                     continue;
                 }
-                if state.remove_on_daemon(daemon, key).await != ErrorCode::Ok {
+                let said = state.remove_on_daemon(daemon, key.clone()).await;
+                state.owed.send_done(daemon, &key);
+                if said != ErrorCode::Ok {
                     break;
                 }
             }
