@@ -32,7 +32,8 @@ pub struct Marked<'a> {
 }
 
 impl Removing {
-    /// Marks `hashes` of `namespace` until the guard is dropped.
+    /// Marks `hashes` of `namespace`: each until `Marked::done`, the rest
+    /// until the guard is dropped.
     pub fn mark<'a>(&'a self, namespace: &Namespace, hashes: &[BlockHash]) -> Marked<'a> {
         let keys: Vec<Option<BlockKey>> = hashes
             .iter()
@@ -58,17 +59,8 @@ impl Removing {
                 .lock()
                 .contains_key(&BlockKey::new(namespace.clone(), hash))
     }
-}
 
-impl Marked<'_> {
-    /// The removal of the `i`-th key marked is done (its daemons answered).
-    pub fn done(&mut self, i: usize) {
-        let key = self.keys.get_mut(i).and_then(Option::take);
-        self.removing.unmark(key.iter());
-    }
-}
-
-impl Removing {
+    /// Ends one mark of each of `keys`.
     fn unmark<'k>(&self, keys: impl Iterator<Item = &'k BlockKey>) {
         let mut marked = self.keys.lock();
         for key in keys {
@@ -80,6 +72,14 @@ impl Removing {
             }
         }
         self.count.store(marked.len(), Ordering::Relaxed);
+    }
+}
+
+impl Marked<'_> {
+    /// The removal of the `i`-th key marked is done (its daemons answered).
+    pub fn done(&mut self, i: usize) {
+        let key = self.keys.get_mut(i).and_then(Option::take);
+        self.removing.unmark(key.iter());
     }
 }
 

@@ -161,6 +161,13 @@ fn over_a_gated_drive_promoting(
     (tiers, gate, Scratch(dir))
 }
 
+/// Stops the tiers' background tasks and waits for them.
+async fn stopped(tasks: TaskTracker, stop: CancellationToken) {
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+}
+
 fn key(i: u8) -> BlockKey {
     BlockKey::new(Namespace::new("t").unwrap(), BlockHash([i; 32]))
 }
@@ -227,9 +234,7 @@ async fn a_block_removed_while_read_from_a_drive_is_not_promoted_back() {
     let (read, sum) = read_drive(&drive, &key(4)).await.unwrap();
     assert!(tiers.promote(&key(4), &read, sum));
     assert!(tiers.dram.contains(&key(4)));
-    stop.cancel();
-    tasks.close();
-    tasks.wait().await;
+    stopped(tasks, stop).await;
 }
 
 #[tokio::test]
@@ -266,9 +271,7 @@ async fn a_block_removed_on_its_way_to_a_drive_is_neither_served_nor_written() {
         );
     }
     assert_eq!(drive.used(), 2 * 65536);
-    stop.cancel();
-    tasks.close();
-    tasks.wait().await;
+    stopped(tasks, stop).await;
 }
 
 #[tokio::test]
@@ -307,7 +310,5 @@ async fn a_lease_holds_a_block_on_a_drive_or_on_its_way_there_against_a_removal_
         tiers.hold(&key(3), later),
         Err(PoolError::NotFound)
     ));
-    stop.cancel();
-    tasks.close();
-    tasks.wait().await;
+    stopped(tasks, stop).await;
 }
