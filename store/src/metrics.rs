@@ -220,7 +220,7 @@ impl PoolCollector {
         descs.extend(quota_evictions.desc().into_iter().cloned());
         let holds_refused = IntCounter::new(
             "mooncake_daemon_holds_refused_total",
-            "Blocks a lookup found but could not lease: leases held half the pool.",
+            "Blocks a lookup found but could not hold from eviction: leases held half the DRAM pool, or half the block's drive.",
         )?;
         descs.extend(holds_refused.desc().into_iter().cloned());
         let prefetches = IntCounterVec::new(
@@ -359,6 +359,7 @@ impl Collector for PoolCollector {
             tiers.promotions(),
         );
         let mut corrupt = pool.corrupt_blocks();
+        let mut holds_refused = pool.holds_refused();
         if let Some(nvme) = tiers.nvme_totals() {
             let n = ["nvme"];
             self.capacity
@@ -369,6 +370,8 @@ impl Collector for PoolCollector {
                 .with_label_values(&n)
                 .set(nvme.capacity.saturating_sub(nvme.used) as i64);
             self.blocks.with_label_values(&n).set(nvme.blocks as i64);
+            self.held.with_label_values(&n).set(nvme.holds.0 as i64);
+            holds_refused += nvme.holds.1;
             bump(self.evictions.with_label_values(&n), nvme.evictions);
             bump(self.gets.with_label_values(&["hit", "nvme"]), nvme_hits);
             bump(self.gets.with_label_values(&["miss", "nvme"]), nvme_misses);
@@ -406,7 +409,7 @@ impl Collector for PoolCollector {
             }
         }
         bump(self.quota_evictions.clone(), pool.quota_evictions());
-        bump(self.holds_refused.clone(), pool.holds_refused());
+        bump(self.holds_refused.clone(), holds_refused);
         let (brought, skipped) = tiers.prefetches();
         bump(self.prefetches.with_label_values(&["brought"]), brought);
         bump(self.prefetches.with_label_values(&["skipped"]), skipped);

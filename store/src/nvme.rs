@@ -223,9 +223,9 @@ struct State {
     /// then leaves no record (a removed block must not come back).
     writing: HashMap<BlockKey, u64>,
     next_write: u64,
-    /// Blocks held here by a lease, each until its end (`leases`): kept
-    /// from eviction, and from a removal that is not forced.
-    leased: HashMap<BlockKey, Instant>,
+    /// Leases on blocks here (`leases`): each keeps its block from a
+    /// removal that is not forced, and from eviction within their share.
+    leases: leases::Leases,
 }
 
 /// One NVMe tier: a file or device, its index, and the blocks in it.
@@ -280,7 +280,7 @@ impl NvmeTier {
             tenant_used: Vec::new(),
             writing: HashMap::new(),
             next_write: 0,
-            leased: HashMap::new(),
+            leases: leases::Leases::default(),
         };
         let mut dropped = Vec::new();
         let mut tags = Vec::new();
@@ -409,7 +409,7 @@ impl NvmeTier {
         evicted: bool,
     ) -> Result<Record, TierError> {
         let (rec, place) = state.blocks.remove(key).expect("an indexed block");
-        state.leased.remove(key);
+        state.leases.end(key);
         state.order.remove(key, place, rec.extent(), evicted);
         if rec.tagged {
             let mut batch = rocksdb::WriteBatch::default();
@@ -550,7 +550,7 @@ impl NvmeTier {
                         .take(MAX_QUOTA_SCAN)
                         .find(|k| {
                             self.quotas.tenant_of(&k.namespace) == Some(t)
-                                && !leases::runs(&state.leased, k, now)
+                                && !state.leases.holds(k, now)
                         })
                         .cloned();
                     let Some(victim) = victim else {

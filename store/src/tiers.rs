@@ -91,6 +91,9 @@ pub struct NvmeTotals {
     pub events: crate::nvme::DriveEvents,
     /// Bytes in the drives' probation, and the most it holds.
     pub probation: (u64, u64),
+    /// Leases keeping blocks from the drives' eviction, and leases found
+    /// past their share of a drive (not held).
+    pub holds: (u64, u64),
 }
 
 impl Tiers {
@@ -451,21 +454,27 @@ impl Tiers {
 
     /// Leases a stored block until `until`: kept in DRAM until then. A
     /// block already on its way to the NVMe drives, or only there, is
-    /// held there (no eviction of the drive takes it, and no removal that
-    /// is not forced), and brought back to DRAM and held there in the
-    /// background (`prefetch`); `NotFound` where no tier has it.
+    /// held there (no eviction of the drive takes it while leases hold
+    /// less than half of it, and no removal that is not forced), and
+    /// brought back to DRAM and held there in the background
+    /// (`prefetch`); `NotFound` where no tier has it, `Busy` where leases
+    /// hold their share of the DRAM pool or of its drive.
     pub fn hold(&self, key: &BlockKey, until: std::time::Instant) -> Result<(), PoolError> {
         match self.dram.hold(key, until) {
             Err(PoolError::NotFound) => {
                 // On its way first: a demotion written meanwhile hands its
                 // lease to its drive before it stops being on its way.
                 let demoting = self.dram.hold_demoting(key, until);
-                let on_drive = self.nvme.iter().any(|d| d.hold(key, until));
-                if !(demoting || on_drive) {
+                let on_drive = self.nvme.iter().find_map(|d| d.hold(key, until));
+                if !demoting && on_drive.is_none() {
                     return Err(PoolError::NotFound);
                 }
                 self.prefetch(key, until);
-                Ok(())
+                match (demoting, on_drive) {
+                    // Found, but leases hold their share of the drive.
+                    (false, Some(false)) => Err(PoolError::Busy),
+                    _ => Ok(()),
+                }
             }
             held => held,
         }
@@ -604,6 +613,10 @@ impl Tiers {
                         ghost_hits: t.events.ghost_hits + events.ghost_hits,
                     },
                     probation: (t.probation.0 + held, t.probation.1 + limit),
+                    holds: {
+                        let (held, refused) = d.holds();
+                        (t.holds.0 + held, t.holds.1 + refused)
+                    },
                     ..t
                 }
             },
@@ -724,7 +737,9 @@ async fn demoter(tiers: Arc<Tiers>, mut rx: mpsc::Receiver<Demoted>, shutdown: C
                 // A lease taken on its way holds it on the drive now.
                 let lease = tiers.dram.lease_on_its_way(&demoted);
                 if let (true, Ok(_), Some(until)) = (current, &written, lease) {
-                    tiers.nvme[i].hold(&demoted.key, until);
+                    // Past the leases' share of the drive, not held from
+                    // its eviction (a removal not forced is refused still).
+                    let _held = tiers.nvme[i].hold(&demoted.key, until);
                 }
                 tiers.dram.demotion_done(&demoted);
                 match written {

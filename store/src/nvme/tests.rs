@@ -235,26 +235,71 @@ async fn a_leased_block_is_passed_over_by_eviction_until_its_lease_ends() {
     }
     let now = std::time::Instant::now();
     let later = now + std::time::Duration::from_secs(600);
-    assert!(!tier.hold(&key(9), later), "not on the drive");
-    assert!(tier.hold(&key(0), later) && tier.hold(&key(1), later));
+    assert_eq!(tier.hold(&key(9), later), None, "not on the drive");
+    assert_eq!(tier.hold(&key(0), later), Some(true));
+    assert_eq!(tier.hold(&key(1), later), Some(true));
     assert!(tier.leased(&key(0)));
     // The two coldest are leased: the third goes.
     assert_eq!(put(4).await.unwrap(), vec![key(2)]);
     assert!(tier.contains(&key(0)) && tier.contains(&key(1)));
-    // Every block leased: nothing is evicted, and the write finds no room.
-    for i in [3, 4] {
-        assert!(tier.hold(&key(i), later));
-    }
-    assert!(matches!(put(5).await, Err(TierError::NoSpace)));
-    assert_eq!(tier.blocks(), 4);
-    // A lease that has ended holds nothing.
-    tier.state.lock().leased.insert(key(0), now);
+    // A lease that has ended holds nothing, and gives its share back.
+    end_lease(&tier, &key(0), now);
     assert!(!tier.leased(&key(0)));
-    assert_eq!(put(5).await.unwrap(), vec![key(0)]);
+    assert_eq!(put(5).await.unwrap(), vec![key(3)]);
+    assert_eq!(put(6).await.unwrap(), vec![key(0)]);
+    assert_eq!(tier.hold(&key(5), later), Some(true));
+    assert_eq!(tier.holds(), (2, 0));
     // A block that leaves takes its lease with it.
     assert!(tier.remove(&key(1)).unwrap());
     assert!(!tier.leased(&key(1)));
-    assert!(!tier.state.lock().leased.contains_key(&key(1)));
+    assert!(!tier.state.lock().leases.by_key.contains_key(&key(1)));
+    assert_eq!(tier.holds(), (1, 0));
+}
+
+/// Ends `key`'s lease on `tier` at `now`, as the clock would.
+fn end_lease(tier: &NvmeTier, key: &BlockKey, now: std::time::Instant) {
+    let mut state = tier.state.lock();
+    state.leases.by_key.get_mut(key).unwrap().until = now;
+    state.leases.due.push(std::cmp::Reverse((now, key.clone())));
+}
+
+#[tokio::test]
+async fn leases_hold_at_most_half_a_drive_so_demotions_keep_room() {
+    let dir = Scratch::new();
+    // Four blocks of 256 KiB fill the drive; leases hold two at most.
+    let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
+    let put = |i: u64| {
+        let v = value(i, 256 << 10);
+        let tier = &tier;
+        async move {
+            tier.put(&key(i), &v, checksum(&v), (None, None, true))
+                .await
+        }
+    };
+    for i in 0..4 {
+        assert!(put(i).await.unwrap().is_empty());
+    }
+    let later = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    for i in 0..4 {
+        assert_eq!(tier.hold(&key(i), later), Some(i < 2), "block {i}");
+    }
+    assert_eq!(tier.holds(), (2, 2), "two held, two past the share");
+    // Taken again, a held lease stays held and an unheld one stays out.
+    assert_eq!(tier.hold(&key(0), later), Some(true));
+    assert_eq!(tier.hold(&key(3), later), Some(false));
+    // Past the share a lease still refuses a removal that is not forced...
+    assert!(tier.leased(&key(2)) && tier.leased(&key(3)));
+    // ...but not the eviction: each write makes room from the unheld.
+    assert_eq!(put(4).await.unwrap(), vec![key(2)]);
+    assert_eq!(put(5).await.unwrap(), vec![key(3)]);
+    assert!(tier.contains(&key(0)) && tier.contains(&key(1)));
+    // The held ones' share is taken: a new lease is found but not held
+    // (each refusal counted), until a held lease ends.
+    assert_eq!(tier.hold(&key(4), later), Some(false));
+    assert_eq!(tier.holds(), (2, 4));
+    end_lease(&tier, &key(1), std::time::Instant::now());
+    assert_eq!(tier.hold(&key(4), later), Some(true));
+    assert_eq!(tier.holds(), (2, 4));
 }
 
 #[tokio::test]
