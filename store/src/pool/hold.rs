@@ -1,4 +1,7 @@
-//! Leases for a time: a client that found a block (Mooncake's
+//! Keeping blocks from eviction: pins, which nest and last until as many
+//! unpins, and leases for a time.
+//!
+//! A lease: a client that found a block (Mooncake's
 //! `batch_is_exist`, which vLLM's scheduler calls before it plans a load)
 //! keeps it from eviction until it has read it, or the lease runs out.
 //! Unlike a pin, nobody ends a lease: it ends by itself, so a client that
@@ -48,6 +51,43 @@ impl Holds {
 }
 
 impl DramPool {
+    /// Keeps a block from eviction until as many `unpin`s.
+    pub fn pin(&self, key: &BlockKey) -> Result<(), PoolError> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let block = stored_mut(&mut inner.blocks, key)?;
+        // Pins nest; past u32::MAX of them a pin is refused, not wrapped
+        // (which would make a pinned block evictable).
+        let pins = block.pins.checked_add(1).ok_or(PoolError::TooManyPins)?;
+        if block.evictable() {
+            inner.lru.remove(block.stamp);
+        }
+        if block.pins == 0 {
+            inner.pinned += 1;
+        }
+        block.pins = pins;
+        Ok(())
+    }
+
+    /// Undoes one `pin`; unpinning an unpinned block is a no-op.
+    pub fn unpin(&self, key: &BlockKey) -> Result<(), PoolError> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let block = stored_mut(&mut inner.blocks, key)?;
+        if block.pins == 0 {
+            return Ok(());
+        }
+        block.pins -= 1;
+        if block.pins == 0 {
+            inner.pinned -= 1;
+            if block.evictable() {
+                let (stamp, tenant, queue) = (block.stamp, block.tenant, block.queue);
+                Self::lru_insert(inner, stamp, key, tenant, queue);
+            }
+        }
+        Ok(())
+    }
+
     /// Keeps a stored block from eviction until `until` (or later, if it
     /// is already held longer).
     pub fn hold(&self, key: &BlockKey, until: Instant) -> Result<(), PoolError> {

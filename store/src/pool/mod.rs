@@ -29,6 +29,7 @@ mod lease;
 mod props;
 mod room;
 mod shared;
+mod tenants;
 #[cfg(test)]
 mod tests;
 
@@ -469,22 +470,6 @@ impl DramPool {
         Ok(())
     }
 
-    /// Over its share, a tenant makes room for `units` more from its own
-    /// blocks.
-    fn tenant_room(&self, inner: &mut Inner, t: u16, units: u64) -> Result<(), PoolError> {
-        let capacity_units = self.region.len() as u64 / UNIT;
-        let limit = self.cfg.quotas.limit(t, capacity_units);
-        if units > limit {
-            return Err(PoolError::NoSpace);
-        }
-        while inner.tenant_used[t as usize] + units > limit {
-            if !self.evict_tenant_one(inner, t) {
-                return Err(PoolError::NoSpace);
-            }
-        }
-        Ok(())
-    }
-
     /// Evicts until `units` more fit under the high watermark, or nothing
     /// more can go. Only what this block needs: a burst down to a lower
     /// mark would leave memory empty that could hold blocks still to be
@@ -535,27 +520,6 @@ impl DramPool {
             inner.tenant_used[t as usize] -= size;
         }
         inner.alloc.free(alloc);
-    }
-
-    /// Each tenant with a quota: (tenant, bytes used, bytes allowed).
-    pub fn tenant_usage(&self) -> Vec<(Arc<str>, u64, u64)> {
-        let inner = self.inner.lock();
-        let capacity = self.region.len() as u64;
-        (0..self.cfg.quotas.len() as u16)
-            .map(|t| {
-                let used = inner.tenant_used[t as usize] * UNIT;
-                (
-                    self.cfg.quotas.name(t).clone(),
-                    used,
-                    self.cfg.quotas.limit(t, capacity),
-                )
-            })
-            .collect()
-    }
-
-    /// Blocks evicted because their tenant was over its share.
-    pub fn quota_evictions(&self) -> u64 {
-        self.quota_evictions.load(Ordering::Relaxed)
     }
 
     /// Tells the meta service (with the next report) that a block is gone
@@ -711,46 +675,8 @@ impl DramPool {
         }
     }
 
-    /// Keeps a block from eviction until as many `unpin`s.
-    pub fn pin(&self, key: &BlockKey) -> Result<(), PoolError> {
-        let mut inner = self.inner.lock();
-        let inner = &mut *inner;
-        let block = stored_mut(&mut inner.blocks, key)?;
-        // Pins nest; past u32::MAX of them a pin is refused, not wrapped
-        // (which would make a pinned block evictable).
-        let pins = block.pins.checked_add(1).ok_or(PoolError::TooManyPins)?;
-        if block.evictable() {
-            inner.lru.remove(block.stamp);
-        }
-        if block.pins == 0 {
-            inner.pinned += 1;
-        }
-        block.pins = pins;
-        Ok(())
-    }
-
-    /// Undoes one `pin`; unpinning an unpinned block is a no-op.
-    pub fn unpin(&self, key: &BlockKey) -> Result<(), PoolError> {
-        let mut inner = self.inner.lock();
-        let inner = &mut *inner;
-        let block = stored_mut(&mut inner.blocks, key)?;
-        if block.pins == 0 {
-            return Ok(());
-        }
-        block.pins -= 1;
-        if block.pins == 0 {
-            inner.pinned -= 1;
-            if block.evictable() {
-                let (stamp, tenant, queue) = (block.stamp, block.tenant, block.queue);
-                Self::lru_insert(inner, stamp, key, tenant, queue);
-            }
-        }
-        Ok(())
-    }
-
     /// Every stored block, as the meta service needs it to rebuild its
-    /// index: (key, size, checksum).
-    /// Every stored block: key, size, checksum and the parent it names.
+    /// index: key, size, checksum and the parent it names.
     pub fn inventory(&self) -> Vec<(BlockKey, u32, u64, Option<mooncake_proto::BlockHash>)> {
         let inner = self.inner.lock();
         inner
