@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use mooncake_client::device::Span;
 use mooncake_client::{ClientConfig, GetOutcome, PutOptions};
-use mooncake_proto::message::{ListRequest, RouteCandidate, Tier};
+use mooncake_proto::message::{ListRequest, Tier};
 use mooncake_proto::{BlockHash, BlockKey, Namespace};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -26,11 +26,13 @@ use crate::{StoreError, StoreUnavailable};
 
 mod connect;
 mod regions;
+mod route;
 
 use connect::{follow_leader_through_etcd, tls_settings};
 use mooncake_client::ClientError;
 use mooncake_proto::ErrorCode;
 use regions::{chain_of, check_lengths, regions_of};
+use route::{answer_dict, candidates_of};
 
 /// A connection to a Mooncake Store cluster, safe to share between threads.
 #[pyclass(frozen, module = "mooncake_store._native")]
@@ -588,52 +590,12 @@ impl Client {
             return Err(PyValueError::new_err("transfer_cost must be 0 or more"));
         }
         let hashes = hashes_of(keys)?;
-        let queues = queues.unwrap_or_default();
-        let every_host = candidates.is_none();
-        let mut nodes = candidates.unwrap_or_default();
-        for node in queues.keys() {
-            if !nodes.contains(node) {
-                nodes.push(node.clone());
-            }
-        }
-        let asked: Vec<RouteCandidate> = nodes
-            .into_iter()
-            .map(|node| RouteCandidate {
-                queue: queues.get(&node).copied().unwrap_or(0),
-                node,
-            })
-            .collect();
+        let (asked, every_host) = candidates_of(candidates, queues);
         let (client, ns) = (&self.inner, &self.namespace);
         let answer = py
             .detach(|| self.run(client.route(ns, &hashes, &asked, every_host, transfer_cost)))
             .map_err(codes::to_py)?;
-        let out = PyDict::new(py);
-        out.set_item("blocks", answer.blocks)?;
-        out.set_item("matched", answer.matched)?;
-        let best = answer.best.map(|i| answer.hosts[i as usize].node.clone());
-        out.set_item("best", best)?;
-        let hosts = answer
-            .hosts
-            .iter()
-            .map(|h| {
-                let d = PyDict::new(py);
-                d.set_item("node", &h.node)?;
-                d.set_item("instance", &h.instance)?;
-                d.set_item("daemons", h.daemons)?;
-                d.set_item("leading", h.leading)?;
-                d.set_item("held", h.held)?;
-                d.set_item("leading_nvme", h.leading_nvme)?;
-                d.set_item("held_nvme", h.held_nvme)?;
-                d.set_item("reads_per_sec", h.reads_per_sec)?;
-                d.set_item("used", h.used)?;
-                d.set_item("capacity", h.capacity)?;
-                d.set_item("queue", h.queue)?;
-                d.set_item("cost", h.cost_milli as f64 / 1000.0)?;
-                Ok(d)
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        out.set_item("hosts", hosts)?;
-        Ok(out)
+        answer_dict(py, &answer)
     }
 
     /// Whether each key is stored. With `lease`, each daemon holding a
