@@ -232,6 +232,24 @@ impl Daemons {
         chosen
     }
 
+    /// Whether a block of `size` bytes written on daemon `id` by a client
+    /// of its host (`Admit`) stays there: where `place_copies` would put
+    /// its single copy (back on `evicted_by`, else on a roomy daemon of
+    /// that host, else elsewhere), counted as placed there if so.
+    pub fn admit_on(&self, id: u32, size: u64, evicted_by: Option<u32>) -> bool {
+        let mut members = self.members.write();
+        let Some(node) = members.get(&id).map(|m| m.node.clone()) else {
+            return false;
+        };
+        let now = Instant::now();
+        let chosen = self.place_one(&members, size, (&node, evicted_by), (&[], &[]), now);
+        if chosen != Some(id) {
+            return false;
+        }
+        self.placed_on(&mut members, id, size);
+        true
+    }
+
     fn placed_on(&self, members: &mut HashMap<u32, Member>, id: u32, size: u64) {
         let m = members.get_mut(&id).expect("just chosen");
         m.placed += size;
@@ -476,6 +494,30 @@ mod tests {
             used,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_block_is_admitted_on_its_writers_daemon_only_where_a_put_would_place_it() {
+        let d = Daemons::default();
+        let t = Instant::now();
+        let ids = three(&d, t);
+        for id in &ids {
+            d.heartbeat(*id, used(0), t);
+        }
+        assert!(d.admit_on(ids[0], 10, None), "its host's daemon, with room");
+        assert!(!d.admit_on(99, 10, None), "no such daemon");
+        // Full while others have room: a put would go elsewhere.
+        d.heartbeat(ids[0], used(95), t);
+        assert!(!d.admit_on(ids[0], 10, None));
+        // Unless it is the daemon that evicted the block, and all are full.
+        for id in &ids[1..] {
+            d.heartbeat(*id, used(95), t);
+        }
+        assert!(d.admit_on(ids[0], 10, Some(ids[0])));
+        // A draining daemon takes nothing.
+        d.heartbeat(ids[1], used(0), t);
+        assert!(d.set_draining(ids[1], true));
+        assert!(!d.admit_on(ids[1], 10, None));
     }
 
     #[test]

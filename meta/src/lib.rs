@@ -8,6 +8,7 @@
 //! `mooncake-net` (its calls to daemons); never on the client SDK nor on
 //! the daemon's crate.
 
+mod admit;
 pub mod branches;
 mod clients;
 pub mod config;

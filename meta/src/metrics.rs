@@ -23,6 +23,7 @@ const OPS: &[Opcode] = &[
     Opcode::Ping,
     Opcode::PutStart,
     Opcode::PutCommit,
+    Opcode::Admit,
     Opcode::Lookup,
     Opcode::MatchPrefix,
     Opcode::MetaRemove,
@@ -43,6 +44,7 @@ const CODES: usize = ErrorCode::COUNT;
 const TIMED: &[Opcode] = &[
     Opcode::PutStart,
     Opcode::PutCommit,
+    Opcode::Admit,
     Opcode::Lookup,
     Opcode::MatchPrefix,
 ];

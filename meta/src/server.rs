@@ -47,7 +47,7 @@ pub struct State {
     events: Events,
     pub daemons: Daemons,
     /// Removals that daemons have not confirmed.
-    owed: Arc<OwedRemovals>,
+    pub(crate) owed: Arc<OwedRemovals>,
     /// Keys whose forced removal is being told to their daemons: not put
     /// again meanwhile.
     pub(crate) removing: crate::removing::Removing,
@@ -71,16 +71,16 @@ pub struct State {
     /// The serving instance on each host, by node name (for `route`).
     instances: std::collections::BTreeMap<String, String>,
     /// Copies per block by namespace, for puts that ask for none.
-    replicas: std::collections::BTreeMap<String, u8>,
+    pub(crate) replicas: std::collections::BTreeMap<String, u8>,
     /// Blocks short of the copies they want, waiting for a new one.
     pub repairs: crate::repair::Repairs,
     /// Blocks read often enough to get more copies.
     pub hot: crate::hot::Hot,
     /// Evicted blocks readers came back for, to tell their daemons.
-    misses: crate::misses::Misses,
+    pub(crate) misses: crate::misses::Misses,
     /// Prefixes readers matched and the branches put after them, to judge
     /// which new blocks continue a branch that comes back.
-    branches: crate::branches::Branches,
+    pub(crate) branches: crate::branches::Branches,
     /// When the index, rebuilt from inventories, gets its namespaces'
     /// wanted copies back (`Index::restore_wants`): a daemon TTL after the
     /// term began, and again after a daemon registers later.
@@ -329,6 +329,12 @@ async fn dispatch(
             let req = PutStartRequest::from_bytes(body)?;
             owns(who, &req.namespace)?;
             put_start(state, req, client, now).to_bytes()
+        }
+        Opcode::Admit => {
+            let req = PutCommitRequest::from_bytes(body)?;
+            crate::admit::admit(state, req, client, now)
+                .map_err(Failure::Code)?
+                .to_bytes()
         }
         Opcode::PutCommit => {
             let req = PutCommitRequest::from_bytes(body)?;
@@ -580,6 +586,7 @@ async fn dispatch(
         | Opcode::Remove
         | Opcode::RemoveUnleased
         | Opcode::LeaseOf
+        | Opcode::ShmAdmit
         | Opcode::Pin
         | Opcode::Unpin
         | Opcode::DaemonStats

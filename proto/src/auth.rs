@@ -53,6 +53,7 @@ impl Role {
             | Opcode::Events
             | Opcode::Inventory
             | Opcode::Leave
+            | Opcode::Admit
             | Opcode::Fetch => Role::Cluster,
             _ => Role::Client,
         }

@@ -108,6 +108,12 @@ opcodes! {
     /// meta service asks every daemon holding a copy before a removal
     /// that is not forced takes any.
     LeaseOf = 0x16,
+    /// Same-host put in one round trip: a block written into room held
+    /// ahead (body as `ShmStore`), made visible by the daemon itself
+    /// (`Admit` to the meta service) before it is stored and answered;
+    /// any answer but `Ok` or `AlreadyExists` leaves nothing visible, and
+    /// the writer puts it the usual way instead.
+    ShmAdmit = 0x17,
 
     // Control plane, served by the meta service.
     /// Reserve places for new blocks (phase one of a put).
@@ -134,6 +140,10 @@ opcodes! {
     /// Remove a batch of keys, but not those a lease holds (Mooncake's
     /// `remove` without `force`).
     MetaRemoveUnleased = 0x2A,
+    /// A daemon's blocks, written on it by same-host clients and not yet
+    /// in its pool, made visible on it at once (a reservation and a
+    /// commit in one): a place for each (`PutStartResponse`), or why not.
+    Admit = 0x2B,
 
     // Daemon to meta service.
     /// A daemon joins and gets its id.

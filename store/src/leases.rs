@@ -23,10 +23,12 @@ use mooncake_proto::{BlockKey, ErrorCode, Header, Opcode, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::admit::Admitter;
 use crate::pool::{PoolError, ReadLease, WriteSlot};
 use crate::server::DataService;
 use crate::tiers::Tiers;
 
+mod admits;
 mod rooms;
 
 /// Leases (and reserved slots) one client may hold at once.
@@ -43,7 +45,7 @@ const BACKPRESSURE: std::time::Duration = std::time::Duration::from_secs(5);
 pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     tiers: &Arc<Tiers>,
-    puts: Option<&DataService>,
+    (puts, admitter): (Option<&DataService>, Option<&Admitter>),
     sessions: &prometheus::IntGauge,
     shutdown: &CancellationToken,
 ) -> io::Result<()> {
@@ -65,11 +67,19 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut slots: HashMap<u64, (WriteSlot, BlockKey, Option<Arc<EngineTag>>)> = HashMap::new();
     // Room held ahead for blocks this client has not named yet.
     let mut rooms = rooms::Rooms::default();
+    // Same-host puts of one round trip waiting for their admission; asked
+    // about together before any later request is answered.
+    let mut admits = admits::Admits::default();
     let mut next_lease = 1u64;
     loop {
-        if !out.is_empty() && !request_waits(stream.buffer()) {
-            stream.write_all(&out).await?;
-            out.clear();
+        if !request_waits(stream.buffer()) {
+            if let (false, Some(admitter)) = (admits.is_empty(), admitter) {
+                admits.settle(admitter, &mut rooms, tiers, &mut out).await;
+            }
+            if !out.is_empty() {
+                stream.write_all(&out).await?;
+                out.clear();
+            }
         }
         let mut raw = [0u8; HEADER_LEN];
         tokio::select! {
@@ -85,6 +95,9 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             if !h.response && h.opcode == Opcode::Put {
                 // It answers, or ends the session on a broken frame: the
                 // answers before it go first.
+                if let (false, Some(admitter)) = (admits.is_empty(), admitter) {
+                    admits.settle(admitter, &mut rooms, tiers, &mut out).await;
+                }
                 stream.write_all(&out).await?;
                 out.clear();
                 service
@@ -106,9 +119,13 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                             | Opcode::ShmTouch
                             | Opcode::ShmRoom
                             | Opcode::ShmStore
+                            | Opcode::ShmAdmit
                     )
                     && (pool.serves_rooms()
-                        || !matches!(h.opcode, Opcode::ShmRoom | Opcode::ShmStore)) =>
+                        || !matches!(
+                            h.opcode,
+                            Opcode::ShmRoom | Opcode::ShmStore | Opcode::ShmAdmit
+                        )) =>
             {
                 h
             }
@@ -125,6 +142,36 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         };
         let mut body = vec![0u8; header.body_len as usize];
         stream.read_exact(&mut body).await?;
+        if header.opcode == Opcode::ShmAdmit {
+            match (ShmStoreRequest::from_bytes(&body), admitter) {
+                (Ok(req), Some(_)) if same_host => {
+                    admits.take(header, req, &mut rooms, tiers);
+                    continue;
+                }
+                // Without a meta service to ask, or with clients that must
+                // show a token (which this socket does not carry): the
+                // writer puts its blocks the usual way from now on.
+                (Ok(_), _) => {
+                    let h = Header::response(
+                        header.opcode,
+                        header.request_id,
+                        ErrorCode::UnknownOpcode as u16,
+                        0,
+                    );
+                    out.extend_from_slice(&h.encode());
+                    continue;
+                }
+                (Err(err), _) => {
+                    let h =
+                        Header::response(header.opcode, header.request_id, err.code() as u16, 0);
+                    out.extend_from_slice(&h.encode());
+                    continue;
+                }
+            }
+        }
+        if let (false, Some(admitter)) = (admits.is_empty(), admitter) {
+            admits.settle(admitter, &mut rooms, tiers, &mut out).await;
+        }
         let (code, answer) = match header.opcode {
             Opcode::ShmGet => match KeyRequest::from_bytes(&body) {
                 Err(err) => (err.code(), Vec::new()),

@@ -8,6 +8,7 @@
 //! `mooncake-net` (its link to the meta service); never on the client SDK
 //! nor on the meta service's crate.
 
+mod admit;
 pub mod config;
 mod fetch;
 mod headroom;
@@ -81,8 +82,8 @@ pub struct DaemonHandle {
     /// Sessions of the RDMA and shared-memory paths, and the NVMe demoter.
     background: TaskTracker,
     tiers: Arc<tiers::Tiers>,
-    /// The id the meta service gave this daemon; 0 while not registered.
-    registered: tokio::sync::watch::Receiver<u32>,
+    /// The meta service this daemon is registered with (id 0: none).
+    registered: tokio::sync::watch::Receiver<meta_link::Registration>,
 }
 
 impl DaemonHandle {
@@ -107,7 +108,7 @@ impl DaemonHandle {
     /// placed on it. `false` past `within`, or without a meta service.
     pub async fn registered(&self, within: std::time::Duration) -> bool {
         let mut rx = self.registered.clone();
-        let waited = tokio::time::timeout(within, rx.wait_for(|id| *id != 0)).await;
+        let waited = tokio::time::timeout(within, rx.wait_for(|r| r.id != 0)).await;
         matches!(waited, Ok(Ok(_)))
     }
 
@@ -261,6 +262,23 @@ pub async fn start(
             listeners.push(task);
         }
     }
+    let (registered_tx, registered) = tokio::sync::watch::channel(Default::default());
+    // Same-host puts in one round trip, where the daemon can ask a meta
+    // service. Never where clients must show a token: the socket carries
+    // none, so the meta service must not take the daemon's word for their
+    // namespaces (a daemon with `auth` serves no socket today anyway).
+    let admitter = ((coordinator.is_some() || config.meta.is_some()) && config.auth.is_none())
+        .then(|| {
+            Arc::new(admit::Admitter::new(
+                meta_dialer.clone(),
+                config.token.clone(),
+                registered.clone(),
+                (
+                    admit::ADMIT_TIMEOUT.min(config.request_timeout.0 / 2),
+                    metrics.admissions.clone(),
+                ),
+            ))
+        });
     if let Some(path) = config.shm_socket.clone() {
         let socket = shm::bind(path.clone()).map_err(|err| {
             DaemonError::Config(format!("shm_socket = {}: {err}", path.display()))
@@ -273,7 +291,7 @@ pub async fn start(
         listeners.push(tokio::spawn(async move {
             let served = shm::run(
                 socket,
-                service,
+                (service, admitter),
                 advertise,
                 (sessions, max_sessions),
                 (&sessions_tracker, stop),
@@ -291,7 +309,6 @@ pub async fn start(
         (None, Some(meta)) => MetaTarget::Addr(meta),
         (None, None) => MetaTarget::None,
     };
-    let (registered_tx, registered) = tokio::sync::watch::channel(0);
     let mut link = None;
     if !matches!(target, MetaTarget::None) {
         link = Some(tokio::spawn(meta_link::run(

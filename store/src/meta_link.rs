@@ -44,8 +44,18 @@ pub struct LinkConfig {
     /// How the meta service is reached: plain TCP, or with `peer_ca` TLS
     /// over TCP or QUIC.
     pub dialer: mooncake_net::Dialer,
-    /// Set to the daemon's id while it is registered, 0 while not.
-    pub registered: tokio::sync::watch::Sender<u32>,
+    /// The meta service this daemon is registered with, and its id there
+    /// (0 while not registered).
+    pub registered: tokio::sync::watch::Sender<Registration>,
+}
+
+/// The meta service a daemon is registered with, and the id it gave it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Registration {
+    /// 0 while not registered.
+    pub id: u32,
+    /// The meta service's address (the leader's, with etcd).
+    pub meta: String,
 }
 
 /// How long a stopping daemon spends telling the meta service it leaves.
@@ -65,7 +75,7 @@ pub async fn run(cfg: LinkConfig, tiers: Arc<Tiers>, shutdown: CancellationToken
                 match result {
                     Ok(()) => break,
                     Err(err) => {
-                        cfg.registered.send_replace(0);
+                        cfg.registered.send_replace(Registration::default());
                         tracing::warn!(%err, "meta link lost; reconnecting");
                     }
                 }
@@ -78,6 +88,8 @@ pub async fn run(cfg: LinkConfig, tiers: Arc<Tiers>, shutdown: CancellationToken
         }
         backoff = (backoff * 2).min(Duration::from_millis(250));
     }
+    // Nothing is admitted from now on (`admit`): the daemon leaves.
+    cfg.registered.send_replace(Registration::default());
     if memory.id != 0 {
         leave(&cfg, memory.id).await;
     }
@@ -216,7 +228,10 @@ async fn session(
         blocks = inventory.len(),
         "registered with the meta service"
     );
-    cfg.registered.send_replace(id);
+    cfg.registered.send_replace(Registration {
+        id,
+        meta: addr.clone(),
+    });
     let mut tick = tokio::time::interval(cfg.interval);
     loop {
         tokio::select! {

@@ -41,6 +41,9 @@ pub struct DaemonMetrics {
     /// holding its leases: same-host shared memory and RDMA.
     pub shm_sessions: IntGauge,
     pub rdma_sessions: IntGauge,
+    /// Same-host blocks this daemon asked the meta service to make visible
+    /// (`crate::admit`), by outcome.
+    pub admissions: IntCounterVec,
 }
 
 /// Latency buckets from 50 us to about 6.5 s.
@@ -81,6 +84,14 @@ impl DaemonMetrics {
             &["path"],
         )?;
         registry.register(Box::new(sessions.clone()))?;
+        let admissions = IntCounterVec::new(
+            Opts::new(
+                "mooncake_daemon_admissions_total",
+                "Same-host puts of one round trip: blocks this daemon asked the meta service to make visible, by outcome (admitted; exists: the meta service has it; refused: put the usual way; lost: the answer lost, the block dropped and reported gone).",
+            ),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(admissions.clone()))?;
         registry.register(Box::new(PoolCollector::new(tiers)?))?;
         registry.register(Box::new(io_times.collector()))?;
         Ok(Arc::new(DaemonMetrics {
@@ -89,6 +100,7 @@ impl DaemonMetrics {
             bytes_written: bytes.with_label_values(&["written", "dram", "tcp"]),
             shm_sessions: sessions.with_label_values(&["shm"]),
             rdma_sessions: sessions.with_label_values(&["rdma"]),
+            admissions,
         }))
     }
 }

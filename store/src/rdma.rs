@@ -166,7 +166,7 @@ async fn serve(
     if let Err(why) = answer {
         return Err(io::Error::other(why));
     }
-    crate::leases::serve(&mut stream, &pool.tiers, None, sessions, shutdown).await
+    crate::leases::serve(&mut stream, &pool.tiers, (None, None), sessions, shutdown).await
 }
 
 /// Reads the client's `RdmaConnect`; on a bad one, the header to answer

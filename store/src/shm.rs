@@ -14,6 +14,7 @@
 //! what the index does not show or what changed under its copy. It reports
 //! such reads afterwards, in batches (`ShmTouch`), for LRU and hit counts.
 
+use crate::admit::Admitter;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
@@ -48,7 +49,7 @@ pub fn bind(path: PathBuf) -> io::Result<Socket> {
 /// `max_sessions` at once (more are closed at once, and logged).
 pub async fn run(
     socket: Socket,
-    service: Arc<DataService>,
+    (service, admitter): (Arc<DataService>, Option<Arc<Admitter>>),
     advertise: String,
     (sessions, max_sessions): (prometheus::IntGauge, usize),
     (tasks, shutdown): (&TaskTracker, CancellationToken),
@@ -82,10 +83,11 @@ pub async fn run(
             continue;
         };
         let (service, advertise, shutdown) = (service.clone(), advertise.clone(), shutdown.clone());
-        let (sessions, index) = (sessions.clone(), index.clone());
+        let (sessions, index, admitter) = (sessions.clone(), index.clone(), admitter.clone());
         tasks.spawn(async move {
             let index = index.as_ref().map(|(fd, len)| (fd.as_fd(), *len));
-            if let Err(err) = serve(stream, &service, index, &advertise, &sessions, &shutdown).await
+            let service = (&*service, admitter.as_deref());
+            if let Err(err) = serve(stream, service, index, &advertise, &sessions, &shutdown).await
             {
                 tracing::debug!(%err, "shm client gone");
             }
@@ -104,7 +106,7 @@ impl Drop for RemoveOnDrop {
 
 async fn serve(
     mut stream: UnixStream,
-    service: &DataService,
+    (service, admitter): (&DataService, Option<&Admitter>),
     index: Option<(BorrowedFd<'_>, u64)>,
     advertise: &str,
     sessions: &prometheus::IntGauge,
@@ -125,7 +127,8 @@ async fn serve(
     stream.writable().await?;
     send_with_fds(&stream, &hello, &fds)?;
     let tiers = &service.tiers;
-    crate::leases::serve(&mut stream, tiers, Some(service), sessions, shutdown).await
+    let paths = (Some(service), admitter);
+    crate::leases::serve(&mut stream, tiers, paths, sessions, shutdown).await
 }
 
 /// A new descriptor of `fd`'s file that only reads: a mapping of it can

@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::nvme::NvmeTier;
 use crate::pool::{DramPool, PoolError, Room, WriteSlot};
 
+mod admitting;
 mod demote;
 mod prefetch;
 
@@ -70,6 +71,9 @@ pub struct Tiers {
     /// service's events use (its answer to each registration says), so
     /// that a cluster without events spends no memory on them.
     keep_tags: std::sync::atomic::AtomicU8,
+    /// Blocks being admitted (`admitting`), and whether a removal came for
+    /// each meanwhile.
+    admitting: Mutex<HashMap<BlockKey, bool>>,
 }
 
 /// A block of the inventory a daemon sends the meta service.
@@ -120,6 +124,7 @@ impl Tiers {
             tags: Mutex::new(HashMap::new()),
             tagged: std::sync::atomic::AtomicBool::new(false),
             keep_tags: std::sync::atomic::AtomicU8::new(KeepTags::WithKeys as u8),
+            admitting: Mutex::new(HashMap::new()),
         }
     }
 
@@ -510,6 +515,7 @@ impl Tiers {
 
     fn remove_from_all(&self, key: &BlockKey, unleased: bool) -> Result<bool, PoolError> {
         let below = self.below.write();
+        self.removed_while_admitted(key);
         if unleased && self.leased_below(key) {
             return Err(PoolError::Leased);
         }

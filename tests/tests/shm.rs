@@ -404,12 +404,16 @@ async fn blocks_of_one_size_after_the_first_go_into_room_held_ahead_byte_for_byt
     let cluster = cluster_with_shm(&dir, 64 << 20, false).await;
     let client = client(&cluster, &dir.join("daemon.sock"));
     // One block a call: the first reserves its room and asks for room
-    // ahead; each later one goes into the room the one before handed over.
+    // ahead; each later one goes into the room the one before handed over,
+    // and the daemon makes it visible itself (one round trip).
     put_each(&client, &[100_000; 12]).await;
     assert_eq!(client.shm_writes(), 12);
     assert_eq!(client.shm_room_writes(), 11);
-    // Batches: the first asks for room for the rest of its blocks, the
-    // second finds room for all of them.
+    assert_eq!(client.shm_admitted(), 11);
+    // Batches: the first is admitted up to its one room held and asks for
+    // room for the rest (the room its admission handed back takes one
+    // more); the second finds room for all of them but one, admitted, and
+    // the last goes into the room their admission handed back.
     for round in 0..2u64 {
         let values: Vec<Vec<u8>> = (0..10)
             .map(|i| block_bytes(100 + round * 10 + i, 100_000))
@@ -421,11 +425,13 @@ async fn blocks_of_one_size_after_the_first_go_into_room_held_ahead_byte_for_byt
         assert_eq!(out, vec![PutOutcome::Stored; 10]);
     }
     assert_eq!(client.shm_writes(), 32);
-    assert_eq!(client.shm_room_writes(), 11 + 1 + 10);
+    assert_eq!(client.shm_room_writes(), 11 + 2 + 10);
+    assert_eq!(client.shm_admitted(), 11 + 1 + 9);
     // Another size: the rooms held are let go; rooms of the new size
     // serve its blocks after the first.
     put_each_from(&client, 32, &[30_000; 4]).await;
-    assert_eq!(client.shm_room_writes(), 22 + 3);
+    assert_eq!(client.shm_room_writes(), 23 + 3);
+    assert_eq!(client.shm_admitted(), 21 + 3);
     // Every block reads back right, through shared memory and over TCP.
     let keys: Vec<(u64, usize)> = (0..12)
         .map(|i| (i, 100_000))

@@ -49,6 +49,7 @@ use mooncake_proto::transport::TransportKind;
 
 use crate::MetaResolver;
 
+mod admit;
 mod config;
 mod control;
 mod device;
@@ -280,6 +281,12 @@ impl Client {
     /// and copied without a lease (no message to the daemon).
     pub fn shm_index_reads(&self) -> u64 {
         self.shm_counts.index_reads.load(Ordering::Relaxed)
+    }
+
+    /// Of `shm_writes`, the blocks the daemon made visible itself: puts of
+    /// one round trip, with no reservation or commit at the meta service.
+    pub fn shm_admitted(&self) -> u64 {
+        self.shm_counts.admitted.load(Ordering::Relaxed)
     }
 
     /// Of `shm_writes`, the blocks written into room held ahead for them

@@ -167,6 +167,42 @@ impl Client {
         named: (&[Option<BlockHash>], &[Option<Arc<EngineTag>>]),
         replicas: u8,
     ) -> Result<Vec<PutOutcome>, ClientError> {
+        sizes_of(blocks.iter().map(|(h, v)| (*h, v.len())))?;
+        // Same host: the leading blocks admitted in one round trip.
+        let admitted = self.admit_here(namespace, blocks, named, replicas).await;
+        let rest: Vec<usize> = (0..blocks.len())
+            .filter(|&i| admitted[i].is_none())
+            .collect();
+        if rest.len() == blocks.len() {
+            return self.put_placed(namespace, blocks, named, replicas).await;
+        }
+        let mut out: Vec<PutOutcome> = admitted
+            .iter()
+            .map(|a| a.unwrap_or(PutOutcome::Failed(ErrorCode::Internal)))
+            .collect();
+        if !rest.is_empty() {
+            let blocks: Vec<_> = rest.iter().map(|&i| blocks[i]).collect();
+            let parents: Vec<_> = rest.iter().map(|&i| named.0[i]).collect();
+            let tags: Vec<_> = rest.iter().map(|&i| named.1[i].clone()).collect();
+            let placed = self
+                .put_placed(namespace, &blocks, (&parents, &tags), replicas)
+                .await?;
+            for (i, outcome) in rest.into_iter().zip(placed) {
+                out[i] = outcome;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Puts `blocks` as the meta service places them (reserved, written to
+    /// their daemons, committed).
+    async fn put_placed(
+        &self,
+        namespace: &Namespace,
+        blocks: &[(BlockHash, Value<'_>)],
+        named: (&[Option<BlockHash>], &[Option<Arc<EngineTag>>]),
+        replicas: u8,
+    ) -> Result<Vec<PutOutcome>, ClientError> {
         let sizes = sizes_of(blocks.iter().map(|(h, v)| (*h, v.len())))?;
         let slots = self.place(namespace, &sizes, named.0, replicas).await?;
         let mut by_daemon: HashMap<u32, Vec<PutItem<'_>>> = HashMap::new();

@@ -130,8 +130,11 @@ struct Touches {
 pub(crate) struct ShmCounts {
     /// Blocks read through the daemon's index, without a lease.
     pub index_reads: std::sync::atomic::AtomicU64,
-    /// Blocks written into room held ahead (`ShmStore`).
+    /// Blocks written into room held ahead (`ShmStore`, `ShmAdmit`).
     pub room_writes: std::sync::atomic::AtomicU64,
+    /// Of those, blocks the daemon made visible itself (`ShmAdmit`): a put
+    /// of one round trip.
+    pub admitted: std::sync::atomic::AtomicU64,
 }
 
 /// The link to the daemon on this host: its pool, mapped once, and a few
@@ -161,6 +164,9 @@ pub(crate) struct ShmLink {
     /// refused one (a daemon of an older version).
     inline_puts: std::sync::atomic::AtomicBool,
     rooms: std::sync::atomic::AtomicBool,
+    /// Whether the daemon makes blocks visible itself (`ShmAdmit`); it
+    /// does unless it answered that it does not.
+    admits: std::sync::atomic::AtomicBool,
     touches: parking_lot::Mutex<Touches>,
     path: std::path::PathBuf,
     /// Connections whose last call finished cleanly; one cut short (a
@@ -206,6 +212,7 @@ impl ShmLink {
             copy_threads: copy_threads.max(1),
             inline_puts: std::sync::atomic::AtomicBool::new(true),
             rooms: std::sync::atomic::AtomicBool::new(true),
+            admits: std::sync::atomic::AtomicBool::new(true),
             touches: parking_lot::Mutex::new(Touches {
                 keys: Vec::new(),
                 since: std::time::Instant::now(),

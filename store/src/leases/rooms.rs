@@ -54,7 +54,7 @@ impl Rooms {
         req: ShmStoreRequest,
         same_host: bool,
     ) -> (ErrorCode, Option<ShmRooms>) {
-        let Some(room) = self.held.remove(&req.room) else {
+        let Some(room) = self.take(req.room) else {
             return (ErrorCode::NoReservation, None);
         };
         let len = room.len();
@@ -76,15 +76,26 @@ impl Rooms {
                 }
             }
         };
+        (code, self.answer(tiers, len, back))
+    }
+
+    /// The room `id`, given up by the session (filled, or handed back).
+    pub fn take(&mut self, id: u64) -> Option<Room> {
+        self.held.remove(&id)
+    }
+
+    /// The rooms an answer hands over after a room of `len` bytes was
+    /// used: `back` (not filled after all), else a new one if the pool
+    /// spares it and the session may hold it.
+    pub fn answer(&mut self, tiers: &Tiers, len: u64, back: Option<Room>) -> Option<ShmRooms> {
         let next = back.or_else(|| match self.room_for(len) {
             true => tiers.reserve_room(len),
             false => None,
         });
-        let answer = next.map(|room| ShmRooms {
+        next.map(|room| ShmRooms {
             len,
             rooms: vec![self.hold(room)],
-        });
-        (code, answer)
+        })
     }
 
     /// Whether the session may hold one more room of `len` bytes.

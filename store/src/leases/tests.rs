@@ -67,7 +67,7 @@ fn session_with(puts: bool) -> Session {
     let counted = sessions.clone();
     let task = tokio::spawn(async move {
         let stop = CancellationToken::new();
-        serve(&mut server, &t, service.as_ref(), &counted, &stop).await
+        serve(&mut server, &t, (service.as_ref(), None), &counted, &stop).await
     });
     (tiers, Conn(client, 0), task, sessions)
 }

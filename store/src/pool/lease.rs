@@ -65,6 +65,11 @@ impl WriteSlot {
         self.parent = parent;
     }
 
+    /// The block it extends, if named.
+    pub fn parent(&self) -> Option<mooncake_proto::BlockHash> {
+        self.parent
+    }
+
     /// The meta service judged that this block continues a branch readers
     /// come back to (`meta/src/branches.rs`): under 2Q it enters main if
     /// this pool does not hold its parent to judge by.

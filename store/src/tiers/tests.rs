@@ -312,3 +312,48 @@ async fn a_lease_holds_a_block_on_a_drive_or_on_its_way_there_against_a_removal_
     ));
     stopped(tasks, stop).await;
 }
+
+#[test]
+fn a_removal_that_comes_while_a_block_is_admitted_keeps_it_out_of_the_pool() {
+    use crate::pool::PoolConfig;
+    let pool = Arc::new(DramPool::new(PoolConfig::with_capacity(1 << 20)).unwrap());
+    let tiers = Tiers::dram_only(pool.clone());
+    let key = |i: u8| BlockKey::new(Namespace::new("t").unwrap(), BlockHash([i; 32]));
+    let bytes = vec![9u8; 4096];
+    let sum = mooncake_proto::checksum::checksum(&bytes);
+    // Named in its room, out of the pool, while the meta service admits it.
+    let named = |i: u8| {
+        assert!(tiers.start_admitting(&key(i)));
+        let room = tiers.reserve_room(4096).unwrap();
+        let Ok(mut slot) = pool.fill_room(room, key(i), 4096, Some(sum)) else {
+            panic!("room for block {i}");
+        };
+        slot.buf_mut().copy_from_slice(&bytes);
+        slot
+    };
+    let slot = named(1);
+    assert!(
+        !tiers.start_admitting(&key(1)),
+        "one writer of a key at a time"
+    );
+    // Admitted; a removal reaches the daemon before the block is stored.
+    assert!(!tiers.remove(&key(1)), "nothing in the pool to take yet");
+    assert!(tiers
+        .admitted(&key(1), || slot.commit_hashed(sum))
+        .is_none());
+    assert!(!tiers.contains(&key(1)), "a removed block never comes back");
+    assert_eq!(pool.stats().used, 0, "its room is freed");
+    // Without a removal it is stored; and one held already is not admitted.
+    let slot = named(2);
+    assert!(matches!(
+        tiers.admitted(&key(2), || slot.commit_hashed(sum)),
+        Some(Ok(()))
+    ));
+    assert!(tiers.contains(&key(2)));
+    assert!(!tiers.start_admitting(&key(2)), "held here already");
+    // Refused: the mark goes, and the key may be admitted again.
+    let slot = named(3);
+    tiers.not_admitted(&key(3));
+    drop(slot);
+    assert!(tiers.start_admitting(&key(3)));
+}

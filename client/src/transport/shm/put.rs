@@ -23,9 +23,14 @@
 //!
 //! A connection holding rooms is kept for puts (`Writer`); its rooms end
 //! with it.
+//!
+//! A block of a single copy with room held can skip the meta service's
+//! reservation and commit altogether (`admit_blocks`): the daemon makes it
+//! visible itself before it stores it (`ShmAdmit`), one round trip in all.
 
 use super::*;
 use mooncake_proto::message::{ShmRoomRequest, ShmRooms, ShmStoreRequest};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Blocks up to this size, without room held for them, are put with their
 /// bytes in the frame (one round trip on the socket) rather than through
@@ -118,7 +123,6 @@ impl ShmLink {
         namespace: &Namespace,
         items: &[PutItem<'_>],
     ) -> io::Result<Vec<Written>> {
-        use std::sync::atomic::Ordering::Relaxed;
         loop {
             let ways = Ways {
                 inline: self.inline_puts.load(Relaxed),
@@ -290,6 +294,96 @@ impl ShmLink {
             }
         }
         Ok(Ok(written))
+    }
+
+    /// Stores and makes visible, in one round trip, each of `items` (of a
+    /// single copy) for which the link holds room of its size: the daemon
+    /// asks the meta service itself (`ShmAdmit`). Per item, `Some` with the
+    /// outcome (`Ok`, or the meta service's `AlreadyExists`), or `None`:
+    /// nothing of it is visible, and it is to be put the usual way.
+    pub(crate) async fn admit_blocks(
+        &self,
+        namespace: &Namespace,
+        items: &[PutItem<'_>],
+    ) -> Vec<Option<Written>> {
+        let mut out = vec![None; items.len()];
+        if !self.admits.load(Relaxed) {
+            return out;
+        }
+        let Some(Writer {
+            mut stream,
+            mut rooms,
+        }) = self.writers.lock().pop()
+        else {
+            return out;
+        };
+        let mut outbox = Outbox::default();
+        let mut sent: Vec<(usize, u64)> = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            let len = it.value.len() as u64;
+            // The leading blocks only: those after go the usual way, after
+            // these (a chain's blocks become visible parent first).
+            let Some(room) = rooms.take(len) else {
+                break;
+            };
+            let Ok(checksum) = self.write_into(room.offset, it) else {
+                break;
+            };
+            self.counts.room_writes.fetch_add(1, Relaxed);
+            let body = ShmStoreRequest {
+                room: room.slot,
+                key: BlockKey::new(namespace.clone(), it.hash),
+                len,
+                checksum,
+                parent: it.parent,
+                continues: false,
+                tag: it.tag.clone(),
+            };
+            outbox.push(Opcode::ShmAdmit, sent.len() as u64 + 1, &body.to_bytes());
+            sent.push((i, checksum));
+        }
+        for (k, &(i, checksum)) in sent.iter().enumerate() {
+            let answered = async {
+                outbox.before_answer(&mut stream, k).await?;
+                answer(&mut stream, Opcode::ShmAdmit, k as u64 + 1).await
+            };
+            let (code, body) = match answered.await {
+                Ok(answered) => answered,
+                // The connection and its rooms are gone; what was not
+                // answered goes the usual way (a daemon gone, or one of
+                // an older version that closed the session).
+                Err(err) => {
+                    tracing::debug!(%err, "same-host admission cut short");
+                    return out;
+                }
+            };
+            if !body.is_empty() {
+                match self.rooms_in(&body) {
+                    Ok(given) => rooms.add(given),
+                    Err(_) => return out,
+                }
+            }
+            out[i] = match code {
+                ErrorCode::Ok | ErrorCode::AlreadyExists => {
+                    if code == ErrorCode::Ok {
+                        self.counts.admitted.fetch_add(1, Relaxed);
+                    }
+                    Some(Written { code, checksum })
+                }
+                ErrorCode::UnknownOpcode => {
+                    // A daemon that does not admit (no meta service to ask,
+                    // or clients that must show a token).
+                    self.admits.store(false, Relaxed);
+                    None
+                }
+                _ => None,
+            };
+        }
+        let mut writers = self.writers.lock();
+        if writers.len() < MAX_IDLE {
+            writers.push(Writer { stream, rooms });
+        }
+        out
     }
 
     /// The rooms an answer hands over, each checked to lie in the pool.
