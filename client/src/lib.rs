@@ -7,7 +7,6 @@
 
 pub mod bindings;
 mod client;
-mod coalesce;
 pub mod device;
 mod lineage;
 mod locations;

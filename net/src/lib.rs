@@ -1,10 +1,12 @@
 //! The networking layer under every Mooncake Store component: framed
 //! connections over TCP (plain or TLS) or QUIC streams, pools of them and
 //! how they are dialed, QUIC endpoints for both ends, TLS settings, RDMA verbs (feature
-//! `rdma`), and the error every call returns. It knows frames, not what
+//! `rdma`), group commit for batch calls (`coalesce`), and the error every
+//! call returns. It knows frames, not what
 //! they mean: the client SDK, the daemon and the meta service build their
 //! calls on it, and none of them depends on another for it.
 
+pub mod coalesce;
 mod conn;
 mod error;
 mod pool;

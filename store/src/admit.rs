@@ -15,8 +15,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use mooncake_net::coalesce::Coalescer;
 use mooncake_net::{CallError, ConnPool, Dialer, ErrorSource};
-use mooncake_proto::message::{CommitItem, PutCommitRequest, PutStartResponse, Slot};
+use mooncake_proto::frame::{MAX_BATCH, MAX_CONTROL_BODY};
+use mooncake_proto::message::{CommitItem, Copies, PutCommitRequest, PutStartResponse, Slot};
 use mooncake_proto::{ErrorCode, Namespace, Opcode};
 use tokio::sync::watch;
 
@@ -27,6 +29,14 @@ use crate::meta_link::Registration;
 pub const ADMIT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Idle connections kept to the meta service for admissions.
 const MAX_IDLE: usize = 8;
+
+/// Engine tags' bytes of an item: a request carries at most half a control
+/// frame of them.
+fn tag_bytes(item: &CommitItem) -> usize {
+    item.tag
+        .as_deref()
+        .map_or(0, mooncake_proto::message::EngineTag::encoded_len)
+}
 
 /// Makes same-host blocks visible at the meta service this daemon is
 /// registered with.
@@ -40,6 +50,8 @@ pub struct Admitter {
     timeout: Duration,
     /// Blocks asked about, by outcome.
     outcomes: prometheus::IntCounterVec,
+    /// Admissions of sessions asking at once, sent together.
+    batches: Coalescer<CommitItem, Slot, ()>,
 }
 
 /// What became of a block asked about, as counted.
@@ -74,6 +86,7 @@ impl Admitter {
             pool: parking_lot::Mutex::new(None),
             timeout,
             outcomes,
+            batches: Coalescer::weighed(MAX_BATCH, MAX_CONTROL_BODY as usize / 2, tag_bytes),
         }
     }
 
@@ -89,70 +102,87 @@ impl Admitter {
     }
 
     /// Admits `items` (`stored_on` is filled in) of `namespace` on this
-    /// daemon: a slot each, as the meta service answered.
+    /// daemon: a slot each, as the meta service answered. Sessions asking
+    /// at once share requests (`Coalescer`: one in flight, the others'
+    /// items go together in the next).
     pub async fn admit(
         &self,
         namespace: &Namespace,
         items: Vec<CommitItem>,
     ) -> Result<Vec<Slot>, NotAdmitted> {
+        let call = self
+            .batches
+            .call(namespace.clone(), items, |ns, items| self.send(ns, items));
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok((slots, ()))) => Ok(slots),
+            // Not sent, or refused whole: nothing is visible.
+            Ok(Err(CallError::Server { code, .. })) => Err(NotAdmitted::Refused(code)),
+            Ok(Err(err)) => Err(NotAdmitted::Unknown(err)),
+            Err(_) => Err(NotAdmitted::Unknown(CallError::Timeout {
+                side: ErrorSource::Meta,
+                addr: self.registered.borrow().meta.clone(),
+                op: "admit",
+                timeout_ms: self.timeout.as_millis() as u64,
+            })),
+        }
+    }
+
+    /// One `Admit` request to the meta service registered with. Errors
+    /// that say nothing was sent (not registered, no connection) come as
+    /// `Server` errors, as a refusal does.
+    async fn send(
+        &self,
+        namespace: Namespace,
+        items: Vec<CommitItem>,
+    ) -> Result<(Vec<Slot>, ()), CallError> {
         let Registration { id, meta } = self.registered.borrow().clone();
+        let not_sent = |meta: &str| CallError::Server {
+            side: ErrorSource::Meta,
+            addr: meta.to_string(),
+            op: "admit",
+            code: ErrorCode::Unavailable,
+        };
         if id == 0 {
-            return Err(NotAdmitted::Refused(ErrorCode::Unavailable));
+            return Err(not_sent(&meta));
         }
         let n = items.len();
         let req = PutCommitRequest {
-            namespace: namespace.clone(),
+            namespace,
             items: items
                 .into_iter()
                 .map(|it| CommitItem {
-                    stored_on: mooncake_proto::message::Copies::one(id),
+                    stored_on: Copies::one(id),
                     ..it
                 })
                 .collect(),
         };
         let pool = self.pool_for(&meta);
-        let call = async {
-            // Never sent twice: a first try that did reach the meta service
-            // would make a second answer `AlreadyExists`.
-            let (mut conn, _) = pool
-                .get()
-                .await
-                .map_err(|_| NotAdmitted::Refused(ErrorCode::Unavailable))?;
-            let answer = conn
-                .call::<PutStartResponse>(Opcode::Admit, &req, "admit")
-                .await;
-            match answer {
-                Ok(answer) => {
-                    pool.put_back(conn);
-                    Ok(answer)
-                }
-                Err(CallError::Server { code, .. }) => {
-                    pool.put_back(conn);
-                    Err(NotAdmitted::Refused(code))
-                }
-                Err(err) => Err(NotAdmitted::Unknown(err)),
+        // Never sent twice: a first try that did reach the meta service
+        // would make a second answer `AlreadyExists`.
+        let (mut conn, _) = pool.get().await.map_err(|_| not_sent(&meta))?;
+        match conn
+            .call::<PutStartResponse>(Opcode::Admit, &req, "admit")
+            .await
+        {
+            Ok(answer) if answer.slots.len() == n => {
+                pool.put_back(conn);
+                Ok((answer.slots, ()))
             }
-        };
-        let answer = match tokio::time::timeout(self.timeout, call).await {
-            Ok(answer) => answer?,
-            Err(_) => {
-                return Err(NotAdmitted::Unknown(CallError::Timeout {
-                    side: ErrorSource::Meta,
-                    addr: meta,
-                    op: "admit",
-                    timeout_ms: self.timeout.as_millis() as u64,
-                }))
-            }
-        };
-        if answer.slots.len() != n {
-            return Err(NotAdmitted::Unknown(CallError::Server {
+            Ok(_) => Err(CallError::Protocol {
                 side: ErrorSource::Meta,
                 addr: meta,
-                op: "admit",
-                code: ErrorCode::Malformed,
-            }));
+                err: mooncake_proto::ProtoError::Invalid {
+                    field: "response",
+                    why: "an admission answered for another number of blocks".into(),
+                },
+            }),
+            Err(err) => {
+                if matches!(err, CallError::Server { .. }) {
+                    pool.put_back(conn);
+                }
+                Err(err)
+            }
         }
-        Ok(answer.slots)
     }
 
     /// The connections to `meta`, new ones where the daemon registered

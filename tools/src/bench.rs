@@ -368,7 +368,9 @@ where
 }
 
 /// One line: blocks read and written per transport (through shared
-/// memory, also how many went into room held ahead), and fallbacks.
+/// memory, also how many went into room held ahead, and how many of those
+/// the daemon made visible itself: puts of one round trip), and
+/// fallbacks.
 fn moved_by(client: &Client) -> String {
     use mooncake_proto::transport::TransportKind;
     let t = client.transports();
@@ -377,10 +379,11 @@ fn moved_by(client: &Client) -> String {
         .filter(|k| t.reads(*k) + t.writes(*k) > 0)
         .map(|k| match k {
             TransportKind::Shm => format!(
-                "{k} {} read, {} written ({} into room held ahead)",
+                "{k} {} read, {} written ({} into room held ahead, {} in one round trip)",
                 t.reads(k),
                 t.writes(k),
-                client.shm_room_writes()
+                client.shm_room_writes(),
+                client.shm_admitted()
             ),
             _ => format!("{k} {} read, {} written", t.reads(k), t.writes(k)),
         })

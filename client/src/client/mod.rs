@@ -28,7 +28,6 @@ use mooncake_proto::message::{
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Namespace, Opcode};
 use parking_lot::RwLock;
 
-use crate::coalesce::Coalescer;
 use crate::lineage::Lineage;
 use crate::locations::LocationCache;
 use crate::metrics::ClientMetrics;
@@ -39,6 +38,7 @@ use crate::transport::{
     hits, stored, GetItem, PutItem, Read, Transport, TransportCounters, Written,
 };
 use crate::{ClientError, ErrorSource};
+use mooncake_net::coalesce::Coalescer;
 use mooncake_net::quic::QuicConnector;
 use mooncake_net::ClientTls;
 use mooncake_net::ConnPool;

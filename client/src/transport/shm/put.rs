@@ -329,7 +329,6 @@ impl ShmLink {
             let Ok(checksum) = self.write_into(room.offset, it) else {
                 break;
             };
-            self.counts.room_writes.fetch_add(1, Relaxed);
             let body = ShmStoreRequest {
                 room: room.slot,
                 key: BlockKey::new(namespace.clone(), it.hash),
@@ -366,6 +365,7 @@ impl ShmLink {
             out[i] = match code {
                 ErrorCode::Ok | ErrorCode::AlreadyExists => {
                     if code == ErrorCode::Ok {
+                        self.counts.room_writes.fetch_add(1, Relaxed);
                         self.counts.admitted.fetch_add(1, Relaxed);
                     }
                     Some(Written { code, checksum })

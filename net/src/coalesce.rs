@@ -1,5 +1,5 @@
-//! Group commit for the meta service's batch calls (a put's reservation
-//! and its commit). A call that finds none of its kind in flight goes at
+//! Group commit for the meta service's batch calls (a client's put
+//! reservations and commits, a daemon's admissions). A call that finds none of its kind in flight goes at
 //! once; calls that arrive while one is in flight queue, and the caller
 //! whose request just finished sends them together as the next one. Puts
 //! in flight at once share their reservations and commits (20,000
@@ -20,7 +20,7 @@ use mooncake_proto::Namespace;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use crate::{ClientError, ErrorSource};
+use crate::{CallError, ErrorSource};
 
 /// Queues calls of one kind: items `I` in, one answer `R` per item and a
 /// part `S` shared by the whole request (the daemons it names) out.
@@ -46,12 +46,12 @@ struct Waiter<I, R, S> {
 }
 
 enum Turn<I, R, S> {
-    Done(Result<(Vec<R>, S), ClientError>),
+    Done(Result<(Vec<R>, S), CallError>),
     /// Lead now; the waiter's own call comes back to be queued again.
     Lead(Namespace, Vec<I>),
 }
 
-type Answer<R, S> = Result<(Vec<R>, S), ClientError>;
+type Answer<R, S> = Result<(Vec<R>, S), CallError>;
 
 impl<I, R, S: Clone> Default for Coalescer<I, R, S> {
     fn default() -> Self {
@@ -237,7 +237,7 @@ fn deliver<I, R, S: Clone>(
             }
         }
         Ok((answers, _)) => {
-            let err = ClientError::Protocol {
+            let err = CallError::Protocol {
                 side: ErrorSource::Meta,
                 addr: "meta service".into(),
                 err: mooncake_proto::ProtoError::Invalid {
@@ -259,8 +259,8 @@ fn deliver<I, R, S: Clone>(
 
 /// For the callers of a request whose sender's deadline passed with it in
 /// flight: whether the meta service applied it is unknown.
-fn abandoned() -> ClientError {
-    ClientError::Io {
+fn abandoned() -> CallError {
+    CallError::Io {
         side: ErrorSource::Meta,
         addr: "meta service".into(),
         err: std::io::Error::new(
@@ -379,17 +379,17 @@ mod tests {
         let c = Coalescer::<u32, u32, ()>::default();
         let send = |_: Namespace, _: Vec<u32>| async {
             tokio::time::sleep(Duration::from_millis(2)).await;
-            Err::<(Vec<u32>, ()), _>(ClientError::Invalid("refused".into()))
+            Err::<(Vec<u32>, ()), _>(CallError::Invalid("refused".into()))
         };
         let answers =
             futures::future::join_all((0..5).map(|k| c.call(ns("a"), vec![k], send))).await;
         assert!(answers
             .iter()
-            .all(|a| matches!(a, Err(ClientError::Invalid(why)) if why == "refused")));
+            .all(|a| matches!(a, Err(CallError::Invalid(why)) if why == "refused")));
         let short = |_: Namespace, _: Vec<u32>| async { Ok((vec![1], ())) };
         assert!(matches!(
             c.call(ns("a"), vec![1, 2], short).await,
-            Err(ClientError::Protocol { .. })
+            Err(CallError::Protocol { .. })
         ));
     }
 
@@ -450,7 +450,7 @@ mod tests {
             .expect("the rider does not hang")
             .unwrap()
         {
-            Err(ClientError::Io { err, .. }) => {
+            Err(CallError::Io { err, .. }) => {
                 assert_eq!(err.kind(), std::io::ErrorKind::TimedOut)
             }
             other => panic!("{other:?}"),
