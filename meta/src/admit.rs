@@ -17,7 +17,6 @@ use std::time::Instant;
 use mooncake_proto::message::{Copies, PutCommitRequest, PutStartResponse, Slot};
 use mooncake_proto::{BlockKey, ErrorCode};
 
-use crate::branches::Put;
 use crate::clients::Client;
 use crate::index::Reservation;
 use crate::server::State;
@@ -89,22 +88,10 @@ pub(crate) fn admit(
             }
         })
         .collect();
-    let puts: Vec<Put> = req
-        .items
-        .iter()
-        .zip(&slots)
-        .zip(returning)
-        .map(|((it, slot), returning)| Put {
-            hash: it.hash,
-            parent: it.parent,
-            placed: matches!(slot, Slot::Place { .. }),
-            returning,
-        })
-        .collect();
-    let judged = state.branches.judge(ns, &puts);
-    for ((slot, verdict), it) in slots.iter_mut().zip(judged).zip(&req.items) {
-        if let Slot::Place { continues, .. } = slot {
-            *continues = verdict;
+    let blocks = req.items.iter().map(|it| (it.hash, it.parent));
+    crate::server::judge_branches(state, ns, blocks, returning, &mut slots);
+    for (slot, it) in slots.iter().zip(&req.items) {
+        if let Slot::Place { .. } = slot {
             let committed = state.index.commit(ns, it);
             debug_assert_eq!(committed, ErrorCode::Ok, "just reserved");
         }

@@ -692,27 +692,39 @@ fn put_start(
             }
         })
         .collect();
-    let puts: Vec<Put> = req
-        .items
-        .iter()
-        .zip(&slots)
+    let blocks = req.items.iter().map(|it| (it.hash, it.parent));
+    judge_branches(state, &req.namespace, blocks, returning, &mut slots);
+    PutStartResponse {
+        slots,
+        daemons: state.daemons.addrs(placed),
+    }
+}
+
+/// Says in each placed slot whether its block continues a branch readers
+/// come back to (`branches.rs`): `blocks` (hash, parent) and whether each
+/// is stored again soon after an eviction (`returning`), slot by slot.
+pub(crate) fn judge_branches(
+    state: &State,
+    namespace: &Namespace,
+    blocks: impl Iterator<Item = (mooncake_proto::BlockHash, Option<mooncake_proto::BlockHash>)>,
+    returning: Vec<bool>,
+    slots: &mut [Slot],
+) {
+    let puts: Vec<Put> = blocks
+        .zip(slots.iter())
         .zip(returning)
-        .map(|((it, slot), returning)| Put {
-            hash: it.hash,
-            parent: it.parent,
+        .map(|(((hash, parent), slot), returning)| Put {
+            hash,
+            parent,
             placed: matches!(slot, Slot::Place { .. }),
             returning,
         })
         .collect();
-    let judged = state.branches.judge(&req.namespace, &puts);
+    let judged = state.branches.judge(namespace, &puts);
     for (slot, verdict) in slots.iter_mut().zip(judged) {
         if let Slot::Place { continues, .. } = slot {
             *continues = verdict;
         }
-    }
-    PutStartResponse {
-        slots,
-        daemons: state.daemons.addrs(placed),
     }
 }
 

@@ -222,14 +222,7 @@ async fn a_full_tier_evicts_its_coldest_and_refuses_what_never_fits() {
 async fn a_leased_block_is_passed_over_by_eviction_until_its_lease_ends() {
     let dir = Scratch::new();
     let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
-    let put = |i: u64| {
-        let v = value(i, 250 << 10);
-        let tier = &tier;
-        async move {
-            tier.put(&key(i), &v, checksum(&v), (None, None, true))
-                .await
-        }
-    };
+    let put = |i: u64| put_hot(&tier, i, 250 << 10);
     for i in 0..4 {
         assert!(put(i).await.unwrap().is_empty());
     }
@@ -256,6 +249,14 @@ async fn a_leased_block_is_passed_over_by_eviction_until_its_lease_ends() {
     assert_eq!(tier.holds(), (1, 0));
 }
 
+/// Writes block `i` of `len` bytes to `tier`, as a block read before
+/// (hot); the blocks its write evicted.
+async fn put_hot(tier: &NvmeTier, i: u64, len: usize) -> Result<Vec<BlockKey>, TierError> {
+    let v = value(i, len);
+    tier.put(&key(i), &v, checksum(&v), (None, None, true))
+        .await
+}
+
 /// Ends `key`'s lease on `tier` at `now`, as the clock would.
 fn end_lease(tier: &NvmeTier, key: &BlockKey, now: std::time::Instant) {
     let mut state = tier.state.lock();
@@ -268,14 +269,7 @@ async fn leases_hold_at_most_half_a_drive_so_demotions_keep_room() {
     let dir = Scratch::new();
     // Four blocks of 256 KiB fill the drive; leases hold two at most.
     let tier = open(&dir.0, EngineKind::Psync, 1 << 20);
-    let put = |i: u64| {
-        let v = value(i, 256 << 10);
-        let tier = &tier;
-        async move {
-            tier.put(&key(i), &v, checksum(&v), (None, None, true))
-                .await
-        }
-    };
+    let put = |i: u64| put_hot(&tier, i, 256 << 10);
     for i in 0..4 {
         assert!(put(i).await.unwrap().is_empty());
     }
