@@ -73,9 +73,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut next_lease = 1u64;
     loop {
         if !request_waits(stream.buffer()) {
-            if let (false, Some(admitter)) = (admits.is_empty(), admitter) {
-                admits.settle(admitter, &mut rooms, tiers, &mut out).await;
-            }
+            admits.settle(admitter, &mut rooms, tiers, &mut out).await;
             if !out.is_empty() {
                 stream.write_all(&out).await?;
                 out.clear();
@@ -95,9 +93,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             if !h.response && h.opcode == Opcode::Put {
                 // It answers, or ends the session on a broken frame: the
                 // answers before it go first.
-                if let (false, Some(admitter)) = (admits.is_empty(), admitter) {
-                    admits.settle(admitter, &mut rooms, tiers, &mut out).await;
-                }
+                admits.settle(admitter, &mut rooms, tiers, &mut out).await;
                 stream.write_all(&out).await?;
                 out.clear();
                 service
@@ -169,9 +165,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 }
             }
         }
-        if let (false, Some(admitter)) = (admits.is_empty(), admitter) {
-            admits.settle(admitter, &mut rooms, tiers, &mut out).await;
-        }
+        admits.settle(admitter, &mut rooms, tiers, &mut out).await;
         let (code, answer) = match header.opcode {
             Opcode::ShmGet => match KeyRequest::from_bytes(&body) {
                 Err(err) => (err.code(), Vec::new()),

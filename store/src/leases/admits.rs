@@ -48,10 +48,6 @@ enum State {
 }
 
 impl Admits {
-    pub fn is_empty(&self) -> bool {
-        self.waiting.is_empty()
-    }
-
     /// Takes a request (`header`, `req`): its block is named in its room,
     /// out of the pool, to be admitted with the others (`settle`).
     pub fn take(&mut self, header: Header, req: ShmStoreRequest, rooms: &mut Rooms, tiers: &Tiers) {
@@ -106,14 +102,18 @@ impl Admits {
 
     /// Asks the meta service to admit every block waiting (one call per
     /// namespace), stores those admitted, and appends every answer to
-    /// `out`, in order.
+    /// `out`, in order; nothing where none waits (or the session admits
+    /// nothing: no `admitter`).
     pub async fn settle(
         &mut self,
-        admitter: &Admitter,
+        admitter: Option<&Admitter>,
         rooms: &mut Rooms,
         tiers: &Tiers,
         out: &mut Vec<u8>,
     ) {
+        let Some(admitter) = admitter.filter(|_| !self.waiting.is_empty()) else {
+            return;
+        };
         let mut namespaces: Vec<Namespace> = Vec::new();
         for w in &self.waiting {
             if let State::Asking { slot, .. } = &w.state {
