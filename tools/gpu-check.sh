@@ -37,14 +37,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
     echo "(no nvidia-smi)"
 echo "cores: $(nproc); shmem huge pages: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null || echo '?')"
 
-work=$(mktemp -d)
-cleanup() {
-    kill "${STORE_PID:-}" 2>/dev/null || true
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-start_store 4GiB --shm-socket "$work/daemon.sock"
-trap cleanup EXIT
+start_store 4GiB --shm-socket "$SCRATCH/daemon.sock"
 
 json=()
 [ -n "${JSON:-}" ] && json=(--json)
@@ -67,7 +60,7 @@ step() {
     return 0
 }
 step "same host: the daemon's shared pool" \
-    "$BIN" bench-gpu --shm-socket "$work/daemon.sock" "${common[@]}"
+    "$BIN" bench-gpu --shm-socket "$SCRATCH/daemon.sock" "${common[@]}"
 step "over TCP (loopback)" "$BIN" bench-gpu "${common[@]}"
 PY=${PYTHON:-python3}
 if "$PY" -c 'import torch, pytest, mooncake_store; assert torch.cuda.is_available()' 2>/dev/null; then

@@ -61,7 +61,7 @@ cleanup_root() {
     umount "$root/proc" "$root/dev" 2>/dev/null || true
     rm -rf --one-file-system "$root"
 }
-trap 'cleanup_root; kill $STORE_PID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+trap 'cleanup_root; stop_store' EXIT
 tar -C "$root" -xf "$base"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 mount -t proc proc "$root/proc"

@@ -3,7 +3,17 @@
 # installs this repository's Python package into $VENV; `start_store DRAM
 # [ARGS...]` runs `$BIN up` on free loopback ports (with ARGS), sets META to
 # its meta service's address once its daemon has registered, and stops it
-# when the script exits.
+# when the script exits. SCRATCH is a folder for what the script writes
+# (configs, traces, sockets, logs), removed when it exits, after the store
+# stops; a script that sets a trap of its own calls `stop_store` in it.
+
+SCRATCH=$(mktemp -d)
+stop_store() {
+    [ -z "${STORE_PID:-}" ] || kill "$STORE_PID" 2>/dev/null || true
+    wait 2>/dev/null || true
+    rm -rf "$SCRATCH"
+}
+trap stop_store EXIT
 
 release_and_python() {
     cargo build --release -q --bin mooncake-store
@@ -35,7 +45,6 @@ start_store() {
     "$BIN" up --meta-listen "$META" --listen "127.0.0.1:$(free_port)" --admin "" --dram "$1" \
         "${@:2}" >/dev/null 2>&1 &
     STORE_PID=$!
-    trap 'kill $STORE_PID 2>/dev/null || true; wait 2>/dev/null || true' EXIT
     # Up once its daemon registered (filling a large pool takes seconds).
     for _ in $(seq 300); do
         "$BIN" stat --meta "$META" 2>/dev/null | grep -qE '^daemons +[1-9][0-9]* alive' && return

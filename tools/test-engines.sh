@@ -63,9 +63,11 @@ EVENTS="127.0.0.1:$(free_port)"
 REPLAY="127.0.0.1:$(free_port)"
 # Block hashes in the store's events as vLLM publishes its own by default
 # (64-bit integers), so that the drivers match them with vLLM's.
-STORE_CONFIG="$(mktemp)"
-printf '[meta]\nevents_int_hashes = true\n' >"$STORE_CONFIG"
-start_store 1GiB --events "$EVENTS" --events-replay "$REPLAY" --config "$STORE_CONFIG"
+printf '[meta]\nevents_int_hashes = true\n' >"$SCRATCH/store.toml"
+start_store 1GiB --events "$EVENTS" --events-replay "$REPLAY" --config "$SCRATCH/store.toml"
+# What the drivers and the engines write to temporary files (the engines'
+# sockets, compiled kernels, the drivers' own stores) goes with SCRATCH.
+export TMPDIR="$SCRATCH"
 
 echo "== client/python/engines/sglang_hicache.py"
 # MOONCAKE_BIN: a small store of its own, filled between a lookup and a read.
@@ -99,9 +101,8 @@ echo "== client/python/engines/vllm_warmup_cache.py"
 echo "== client/python/engines/vllm_kv_events.py"
 "$VENV/bin/python" -W ignore client/python/engines/vllm_kv_events.py "$META" "$EVENTS" "$REPLAY"
 echo "== client/python/engines/lmcache_replay.py, sglang_replay.py (300 requests of a conversation trace)"
-TRACE="$(mktemp --suffix=.jsonl)"
+TRACE="$SCRATCH/trace.jsonl"
 "$BIN" gen-trace chat --requests 300 --out "$TRACE" >/dev/null
 LMCACHE_LOG_LEVEL=ERROR "$VENV/bin/python" -W ignore client/python/engines/lmcache_replay.py "$META" "$TRACE"
 LMCACHE_LOG_LEVEL=ERROR "$VENV/bin/python" -W ignore client/python/engines/lmcache_replay.py "$META" "$TRACE" --native
 "$VENV/bin/python" -W ignore client/python/engines/sglang_replay.py "$META" "$TRACE"
-rm -f "$TRACE"

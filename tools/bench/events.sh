@@ -23,8 +23,7 @@ VENV="${MOONCAKE_VENV:-$HOME/.cache/mooncake-venv}"
 tools/setup.sh
 . tools/store-for-script.sh
 release_and_python
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+tmp=$SCRATCH
 
 # One run: a fresh store, $1 subscribers ("off": no events port; "8n":
 # eight under SCHED_IDLE); prints

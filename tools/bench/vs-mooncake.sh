@@ -45,13 +45,13 @@ release_and_python
 "$MC_VENV/bin/pip" install -q --disable-pip-version-check \
     "mooncake-transfer-engine==$MOONCAKE_VERSION" nvidia-cuda-runtime-cu12==12.9.79 numpy==2.4.6
 MC_PKG="$("$MC_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-tmp=$(mktemp -d)
+tmp=$SCRATCH
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$tmp"
+    stop_store
 }
+trap cleanup EXIT
 mc_libs="$MC_PKG/nvidia/cuda_runtime/lib"
 if ! ldconfig -p | grep -q 'libcuda\.so\.1 '; then
     nm -D --undefined-only "$MC_PKG/mooncake/store.so" | awk '$2 ~ /^cu[A-Z]/ && $2 !~ /@/ {print $2}' | sort -u |
@@ -81,8 +81,6 @@ grep -q "Starting real client service" "$tmp/mc_client.log" || { echo "mooncake_
 
 # Ours: `up` on CPU 0, with the shared pool for the same-host path.
 start_store 1GiB --shm-socket "$tmp/daemon.sock"
-pids+=("$STORE_PID")
-trap cleanup EXIT # after start_store's own
 ours_tcp=$(free_port)
 # The TCP daemon is a separate store whose pool is anonymous memory, as a
 # remote daemon's is (a shared pool is a memfd, mapped with 4 KiB pages

@@ -1,7 +1,8 @@
 """A store of a driver's own: `mooncake-store up` from MOONCAKE_BIN, on
 free loopback ports, with the memory and the config a case needs (a small
-pool that fills, a lease time, a drive), stopped when the case is done;
-and how a case waits for what the store holds to change."""
+pool that fills, a lease time, a drive), stopped and its files removed
+when the case is done; and how a case waits for what the store holds to
+change."""
 
 from __future__ import annotations
 
@@ -34,32 +35,36 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def small_store(dram: str, config: str):
-    """`dram` of memory and `config` as its TOML; yields its meta address
-    once its daemon stores blocks."""
+def small_store(dram: str, config: str, drive: str | None = None):
+    """`dram` of memory and `config` as its TOML (its last table
+    `[daemon]`), with a drive file of `drive` bytes ("64MiB") if given;
+    yields its meta address once its daemon stores blocks."""
     meta = f"127.0.0.1:{free_port()}"
-    toml = Path(tempfile.mkdtemp(prefix="mooncake-own-store-"), "store.toml")
-    toml.write_text(config)
-    proc = subprocess.Popen(
-        [os.environ["MOONCAKE_BIN"], "up", "--meta-listen", meta, "--listen", f"127.0.0.1:{free_port()}",
-         "--admin", "", "--dram", dram, "--config", str(toml)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + START_S
-        while True:
-            try:
-                probe = mooncake_store.Client(meta, namespace="probe", timeout=1.0)
-                probe.put("readiness", b"x")
-                probe.remove(["readiness"])
-                break
-            except mooncake_store.StoreError:
-                assert time.monotonic() < deadline and proc.poll() is None, "the driver's own store did not start"
-                time.sleep(0.1)
-        yield meta
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    with tempfile.TemporaryDirectory(prefix="mooncake-own-store-") as folder:
+        if drive is not None:
+            config += f'nvme = ["{Path(folder, "drive.bin")}:{drive}"]\n'
+        toml = Path(folder, "store.toml")
+        toml.write_text(config)
+        proc = subprocess.Popen(
+            [os.environ["MOONCAKE_BIN"], "up", "--meta-listen", meta, "--listen", f"127.0.0.1:{free_port()}",
+             "--admin", "", "--dram", dram, "--config", str(toml)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + START_S
+            while True:
+                try:
+                    probe = mooncake_store.Client(meta, namespace="probe", timeout=1.0)
+                    probe.put("readiness", b"x")
+                    probe.remove(["readiness"])
+                    break
+                except mooncake_store.StoreError:
+                    assert time.monotonic() < deadline and proc.poll() is None, "the driver's own store did not start"
+                    time.sleep(0.1)
+            yield meta
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def replica_kinds(store, keys: list[str]) -> set[str]:

@@ -31,8 +31,6 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -355,13 +353,11 @@ def main() -> None:
             print(f"{name}, leases: {n} pages the prefix check found read back exactly after 16 MiB"
                   f" went into a 4 MiB store; {kept}")
     if os.environ.get("MOONCAKE_BIN"):
-        drive = Path(tempfile.mkdtemp(prefix="sglang-mooncake-drive-"), "drive.bin")
-        with small_store("4MiB", f'[daemon]\nkv_lease_ttl = "10m"\nnvme = ["{drive}:64MiB"]\n') as own:
+        with small_store("4MiB", '[daemon]\nkv_lease_ttl = "10m"\n', drive="64MiB") as own:
             n = on_drive_until_read(own)
         print(f"sglang's MooncakeStore, drive: {n} pages the prefix check found only on the daemon's drive"
               " were back in DRAM before the read, read back exactly")
-        drive = Path(tempfile.mkdtemp(prefix="sglang-native-drive-"), "drive.bin")
-        with small_store("4MiB", f'[daemon]\nkv_lease_ttl = "10m"\nnvme = ["{drive}:64MiB"]\n') as own:
+        with small_store("4MiB", '[daemon]\nkv_lease_ttl = "10m"\n', drive="64MiB") as own:
             n = native_on_drive_until_read(own)
         print(f"native MooncakeStoreHiCache, drive: {n} pages the prefix check found only on the daemon's"
               " drive were back in DRAM before the read, read back exactly")

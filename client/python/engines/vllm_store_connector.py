@@ -612,9 +612,7 @@ def drive_blocks(model_dir: str) -> None:
     4 MiB store over a 64 MiB drive: the blocks one instance saved go to
     the drive under another client's 16 MiB; another instance then serves
     the same prompt."""
-    drive = Path(tempfile.mkdtemp(prefix="vllm-mooncake-drive-"), "drive.bin")
-    config = f'[daemon]\nkv_lease_ttl = "10m"\nnvme = ["{drive}:64MiB"]\n'
-    with small_store("4MiB", config) as meta:
+    with small_store("4MiB", '[daemon]\nkv_lease_ttl = "10m"\n', drive="64MiB") as meta:
         mooncake_json = mooncake_config(meta)
         other = MooncakeDistributedStore()
         assert other.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta) == 0
