@@ -13,6 +13,16 @@ tools/setup.sh
 # A build cache outside the clone survives fresh clones on the same machine.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mooncake-target}"
 
+# What the tests write to temporary files (logs, sockets, stores and
+# daemons of their own) goes into one folder, removed when the run passes
+# and kept for a look when it fails: runs leave nothing in /tmp.
+scratch=$(mktemp -d)
+tidy() {
+    if [ $? -eq 0 ]; then rm -rf "$scratch"; else echo "the tests left their temporary files in $scratch" >&2; fi
+}
+trap tidy EXIT
+export TMPDIR="$scratch"
+
 tools/check-deploy.sh
 
 if cargo nextest --version >/dev/null 2>&1; then
