@@ -7,6 +7,8 @@
 //! every input both servers must still answer a new connection's `Ping`.
 #![no_main]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -16,7 +18,7 @@ use mooncake_proto::auth::{token_digest, AuthRequest};
 use mooncake_proto::message::Body;
 use mooncake_proto::{Header, Opcode, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
 
 const CLUSTER: &str = "fuzz-cluster-token";
@@ -31,13 +33,7 @@ struct Servers {
 fn servers() -> &'static Servers {
     static SERVERS: OnceLock<Servers> = OnceLock::new();
     SERVERS.get_or_init(|| {
-        std::panic::set_hook(Box::new(|info| {
-            eprintln!("{info}");
-            std::process::abort();
-        }));
-        let dir = std::env::temp_dir().join(format!("mooncake-fuzz-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let tokens = dir.join("tokens.toml");
+        let tokens = common::scratch("connection").join("tokens.toml");
         let entry = |name: &str, token: &str, role: &str| {
             format!(
                 "[[tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\nrole = \"{role}\"\n",
@@ -46,48 +42,27 @@ fn servers() -> &'static Servers {
         };
         std::fs::write(&tokens, entry("storage", CLUSTER, "cluster") + &entry("ops", ADMIN, "admin"))
             .unwrap();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let (daemon, meta) = rt.block_on(async {
-            let registry = prometheus::Registry::new();
-            let meta_cfg = mooncake_meta::MetaConfig {
-                auth: Some(tokens.clone()),
-                token: Some(CLUSTER.into()),
-                admin: String::new(),
-                request_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
-                auth_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
-                ..mooncake_meta::MetaConfig::default()
-            };
-            let daemon_cfg = mooncake_store_daemon::DaemonConfig {
-                auth: Some(tokens.clone()),
-                token: Some(CLUSTER.into()),
-                admin: String::new(),
-                dram: mooncake_proto::units::ByteSize(16 << 20),
-                hugepages: false,
-                prefault: false,
-                request_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
-                auth_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
-                put_stall_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(200)),
-                ..mooncake_store_daemon::DaemonConfig::default()
-            };
-            let store = mooncake_local::LocalStore::start(
-                meta_cfg,
-                TcpListener::bind("127.0.0.1:0").await.unwrap(),
-                daemon_cfg,
-                TcpListener::bind("127.0.0.1:0").await.unwrap(),
-                &registry,
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
-            let addrs = (store.daemon.handle.addr, store.meta.addr);
-            // Serves until the process ends.
-            std::mem::forget(store);
-            addrs
-        });
+        let meta_cfg = mooncake_meta::MetaConfig {
+            auth: Some(tokens.clone()),
+            token: Some(CLUSTER.into()),
+            admin: String::new(),
+            request_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
+            auth_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
+            ..mooncake_meta::MetaConfig::default()
+        };
+        let daemon_cfg = mooncake_store_daemon::DaemonConfig {
+            auth: Some(tokens.clone()),
+            token: Some(CLUSTER.into()),
+            admin: String::new(),
+            dram: mooncake_proto::units::ByteSize(16 << 20),
+            hugepages: false,
+            prefault: false,
+            request_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
+            auth_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(500)),
+            put_stall_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(200)),
+            ..mooncake_store_daemon::DaemonConfig::default()
+        };
+        let (rt, daemon, meta) = common::serve(meta_cfg, daemon_cfg);
         Servers { rt, daemon, meta }
     })
 }

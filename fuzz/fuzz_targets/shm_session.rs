@@ -11,6 +11,8 @@
 //! answer `Ping`.
 #![no_main]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -23,7 +25,7 @@ use mooncake_proto::message::{
 };
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UnixStream};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::runtime::Runtime;
 
 /// Longest any step waits for an answer.
@@ -41,51 +43,24 @@ struct Servers {
 fn servers() -> &'static Servers {
     static SERVERS: OnceLock<Servers> = OnceLock::new();
     SERVERS.get_or_init(|| {
-        std::panic::set_hook(Box::new(|info| {
-            eprintln!("{info}");
-            std::process::abort();
-        }));
-        let dir = std::env::temp_dir().join(format!("mooncake-fuzz-shm-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("daemon.sock");
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let socket = common::scratch("shm").join("daemon.sock");
         let ms = |ms| mooncake_proto::units::HumanDuration(Duration::from_millis(ms));
-        let (daemon, meta) = rt.block_on(async {
-            let registry = prometheus::Registry::new();
-            let meta_cfg = mooncake_meta::MetaConfig {
-                admin: String::new(),
-                request_timeout: ms(500),
-                ..mooncake_meta::MetaConfig::default()
-            };
-            let daemon_cfg = mooncake_store_daemon::DaemonConfig {
-                admin: String::new(),
-                dram: mooncake_proto::units::ByteSize(16 << 20),
-                hugepages: false,
-                prefault: false,
-                shm_socket: Some(socket.clone()),
-                request_timeout: ms(500),
-                put_stall_timeout: ms(200),
-                ..mooncake_store_daemon::DaemonConfig::default()
-            };
-            let store = mooncake_local::LocalStore::start(
-                meta_cfg,
-                TcpListener::bind("127.0.0.1:0").await.unwrap(),
-                daemon_cfg,
-                TcpListener::bind("127.0.0.1:0").await.unwrap(),
-                &registry,
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
-            let addrs = (store.daemon.handle.addr, store.meta.addr);
-            // Serves until the process ends.
-            std::mem::forget(store);
-            addrs
-        });
+        let meta_cfg = mooncake_meta::MetaConfig {
+            admin: String::new(),
+            request_timeout: ms(500),
+            ..mooncake_meta::MetaConfig::default()
+        };
+        let daemon_cfg = mooncake_store_daemon::DaemonConfig {
+            admin: String::new(),
+            dram: mooncake_proto::units::ByteSize(16 << 20),
+            hugepages: false,
+            prefault: false,
+            shm_socket: Some(socket.clone()),
+            request_timeout: ms(500),
+            put_stall_timeout: ms(200),
+            ..mooncake_store_daemon::DaemonConfig::default()
+        };
+        let (rt, daemon, meta) = common::serve(meta_cfg, daemon_cfg);
         Servers {
             rt,
             socket,
