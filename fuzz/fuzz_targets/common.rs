@@ -16,13 +16,21 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Starts `meta` and `daemon` on loopback, on a runtime of their own;
-/// answers it and their addresses (the daemon's, the meta service's).
+/// A store serving in this process.
+pub struct Served {
+    pub rt: Runtime,
+    pub daemon: SocketAddr,
+    pub meta: SocketAddr,
+    /// Their metrics.
+    pub registry: prometheus::Registry,
+}
+
+/// Starts `meta` and `daemon` on loopback, on a runtime of their own.
 /// From then on a panic in any thread aborts the process.
 pub fn serve(
     meta: mooncake_meta::MetaConfig,
     daemon: mooncake_store_daemon::DaemonConfig,
-) -> (Runtime, SocketAddr, SocketAddr) {
+) -> Served {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("{info}");
         std::process::abort();
@@ -32,8 +40,8 @@ pub fn serve(
         .enable_all()
         .build()
         .unwrap();
+    let registry = prometheus::Registry::new();
     let (daemon, meta) = rt.block_on(async {
-        let registry = prometheus::Registry::new();
         let store = mooncake_local::LocalStore::start(
             meta,
             TcpListener::bind("127.0.0.1:0").await.unwrap(),
@@ -49,5 +57,31 @@ pub fn serve(
         std::mem::forget(store);
         addrs
     });
-    (rt, daemon, meta)
+    Served {
+        rt,
+        daemon,
+        meta,
+        registry,
+    }
+}
+
+/// The value of each series of the gauge `name`, with its labels (for a
+/// failure's message).
+pub fn metric(registry: &prometheus::Registry, name: &str) -> Vec<String> {
+    let families = registry.gather();
+    let Some(family) = families.iter().find(|f| f.name() == name) else {
+        return Vec::new();
+    };
+    family
+        .get_metric()
+        .iter()
+        .map(|m| {
+            let labels: Vec<String> = m
+                .get_label()
+                .iter()
+                .map(|l| format!("{}={}", l.name(), l.value()))
+                .collect();
+            format!("{{{}}} {}", labels.join(","), m.get_gauge().get_value())
+        })
+        .collect()
 }

@@ -19,16 +19,11 @@ use mooncake_proto::message::Body;
 use mooncake_proto::{Header, Opcode, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::runtime::Runtime;
 
 const CLUSTER: &str = "fuzz-cluster-token";
 const ADMIN: &str = "fuzz-admin-token";
 
-struct Servers {
-    rt: Runtime,
-    daemon: SocketAddr,
-    meta: SocketAddr,
-}
+type Servers = common::Served;
 
 fn servers() -> &'static Servers {
     static SERVERS: OnceLock<Servers> = OnceLock::new();
@@ -62,8 +57,7 @@ fn servers() -> &'static Servers {
             put_stall_timeout: mooncake_proto::units::HumanDuration(Duration::from_millis(200)),
             ..mooncake_store_daemon::DaemonConfig::default()
         };
-        let (rt, daemon, meta) = common::serve(meta_cfg, daemon_cfg);
-        Servers { rt, daemon, meta }
+        common::serve(meta_cfg, daemon_cfg)
     })
 }
 
@@ -152,7 +146,12 @@ fuzz_target!(|data: &[u8]| {
     s.rt.block_on(async {
         for addr in [s.daemon, s.meta] {
             exchange(addr, &bytes).await;
-            assert!(answers_ping(addr).await, "{addr} stopped serving");
+            assert!(
+                answers_ping(addr).await,
+                "{addr} stopped serving (connections open: daemon {:?}, meta {:?})",
+                common::metric(&s.registry, "mooncake_daemon_connections"),
+                common::metric(&s.registry, "mooncake_meta_connections"),
+            );
         }
     });
 });

@@ -6,13 +6,16 @@
 //! reserved and committed, reads noted, with ids and keys from small sets
 //! so that they name what the session holds; between them, removals of
 //! the same keys through the meta service, and frames of any opcode and
-//! bytes. A panic anywhere aborts (a crash to libFuzzer); after every
-//! input a new session must still be served, and both servers must still
-//! answer `Ping`.
+//! bytes. A panic anywhere aborts (a crash to libFuzzer); a block removed
+//! once every request before its removal was answered is never leased
+//! again until the session admits it anew; after every input a new
+//! session must still be served, and both servers must still answer
+//! `Ping`.
 #![no_main]
 
 mod common;
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -21,12 +24,11 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use mooncake_proto::message::{
     Body, KeyRequest, KeysRequest, ShmCommitRequest, ShmPutRequest, ShmRelease, ShmRoomRequest,
-    ShmStoreRequest, ShmTouch,
+    ShmStoreRequest, ShmTouch, Statuses,
 };
 use mooncake_proto::{BlockHash, BlockKey, ErrorCode, Header, Namespace, Opcode, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
-use tokio::runtime::Runtime;
 
 /// Longest any step waits for an answer.
 const WAIT: Duration = Duration::from_secs(5);
@@ -34,10 +36,8 @@ const WAIT: Duration = Duration::from_secs(5);
 const SETTLE: Duration = Duration::from_millis(100);
 
 struct Servers {
-    rt: Runtime,
+    store: common::Served,
     socket: PathBuf,
-    daemon: SocketAddr,
-    meta: SocketAddr,
 }
 
 fn servers() -> &'static Servers {
@@ -60,13 +60,8 @@ fn servers() -> &'static Servers {
             put_stall_timeout: ms(200),
             ..mooncake_store_daemon::DaemonConfig::default()
         };
-        let (rt, daemon, meta) = common::serve(meta_cfg, daemon_cfg);
-        Servers {
-            rt,
-            socket,
-            daemon,
-            meta,
-        }
+        let store = common::serve(meta_cfg, daemon_cfg);
+        Servers { store, socket }
     })
 }
 
@@ -94,14 +89,24 @@ impl Input<'_> {
         }
     }
 
-    fn namespace(b: u8) -> Namespace {
+    /// A namespace whose blocks the meta service knows of: this session
+    /// stores them only through admissions, which index them.
+    fn indexed(b: u8) -> Namespace {
         Namespace::new(if b & 0x80 == 0 { "f" } else { "g" }).unwrap()
     }
 
-    /// One of a few keys, so that requests meet on the same blocks.
-    fn key(&mut self) -> BlockKey {
+    /// One of a few keys, so that requests meet on the same blocks: of
+    /// the indexed namespaces, or (`local`) of the one this session stores
+    /// into by `ShmStore` and `ShmPut` alone, which the meta service never
+    /// hears of (a client's put asks it before and after).
+    fn key(&mut self, local: bool) -> BlockKey {
         let b = self.byte();
-        BlockKey::new(Self::namespace(b), Self::hash(b))
+        let namespace = if local {
+            Namespace::new("l").unwrap()
+        } else {
+            Self::indexed(b)
+        };
+        BlockKey::new(namespace, Self::hash(b))
     }
 
     fn hash(b: u8) -> BlockHash {
@@ -136,11 +141,24 @@ impl Input<'_> {
 
 /// What to do next in the session.
 enum Step {
-    /// Bytes to send on it.
-    Send(Vec<u8>),
+    /// A request to send on it (`id`: its request id).
+    Send { bytes: Vec<u8>, id: u64, what: What },
     /// Removals through the meta service: once the requests sent so far
     /// are answered (`settled`), or with them still in flight.
     Remove { req: KeysRequest, settled: bool },
+}
+
+/// What a request may do to the blocks the session sees.
+enum What {
+    /// Reads `key` (a lease).
+    Reads(BlockKey),
+    /// May store `key` and tell the meta service.
+    Admits(BlockKey),
+    /// Any bytes: from here on the frames may no longer be where the
+    /// requests think they are.
+    Raw,
+    /// Stores nothing of the indexed namespaces.
+    Other,
 }
 
 /// The session's steps, from the fuzzer's bytes: at most 64.
@@ -148,27 +166,29 @@ fn steps(data: &[u8]) -> Vec<Step> {
     let mut input = Input(data);
     let mut steps = Vec::new();
     let mut id = 1u64;
-    let mut frame = |opcode: Opcode, body: Vec<u8>| {
-        let mut out = Header::request(opcode, id, body.len() as u32)
+    let mut frame = |opcode: Opcode, body: Vec<u8>, what: What| {
+        let mut bytes = Header::request(opcode, id, body.len() as u32)
             .encode()
             .to_vec();
-        out.extend_from_slice(&body);
+        bytes.extend_from_slice(&body);
         id += 1;
-        out
+        Step::Send {
+            bytes,
+            id: id - 1,
+            what,
+        }
     };
     while !input.0.is_empty() && steps.len() < 64 {
         let step = match input.byte() % 10 {
             0 => {
                 let (len, count) = (input.len(), u32::from(input.byte() % 5));
-                Step::Send(frame(
-                    Opcode::ShmRoom,
-                    ShmRoomRequest { len, count }.to_bytes(),
-                ))
+                let req = ShmRoomRequest { len, count };
+                frame(Opcode::ShmRoom, req.to_bytes(), What::Other)
             }
             op @ (1 | 2) => {
                 let req = ShmStoreRequest {
                     room: input.id(),
-                    key: input.key(),
+                    key: input.key(op == 1),
                     len: input.len(),
                     checksum: input.u64(),
                     parent: input.parent(),
@@ -180,47 +200,57 @@ fn steps(data: &[u8]) -> Vec<Step> {
                 } else {
                     Opcode::ShmAdmit
                 };
-                Step::Send(frame(opcode, req.to_bytes()))
+                let what = if op == 1 {
+                    What::Other
+                } else {
+                    What::Admits(req.key.clone())
+                };
+                frame(opcode, req.to_bytes(), what)
             }
-            3 => Step::Send(frame(
-                Opcode::ShmGet,
-                KeyRequest { key: input.key() }.to_bytes(),
-            )),
+            3 => {
+                let b = input.byte();
+                let key = input.key(b & 1 == 1);
+                let what = What::Reads(key.clone());
+                frame(Opcode::ShmGet, KeyRequest { key }.to_bytes(), what)
+            }
             4 => {
                 let leases = (0..input.byte() % 4).map(|_| input.id()).collect();
-                Step::Send(frame(Opcode::ShmRelease, ShmRelease { leases }.to_bytes()))
+                let req = ShmRelease { leases };
+                frame(Opcode::ShmRelease, req.to_bytes(), What::Other)
             }
             5 => {
                 let req = ShmPutRequest {
-                    key: input.key(),
+                    key: input.key(true),
                     len: input.len(),
                     checksum: input.checksum(),
                     parent: input.parent(),
                     continues: input.byte() & 1 == 1,
                     tag: None,
                 };
-                Step::Send(frame(Opcode::ShmPut, req.to_bytes()))
+                frame(Opcode::ShmPut, req.to_bytes(), What::Other)
             }
             6 => {
                 let req = ShmCommitRequest {
                     slot: input.id(),
                     checksum: input.checksum(),
                 };
-                Step::Send(frame(Opcode::ShmCommit, req.to_bytes()))
+                frame(Opcode::ShmCommit, req.to_bytes(), What::Other)
             }
             7 => {
-                let keys = (0..input.byte() % 4).map(|_| input.key()).collect();
-                Step::Send(frame(Opcode::ShmTouch, ShmTouch { keys }.to_bytes()))
+                let keys = (0..input.byte() % 4).map(|i| input.key(i == 1)).collect();
+                frame(Opcode::ShmTouch, ShmTouch { keys }.to_bytes(), What::Other)
             }
             8 => {
                 // Any opcode, any bytes: a frame cut short included.
                 let (op, len) = (input.byte(), usize::from(input.byte()) * 4);
                 let take = len.min(input.0.len());
-                let mut out = frame(Opcode::Ping, input.0[..take].to_vec());
-                out[3] = op;
-                out[16..20].copy_from_slice(&(len as u32).to_le_bytes());
+                let mut step = frame(Opcode::Ping, input.0[..take].to_vec(), What::Raw);
+                if let Step::Send { bytes, .. } = &mut step {
+                    bytes[3] = op;
+                    bytes[16..20].copy_from_slice(&(len as u32).to_le_bytes());
+                }
                 input.0 = &input.0[take..];
-                Step::Send(out)
+                step
             }
             _ => {
                 let b = input.byte();
@@ -228,7 +258,7 @@ fn steps(data: &[u8]) -> Vec<Step> {
                     .map(|i| Input::hash(b.wrapping_add(i)))
                     .collect();
                 let req = KeysRequest {
-                    namespace: Input::namespace(b),
+                    namespace: Input::indexed(b),
                     hashes,
                 };
                 Step::Remove {
@@ -242,8 +272,9 @@ fn steps(data: &[u8]) -> Vec<Step> {
     steps
 }
 
-/// Reads one answer: `None` past `WAIT` or on a closed or broken stream.
-async fn answer<S: AsyncRead + Unpin>(stream: &mut S) -> Option<Header> {
+/// Reads one answer and its body: `None` past `WAIT` or on a closed or
+/// broken stream.
+async fn answer<S: AsyncRead + Unpin>(stream: &mut S) -> Option<(Header, Vec<u8>)> {
     let mut raw = [0u8; HEADER_LEN];
     tokio::time::timeout(WAIT, stream.read_exact(&mut raw))
         .await
@@ -255,7 +286,7 @@ async fn answer<S: AsyncRead + Unpin>(stream: &mut S) -> Option<Header> {
         .await
         .ok()?
         .ok()?;
-    Some(header)
+    Some((header, body))
 }
 
 /// A new same-host session, past the daemon's hello (the pool's
@@ -270,22 +301,32 @@ async fn session(socket: &PathBuf) -> Option<UnixStream> {
     (n > 0).then_some(stream)
 }
 
-async fn remove(meta: SocketAddr, req: &KeysRequest) {
+/// Removes `req`'s keys (forced, as Mooncake's `remove`); whether each is
+/// gone from the index and from every daemon that held it.
+async fn remove(meta: SocketAddr, req: &KeysRequest) -> bool {
     let Ok(Ok(mut conn)) = tokio::time::timeout(WAIT, TcpStream::connect(meta)).await else {
-        return;
+        return false;
     };
     let body = req.to_bytes();
     let mut out = Header::request(Opcode::MetaRemove, 1, body.len() as u32)
         .encode()
         .to_vec();
     out.extend_from_slice(&body);
-    if conn.write_all(&out).await.is_ok() {
-        answer(&mut conn).await;
+    if conn.write_all(&out).await.is_err() {
+        return false;
     }
+    let Some((h, body)) = answer(&mut conn).await else {
+        return false;
+    };
+    let done = |c: &ErrorCode| matches!(c, ErrorCode::Ok | ErrorCode::NotFound);
+    h.status == ErrorCode::Ok as u16
+        && Statuses::from_bytes(&body).is_ok_and(|s| s.codes.iter().all(done))
 }
 
 /// Sends the steps on one session while reading its answers, until the
-/// daemon has answered or closed it.
+/// daemon has answered or closed it. A block removed once every request
+/// before its removal was answered never comes back: a lease on it is
+/// refused until the session writes again.
 async fn run(s: &Servers, steps: Vec<Step>) {
     let Some(stream) = session(&s.socket).await else {
         return;
@@ -293,31 +334,56 @@ async fn run(s: &Servers, steps: Vec<Step>) {
     let (mut rd, mut wr) = stream.into_split();
     // Answers read so far; `None` once the session is closed.
     let (answered, mut seen) = tokio::sync::watch::channel(Some(0usize));
+    // The requests that must be answered `NotFound` (leases on blocks
+    // removed), by request id.
+    let must_miss = std::sync::Mutex::new(HashSet::new());
     let write = async {
-        let mut sent = 0;
+        let (mut sent, mut framed) = (0, true);
+        let mut removed: HashSet<BlockKey> = HashSet::new();
         for step in steps {
             match step {
-                Step::Send(bytes) => {
+                Step::Send { bytes, id, what } => {
+                    match what {
+                        What::Reads(key) if removed.contains(&key) => {
+                            must_miss.lock().unwrap().insert(id);
+                        }
+                        What::Admits(key) => {
+                            removed.remove(&key);
+                        }
+                        What::Raw => framed = false,
+                        What::Reads(_) | What::Other => {}
+                    }
                     if wr.write_all(&bytes).await.is_err() {
                         return;
                     }
                     sent += 1;
                 }
                 Step::Remove { req, settled } => {
-                    if settled {
-                        // A frame cut short or refused is never answered:
-                        // wait a little at most.
-                        let all = seen.wait_for(|n| n.is_none_or(|n| n >= sent));
-                        let _ = tokio::time::timeout(SETTLE, all).await;
+                    // A frame cut short or refused is never answered: wait
+                    // a little at most.
+                    let all = seen.wait_for(|n| n.is_none_or(|n| n >= sent));
+                    let settled = settled
+                        && framed
+                        && matches!(tokio::time::timeout(SETTLE, all).await, Ok(Ok(n)) if n.is_some());
+                    if remove(s.store.meta, &req).await && settled {
+                        let keys = req.hashes.iter();
+                        removed.extend(keys.map(|h| BlockKey::new(req.namespace.clone(), *h)));
                     }
-                    remove(s.meta, &req).await;
                 }
             }
         }
         let _ = wr.shutdown().await;
     };
     let read = async {
-        while answer(&mut rd).await.is_some() {
+        while let Some((h, _)) = answer(&mut rd).await {
+            if must_miss.lock().unwrap().remove(&h.request_id) {
+                assert_eq!(
+                    h.status,
+                    ErrorCode::NotFound as u16,
+                    "a lease on a block removed (request {}) was not refused: a removed block came back",
+                    h.request_id
+                );
+            }
             answered.send_modify(|n| *n = n.map(|n| n + 1));
         }
         answered.send_replace(None);
@@ -340,25 +406,26 @@ async fn serves_sessions(socket: &PathBuf) -> bool {
     if stream.write_all(&out).await.is_err() {
         return false;
     }
-    matches!(answer(&mut stream).await, Some(h) if h.status == ErrorCode::NotFound as u16)
+    matches!(answer(&mut stream).await, Some((h, _)) if h.status == ErrorCode::NotFound as u16)
 }
 
 async fn answers_ping<S: AsyncRead + AsyncWrite + Unpin>(mut conn: S) -> bool {
     let ping = Header::request(Opcode::Ping, 1, 0).encode();
     conn.write_all(&ping).await.is_ok()
-        && matches!(answer(&mut conn).await, Some(h) if h.status == ErrorCode::Ok as u16)
+        && matches!(answer(&mut conn).await, Some((h, _)) if h.status == ErrorCode::Ok as u16)
 }
 
 fuzz_target!(|data: &[u8]| {
     let s = servers();
     let steps = steps(data);
-    s.rt.block_on(async {
+    s.store.rt.block_on(async {
         run(s, steps).await;
         assert!(
             serves_sessions(&s.socket).await,
-            "the daemon stopped serving sessions"
+            "the daemon stopped serving sessions (sessions open: {:?})",
+            common::metric(&s.store.registry, "mooncake_daemon_lease_sessions")
         );
-        for addr in [s.daemon, s.meta] {
+        for addr in [s.store.daemon, s.store.meta] {
             let conn = TcpStream::connect(addr).await.expect("still listening");
             assert!(answers_ping(conn).await, "{addr} stopped serving");
         }
