@@ -212,7 +212,7 @@ async fn session(
     let id = answer.daemon;
     tiers.keep_tags(answer.keep_tags);
     // Removals from before the inventory are already reflected in it.
-    tiers.forget_tags(&pool.take_removed());
+    tiers.forget_tags(&tiers.still_gone(pool.take_removed()));
     let inventory = tiers.inventory();
     let batches = inventory_batches(&inventory);
     with_deadline(
@@ -239,7 +239,7 @@ async fn session(
             _ = pool.removed_ready() => {}
             _ = shutdown.cancelled() => return Ok(()),
         }
-        let removed = pool.take_removed();
+        let removed = tiers.still_gone(pool.take_removed());
         tiers.forget_tags(&removed);
         let moved = tiers.take_moved();
         // Removals first: a block removed and then put again is sent as

@@ -390,6 +390,23 @@ impl Tiers {
         self.dram.contains(key) || self.on_nvme(key)
     }
 
+    /// Of the blocks reported gone since the last report (`reported`),
+    /// those the meta service is to drop: not one this daemon holds again,
+    /// or is storing again (put, admitted, on its way to a drive), since
+    /// its report was written. The meta service drops whatever copy of
+    /// the key it lists here, so a report of a copy replaced since would
+    /// take the new copy out of its index while this daemon keeps serving
+    /// it, and a removal would then find nothing to remove.
+    pub fn still_gone(&self, mut reported: Vec<BlockKey>) -> Vec<BlockKey> {
+        reported.retain(|key| {
+            !(self.dram.names(key)
+                || self.dram.is_demoting(key)
+                || self.on_nvme(key)
+                || self.is_admitting(key))
+        });
+        reported
+    }
+
     /// Records what the engine calls a block just stored (`None`: its
     /// writer attached nothing, and a tag of bytes it replaced goes).
     pub fn set_tag(&self, key: &BlockKey, tag: Option<Arc<EngineTag>>) {

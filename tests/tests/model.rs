@@ -3,7 +3,7 @@
 //! (so blocks move down and back while the operations run), a client on
 //! its host (shared memory, puts admitted by the daemon) and one over TCP,
 //! putting, reading, looking up (with and without a lease) and removing
-//! the same few keys in a seeded order (more than both tiers hold, so the
+//! the same few keys in a seeded order, two such walks at once (more than both tiers hold, so the
 //! drive drops blocks too). Whatever the tiers did meanwhile:
 //! a block read back is the one last put since the key was last removed,
 //! byte for byte; a removed block is never read, found, nor refused as
@@ -49,6 +49,10 @@ struct Model {
     /// removed keys that found nothing: what was checked.
     hits: usize,
     absent: usize,
+    /// Whether blocks were seen on the drive.
+    went_down: bool,
+    /// What each key went through, for a failure's message.
+    history: HashMap<u64, Vec<String>>,
 }
 
 impl Model {
@@ -56,14 +60,37 @@ impl Model {
         self.held.get(&k).copied().unwrap_or(Held::Nothing)
     }
 
+    /// Notes what step did to key `k`.
+    fn note(&mut self, k: u64, what: String) {
+        let step = self.step;
+        self.history
+            .entry(k)
+            .or_default()
+            .push(format!("{step}: {what}"));
+    }
+
+    /// Where a check failed: the step, the key and what it went through.
+    fn at(&self, k: u64, how: &str) -> String {
+        let history = self.history.get(&k).map(Vec::as_slice).unwrap_or_default();
+        let last = &history[history.len().saturating_sub(12)..];
+        format!(
+            "seed {}, step {}, key {k}, {how} (the key's last steps: {})",
+            self.seed,
+            self.step,
+            last.join("; ")
+        )
+    }
+
     /// Checks a read of key `k` that found `got` (its bytes), by `how`.
     fn read(&mut self, k: u64, got: Option<&[u8]>, how: &str) {
         let Some(bytes) = got else {
             self.absent += usize::from(self.get(k) == Held::Nothing);
+            self.note(k, format!("{how}: miss"));
             return;
         };
         self.hits += 1;
-        let at = format!("seed {}, step {}, key {k}, {how}", self.seed, self.step);
+        self.note(k, format!("{how}: {} bytes", bytes.len()));
+        let at = self.at(k, how);
         match self.get(k) {
             Held::Nothing => panic!("{at}: a removed block was read back"),
             Held::AtMost { seed, len } => assert!(
@@ -77,8 +104,9 @@ impl Model {
 
     /// Checks that key `k` was `found` by a lookup, by `how`.
     fn found(&mut self, k: u64, found: bool, how: &str) {
+        self.note(k, format!("{how}: {found}"));
         self.absent += usize::from(!found && self.get(k) == Held::Nothing);
-        let at = format!("seed {}, step {}, key {k}, {how}", self.seed, self.step);
+        let at = self.at(k, how);
         assert!(
             !(found && self.get(k) == Held::Nothing),
             "{at}: a removed block was found"
@@ -116,7 +144,40 @@ async fn run(seed: u64) {
     same_host.shm_socket = Some(dir.join("daemon.sock"));
     let shm = Client::new(same_host);
     let clients = [("tcp", &tcp), ("shm", &shm)];
+    let handle = &cluster.daemons[0].handle;
+    // Two walks at once, each on half the keys: each its own model, the
+    // tiers moving both halves' blocks.
+    let half = KEYS / 2;
+    let (a, b) = tokio::join!(
+        walk(clients, handle, seed, 0..half),
+        walk(clients, handle, seed + (1 << 32), half..KEYS)
+    );
+    assert!(
+        a.went_down || b.went_down,
+        "seed {seed}: no block went to the drive"
+    );
+    let (hits, absent) = (a.hits + b.hits, a.absent + b.absent);
+    let (prefetched, dropped) = (
+        handle.lease_prefetches().0,
+        handle.nvme_totals().unwrap().evictions,
+    );
+    eprintln!(
+        "seed {seed}: {hits} blocks read back, {absent} removed ones not found, \
+         {prefetched} brought back from the drive by a lease, {dropped} dropped by the drive"
+    );
+    assert!(hits > 0 && absent > 0, "seed {seed}: nothing checked");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
+/// `OPS` steps on `keys`, in the order `seed` gives, checked against a
+/// model of its own.
+async fn walk(
+    clients: [(&str, &Client); 2],
+    handle: &mooncake_store_daemon::DaemonHandle,
+    seed: u64,
+    keys: std::ops::Range<u64>,
+) -> Model {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model {
         held: HashMap::new(),
@@ -124,12 +185,13 @@ async fn run(seed: u64) {
         step: 0,
         hits: 0,
         absent: 0,
+        went_down: false,
+        history: HashMap::new(),
     };
-    let (mut version, mut went_down) = (0u64, false);
-    let handle = &cluster.daemons[0].handle;
+    let mut version = 0u64;
     for step in 0..OPS {
         model.step = step;
-        let k = rng.gen_range(0..KEYS);
+        let k = rng.gen_range(keys.clone());
         let (how, client) = clients[rng.gen_range(0..2)];
         match rng.gen_range(0..10) {
             0..=2 => {
@@ -138,13 +200,15 @@ async fn run(seed: u64) {
                 let value_seed = k << 32 | version;
                 let value = block_bytes(value_seed, len);
                 let out = client.put(&ns(), &[(hash(k), &value[..])]).await.unwrap();
+                model.note(k, format!("put v{version} of {len} by {how}: {:?}", out[0]));
                 let now = match (out[0], model.get(k)) {
                     (PutOutcome::Stored, _) => Held::AtMost {
                         seed: value_seed,
                         len,
                     },
                     (PutOutcome::AlreadyExists, Held::Nothing) => panic!(
-                        "seed {seed}, step {step}, key {k}, put by {how}: a removed block is still stored"
+                        "{}: a removed block is still stored",
+                        model.at(k, &format!("put by {how}"))
                     ),
                     (PutOutcome::AlreadyExists, held) => held,
                     (PutOutcome::Short { .. } | PutOutcome::Failed(_), _) => Held::Unknown,
@@ -162,6 +226,7 @@ async fn run(seed: u64) {
             }
             8 => {
                 let status = client.remove(&ns(), &[hash(k)]).await.unwrap()[0];
+                model.note(k, format!("remove by {how}: {status:?}"));
                 let now = match status {
                     ErrorCode::Ok | ErrorCode::NotFound => Held::Nothing,
                     _ => Held::Unknown,
@@ -170,6 +235,7 @@ async fn run(seed: u64) {
             }
             _ => {
                 let status = client.remove_unleased(&ns(), &[hash(k)]).await.unwrap()[0];
+                model.note(k, format!("unleased remove by {how}: {status:?}"));
                 match status {
                     ErrorCode::Ok | ErrorCode::NotFound => {
                         model.held.insert(k, Held::Nothing);
@@ -181,21 +247,9 @@ async fn run(seed: u64) {
                 }
             }
         }
-        went_down |= handle.nvme_blocks_per_drive()[0] > 0;
+        model.went_down |= handle.nvme_blocks_per_drive()[0] > 0;
     }
-    assert!(went_down, "seed {seed}: no block went to the drive");
-    let (hits, absent) = (model.hits, model.absent);
-    let (prefetched, dropped) = (
-        handle.lease_prefetches().0,
-        handle.nvme_totals().unwrap().evictions,
-    );
-    eprintln!(
-        "seed {seed}: {hits} blocks read back, {absent} removed ones not found, \
-         {prefetched} brought back from the drive by a lease, {dropped} dropped by the drive"
-    );
-    assert!(hits > 0 && absent > 0, "seed {seed}: nothing checked");
-    drop(cluster);
-    let _ = std::fs::remove_dir_all(&dir);
+    model
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

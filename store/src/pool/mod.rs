@@ -691,6 +691,11 @@ impl DramPool {
         self.inner.lock().blocks.get(key).is_some_and(|b| b.ready)
     }
 
+    /// Whether `key` is stored or being written.
+    pub fn names(&self, key: &BlockKey) -> bool {
+        self.inner.lock().blocks.contains_key(key)
+    }
+
     /// A reader looked for `key` and did not find it (a lookup at the meta
     /// service, or a prefix match that stopped there): as a get that
     /// misses it, this grows probation if probation evicted it recently.

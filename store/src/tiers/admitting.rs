@@ -39,6 +39,11 @@ impl Tiers {
         self.admitting.lock().remove(key);
     }
 
+    /// Whether `key` is being admitted.
+    pub(super) fn is_admitting(&self, key: &BlockKey) -> bool {
+        self.admitting.lock().contains_key(key)
+    }
+
     /// A removal of `key`: noted if it is being admitted.
     pub(super) fn removed_while_admitted(&self, key: &BlockKey) {
         if let Some(removed) = self.admitting.lock().get_mut(key) {
